@@ -1,0 +1,108 @@
+"""Adapters: every kind of array a user passes becomes one NumPy array.
+
+collie works in place on the caller's memory, as torch.distributed does: a
+torch CPU tensor, a NumPy array, anything with the buffer protocol or
+__dlpack__ is viewed (not copied) as a NumPy array. Only a non-contiguous
+array is copied, into a contiguous scratch array that is written back when
+the call completes (``Buffer.finish``).
+
+torch.bfloat16 has no NumPy dtype: it is viewed as uint16 bits with the
+logical dtype kept as "bfloat16", and reductions widen it to float32.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+BFLOAT16 = "bfloat16"
+
+
+def _torch_tensor_type():
+    torch = sys.modules.get("torch")  # never import torch ourselves: it takes seconds
+    return getattr(torch, "Tensor", None) if torch is not None else None
+
+
+def is_tensor(obj) -> bool:
+    tensor_type = _torch_tensor_type()
+    return tensor_type is not None and isinstance(obj, tensor_type)
+
+
+def to_numpy(obj, what: str = "array") -> tuple[np.ndarray, str | None]:
+    """A NumPy view sharing obj's memory, and the logical dtype name when it
+    differs from the view's (only "bfloat16")."""
+    if isinstance(obj, np.ndarray):
+        return obj, None
+    if is_tensor(obj):
+        import torch
+
+        if obj.device.type != "cpu":
+            raise TypeError(f"{what} is a {obj.device.type} tensor; collie moves CPU tensors "
+                            "(use tensor.cpu())")
+        if obj.is_sparse:
+            raise TypeError(f"{what} is a sparse tensor; collie moves dense tensors")
+        t = obj.detach()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(np.uint16), BFLOAT16
+        if t.is_conj():
+            raise TypeError(f"{what} is a conjugate view; call tensor.resolve_conj() first")
+        return t.numpy(), None
+    if hasattr(obj, "__dlpack__") and not isinstance(obj, (bytes, bytearray, memoryview)):
+        return np.from_dlpack(obj), None
+    try:
+        return np.asarray(memoryview(obj)), None
+    except TypeError:
+        raise TypeError(f"{what} must be a NumPy array, a torch CPU tensor, or support the "
+                        f"buffer protocol or __dlpack__; got {type(obj).__name__}") from None
+
+
+class Buffer:
+    """A flat contiguous view of a user's array for the duration of one call.
+
+    ``flat`` is the 1-D contiguous array collie reads and writes; when the
+    user's array was not contiguous it is a copy, and ``finish()`` writes it
+    back (only for arrays collie writes to).
+    """
+
+    __slots__ = ("original", "flat", "dtype_name", "_writeback")
+
+    def __init__(self, obj, *, writable: bool, what: str = "tensor"):
+        arr, logical = to_numpy(obj, what)
+        if writable and not arr.flags.writeable:
+            raise ValueError(f"{what} is read-only, but collie must write into it")
+        if arr.dtype.hasobject or arr.dtype.kind not in "biufc":
+            raise TypeError(f"{what} has dtype {arr.dtype}; collie moves numeric and bool arrays "
+                            "(use the *_object functions for Python objects)")
+        self.original = arr
+        self.dtype_name = logical or arr.dtype.name
+        if arr.flags.c_contiguous:
+            self.flat = arr.reshape(-1)
+            self._writeback = False
+        else:
+            self.flat = np.ascontiguousarray(arr).reshape(-1)
+            self._writeback = writable
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.nbytes
+
+    @property
+    def count(self) -> int:
+        return self.flat.size
+
+    def bytes(self) -> memoryview:
+        """The whole buffer as a flat, writable-if-possible byte view."""
+        return memoryview(self.flat.view(np.uint8)) if self.flat.size else memoryview(b"")
+
+    def finish(self) -> None:
+        """Copy results back into a non-contiguous original."""
+        if self._writeback:
+            np.copyto(self.original, self.flat.reshape(self.original.shape))
+
+
+def byte_view(arr: np.ndarray) -> memoryview:
+    """A flat byte memoryview of a contiguous array (empty arrays included)."""
+    if arr.size == 0:
+        return memoryview(bytearray(0))
+    return memoryview(arr.reshape(-1).view(np.uint8))

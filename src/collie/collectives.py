@@ -1,0 +1,579 @@
+"""The collectives, with torch.distributed's names, signatures and semantics.
+
+Each function checks its arguments (raising ValueError/TypeError before
+anything is sent), lays the user's arrays out as the buffers of its
+collective (schedule.COLLECTIVES), lets the tuner pick an algorithm, and
+hands the schedule to the engine. src/dst are global ranks, as in torch
+(group_src/group_dst are ranks within the group).
+
+Mismatch detection: every message of a collective carries a 64-bit *meta*
+word packing the collective, dtype, reduce op, root and element count of the
+sender's call, and every receive checks it against its own call. A rank that
+finds a difference raises MismatchError naming both calls and tells the
+group's other ranks, which raise MismatchError too instead of waiting. The
+check costs a few integer operations per call and nothing on the wire
+(the word rides in the header every message has anyway).
+
+Asynchronous calls (async_op=True) run in call order on one background
+thread per process; a blocking call first waits for those to finish, so
+every rank of a group runs its collectives in the order it called them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Optional, Sequence
+
+import numpy as np
+
+from . import algorithms, engine
+from .arrays import Buffer
+from .errors import CollieError, MismatchError
+from .group import ProcessGroup, resolve, world
+from .ops import ReduceOp, as_op, check_op, kernel, scale
+from .schedule import COLLECTIVES
+from .tuner import Tuner
+from .work import CompletedWork, Work
+
+__all__ = ["ReduceOp", "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
+           "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+           "all_to_all_single", "barrier"]
+
+_CODES = {name: i for i, name in enumerate(COLLECTIVES)}
+_NAMES = {i: name for name, i in _CODES.items()}
+_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+           "float16", "float32", "float64", "complex64", "complex128", "bfloat16", "longdouble",
+           "clongdouble")
+_DTYPE_CODES = {name: i for i, name in enumerate(_DTYPES)}
+_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+_COUNT_BITS = 34
+
+_tuner: Optional[Tuner] = None
+
+
+def tuner() -> Tuner:
+    global _tuner
+    if _tuner is None:
+        _tuner = Tuner()
+    return _tuner
+
+
+# ---- the meta word: what each rank called ----
+
+def pack_meta(collective: str, dtype_name: str, op: Optional[ReduceOp], root: int, count: int) -> int:
+    code = _DTYPE_CODES.get(dtype_name, 31)
+    opc = 15 if op is None else op.code
+    return (_CODES[collective] | code << 4 | opc << 9 | (root & 0xFFFF) << 13
+            | (count & ((1 << _COUNT_BITS) - 1)) << 29)
+
+
+def meta_text(meta: int) -> str:
+    """The call a meta word describes, for error messages."""
+    coll = _NAMES.get(meta & 0xF, "?")
+    code = (meta >> 4) & 0x1F
+    opc = (meta >> 9) & 0xF
+    root = (meta >> 13) & 0xFFFF
+    count = meta >> 29
+    parts = [f"dtype={_DTYPES[code] if code < len(_DTYPES) else '?'}", f"count={count}"]
+    if opc != 15:
+        parts.append(f"op={_OPS[opc]}")
+    if COLLECTIVES.get(coll) is not None and COLLECTIVES[coll].rooted:
+        parts.append(f"root={root} (group rank)")
+    return f"{coll}({', '.join(parts)})"
+
+
+# ---- running calls in order, synchronously or on the background thread ----
+
+class _Background:
+    """One thread that runs asynchronous calls in the order they were made."""
+
+    def __init__(self):
+        self.queue: "queue.Queue" = queue.Queue()
+        self.pending = 0
+        self.idle = threading.Condition()
+        self.thread = threading.Thread(target=self._loop, name="collie-async", daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            fn, work = item
+            try:
+                work._result = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+                work._error = exc
+            work._event.set()
+            with self.idle:
+                self.pending -= 1
+                self.idle.notify_all()
+
+    def submit(self, fn, timeout: float) -> "AsyncWork":
+        work = AsyncWork(timeout)
+        with self.idle:
+            self.pending += 1
+        self.queue.put((fn, work))
+        return work
+
+    def drain(self) -> None:
+        with self.idle:
+            while self.pending:
+                self.idle.wait(0.1)
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=5)
+
+
+class AsyncWork(Work):
+    """A collective running on the background thread."""
+
+    def __init__(self, timeout: float):
+        super().__init__(None, (), lambda: "")
+        self._event = threading.Event()
+        self._timeout = timeout
+
+    def wait(self, timeout=None) -> bool:
+        if hasattr(timeout, "total_seconds"):
+            timeout = timeout.total_seconds()
+        # The call itself times out after the group's timeout; waiting a
+        # little longer than that turns a lost thread into an error too.
+        limit = timeout if timeout is not None else self._timeout + 30
+        if not self._event.wait(limit):
+            raise CollieError(f"asynchronous collective did not finish within {limit:g}s")
+        self._finished = True
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._event.is_set()
+
+    def is_success(self) -> bool:
+        return self._event.is_set() and self._error is None
+
+    def exception(self):
+        return self._error if self._event.is_set() else None
+
+
+def _background() -> _Background:
+    w = world()
+    bg = getattr(w, "background", None)
+    if bg is None:
+        bg = w.background = _Background()
+    return bg
+
+
+def _submit(fn, group: ProcessGroup, async_op: bool):
+    bg = getattr(world(), "background", None)
+    if async_op:
+        return _background().submit(fn, group.timeout)
+    if bg is not None:
+        bg.drain()
+    return fn()
+
+
+# ---- the shared path of every collective ----
+
+def _transport(g: ProcessGroup) -> str:
+    kinds = {g.network.backend_of[r] for r in g.ranks if r != g.network.rank}
+    return "shm" if kinds <= {"shm"} else "tcp"
+
+
+def _root(g: ProcessGroup, rank, group_rank, role: str, what: str) -> int:
+    """The root's group rank, from a global rank or a group rank."""
+    if rank is not None and group_rank is not None:
+        raise ValueError(f"{what}: give {role} or group_{role}, not both")
+    if group_rank is not None:
+        g.global_rank(group_rank)
+        return int(group_rank)
+    if rank is None:
+        raise ValueError(f"{what}: {role} is required")
+    if not isinstance(rank, (int, np.integer)):
+        raise TypeError(f"{what}: {role} must be an int rank, got {type(rank).__name__}")
+    return g.group_rank(int(rank))
+
+
+def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_name: str,
+         op: Optional[ReduceOp] = None, root: int = 0, count: int = 0, nbytes: int = 0,
+         algorithm: Optional[str] = None, async_op: bool = False, after=None):
+    """Run collective ``name`` on the laid-out ``arrays``; ``after`` runs on
+    completion (copy-backs, AVG's division...)."""
+    choice = tuner().choose(name, nbytes, g.size, _transport(g), algorithm, g.rank)
+    schedule = algorithms.build(name, choice.algorithm, g.size, g.rank, root, choice.segments)
+    plan = engine.plan(schedule, block_sizes)
+    seq = g.seq
+    g.seq += 1
+    tag = g.collective_tag(seq)
+    meta = pack_meta(name, dtype_name, op, root, count)
+    reduce_kernel = kernel(op, dtype_name) if op is not None else None
+    network = g.network
+    network.meta_text = meta_text
+
+    def describe(step: int) -> str:
+        return (f"{name} (call #{seq} on group {g.name}, algorithm {choice.algorithm}, "
+                f"step {step + 1} of {len(plan.steps)})")
+
+    def body():
+        try:
+            engine.execute(plan, arrays, reduce_kernel, network, g.ranks, tag, meta, describe, g.timeout)
+        except MismatchError as exc:
+            network.abort(g.ranks, "MismatchError", str(exc))
+            raise
+        return after() if after is not None else None
+
+    result = _submit(body, g, async_op)
+    return result if async_op else None
+
+
+def _member(group, what: str) -> ProcessGroup:
+    g = resolve(group)
+    g.require_member(what)
+    return g
+
+
+def _same_dtype(buffers: Sequence[Buffer], what: str) -> str:
+    names = {b.dtype_name for b in buffers}
+    if len(names) > 1:
+        raise TypeError(f"{what}: all tensors must have one dtype, got {sorted(names)}")
+    return buffers[0].dtype_name
+
+
+def _reduce_prep(buf: Buffer, op, what: str) -> ReduceOp:
+    op = as_op(op)
+    check_op(op, buf.dtype_name)
+    return op
+
+
+# ---- the collectives ----
+
+def broadcast(tensor, src: Optional[int] = None, group=None, async_op: bool = False,
+              group_src: Optional[int] = None, algorithm: Optional[str] = None):
+    """Copy ``tensor`` from rank ``src`` to every rank of the group, in place.
+
+    >>> x = np.arange(2) + 10 * rank   # rank 0: [0, 1]   rank 1: [10, 11]
+    >>> broadcast(x, src=1)
+    >>> x                              # rank 0: [10, 11] rank 1: [10, 11]
+    """
+    g = _member(group, "broadcast")
+    root = _root(g, src, group_src, "src", "broadcast")
+    buf = Buffer(tensor, writable=True, what="broadcast tensor")
+    return _run(g, "broadcast", {"out": buf.flat}, {"out": (buf.count,)}, dtype_name=buf.dtype_name,
+                root=root, count=buf.count, nbytes=buf.nbytes, algorithm=algorithm, async_op=async_op,
+                after=buf.finish)
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
+               algorithm: Optional[str] = None):
+    """Reduce ``tensor`` across the group; every rank gets the result, in place.
+
+    >>> x = np.array([1, 2]) * (rank + 1)   # rank 0: [1, 2]  rank 1: [2, 4]
+    >>> all_reduce(x)
+    >>> x                                   # rank 0: [3, 6]  rank 1: [3, 6]
+    """
+    g = _member(group, "all_reduce")
+    buf = Buffer(tensor, writable=True, what="all_reduce tensor")
+    op = _reduce_prep(buf, op, "all_reduce")
+    if op.name == "PREMUL_SUM":
+        scale(buf.flat, op.factor, buf.dtype_name)
+
+    def after():
+        if op.name == "AVG":
+            scale(buf.flat, 1.0 / g.size, buf.dtype_name)
+        buf.finish()
+
+    return _run(g, "all_reduce", {"out": buf.flat}, {"out": (buf.count,)}, dtype_name=buf.dtype_name,
+                op=op, count=buf.count, nbytes=buf.nbytes, algorithm=algorithm, async_op=async_op,
+                after=after)
+
+
+def reduce(tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
+           group_dst: Optional[int] = None, algorithm: Optional[str] = None):
+    """Reduce ``tensor`` across the group into rank ``dst``'s tensor; the
+    other ranks' tensors are left unchanged (as in NCCL and MPI).
+
+    >>> x = np.array([1, 2]) * (rank + 1)   # rank 0: [1, 2]  rank 1: [2, 4]
+    >>> reduce(x, dst=0)
+    >>> x                                   # rank 0: [3, 6]  rank 1: [2, 4]
+    """
+    g = _member(group, "reduce")
+    root = _root(g, dst, group_dst, "dst", "reduce")
+    buf = Buffer(tensor, writable=True, what="reduce tensor")
+    op = _reduce_prep(buf, op, "reduce")
+    work = buf.flat
+    if op.name == "PREMUL_SUM":
+        if g.rank != root:
+            work = buf.flat.copy()  # the input of a non-root stays unchanged
+        scale(work, op.factor, buf.dtype_name)
+
+    def after():
+        if g.rank == root:
+            if op.name == "AVG":
+                scale(buf.flat, 1.0 / g.size, buf.dtype_name)
+            buf.finish()
+
+    return _run(g, "reduce", {"out": work}, {"out": (buf.count,)}, dtype_name=buf.dtype_name, op=op,
+                root=root, count=buf.count, nbytes=buf.nbytes, algorithm=algorithm, async_op=async_op,
+                after=after)
+
+
+def _gather_out(g: ProcessGroup, tensors, what: str, expect: int) -> tuple[list, np.ndarray, tuple]:
+    """Lay a list of n output tensors out as one contiguous scratch."""
+    if not isinstance(tensors, (list, tuple)) or len(tensors) != g.size:
+        raise ValueError(f"{what}: the list must hold one tensor per rank of the group "
+                         f"({g.size}), got {len(tensors) if isinstance(tensors, (list, tuple)) else tensors!r}")
+    bufs = [Buffer(t, writable=True, what=f"{what} list[{i}]") for i, t in enumerate(tensors)]
+    sizes = tuple(b.count for b in bufs)
+    if sizes[g.rank] != expect:
+        raise ValueError(f"{what}: list[{g.rank}] has {sizes[g.rank]} elements but this rank's "
+                         f"tensor has {expect}")
+    scratch = np.empty(sum(sizes), dtype=bufs[0].flat.dtype)
+    return bufs, scratch, sizes
+
+
+def _scatter_back(bufs, scratch) -> None:
+    at = 0
+    for b in bufs:
+        np.copyto(b.flat, scratch[at:at + b.count])
+        at += b.count
+        b.finish()
+
+
+def all_gather(tensor_list: list, tensor, group=None, async_op: bool = False,
+               algorithm: Optional[str] = None):
+    """Every rank's ``tensor`` into every rank's ``tensor_list`` (slot r gets rank r's).
+
+    >>> x = np.array([rank])                # rank 0: [0]   rank 1: [1]
+    >>> out = [np.zeros(1), np.zeros(1)]
+    >>> all_gather(out, x)
+    >>> out                                 # every rank: [array([0.]), array([1.])]
+    """
+    g = _member(group, "all_gather")
+    src = Buffer(tensor, writable=False, what="all_gather tensor")
+    bufs, scratch, sizes = _gather_out(g, tensor_list, "all_gather", src.count)
+    dtype_name = _same_dtype([src] + bufs, "all_gather")
+    return _run(g, "all_gather", {"in": src.flat, "out": scratch}, {"in": (src.count,), "out": sizes},
+                dtype_name=dtype_name, count=src.count, nbytes=scratch.nbytes, algorithm=algorithm,
+                async_op=async_op, after=lambda: _scatter_back(bufs, scratch))
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False,
+                           algorithm: Optional[str] = None):
+    """Concatenate every rank's ``input_tensor`` (in rank order) into
+    ``output_tensor``, which has group-size times as many elements.
+
+    >>> x = np.array([rank, rank])          # rank 0: [0, 0]  rank 1: [1, 1]
+    >>> out = np.empty(4)
+    >>> all_gather_into_tensor(out, x)
+    >>> out                                 # every rank: [0., 0., 1., 1.]
+    """
+    g = _member(group, "all_gather_into_tensor")
+    src = Buffer(input_tensor, writable=False, what="all_gather_into_tensor input")
+    out = Buffer(output_tensor, writable=True, what="all_gather_into_tensor output")
+    dtype_name = _same_dtype([src, out], "all_gather_into_tensor")
+    if out.count != src.count * g.size:
+        raise ValueError(f"all_gather_into_tensor: output has {out.count} elements, but group size "
+                         f"{g.size} x input {src.count} = {src.count * g.size}")
+    return _run(g, "all_gather", {"in": src.flat, "out": out.flat},
+                {"in": (src.count,), "out": (src.count,) * g.size}, dtype_name=dtype_name,
+                count=src.count, nbytes=out.nbytes, algorithm=algorithm, async_op=async_op,
+                after=out.finish)
+
+
+def gather(tensor, gather_list: Optional[list] = None, dst: Optional[int] = None, group=None,
+           async_op: bool = False, group_dst: Optional[int] = None, algorithm: Optional[str] = None):
+    """Every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (slot r gets rank r's).
+
+    >>> x = np.array([rank])                 # rank 0: [0]   rank 1: [1]
+    >>> out = [np.zeros(1), np.zeros(1)] if rank == 0 else None
+    >>> gather(x, out, dst=0)
+    >>> out                                  # rank 0: [array([0.]), array([1.])]  rank 1: None
+    """
+    g = _member(group, "gather")
+    root = _root(g, dst, group_dst, "dst", "gather")
+    src = Buffer(tensor, writable=False, what="gather tensor")
+    # Every rank knows the layout of the root's "out" (tree algorithms
+    # stage their subtree's blocks in scratch laid out like it).
+    arrays, sizes = {"in": src.flat}, {"in": (src.count,), "out": (src.count,) * g.size}
+    after = None
+    if g.rank == root:
+        bufs, scratch, out_sizes = _gather_out(g, gather_list if gather_list is not None else [],
+                                               "gather", src.count)
+        _same_dtype([src] + bufs, "gather")
+        if len(set(out_sizes)) > 1:
+            raise ValueError(f"gather: every tensor of gather_list must have {src.count} elements, "
+                             f"got {list(out_sizes)}")
+        arrays["out"] = scratch
+        after = lambda: _scatter_back(bufs, scratch)  # noqa: E731
+    elif gather_list:
+        raise ValueError(f"gather: gather_list must be None on ranks other than dst (rank {g.ranks[root]})")
+    return _run(g, "gather", arrays, sizes, dtype_name=src.dtype_name, root=root, count=src.count,
+                nbytes=src.nbytes, algorithm=algorithm, async_op=async_op, after=after)
+
+
+def scatter(tensor, scatter_list: Optional[list] = None, src: Optional[int] = None, group=None,
+            async_op: bool = False, group_src: Optional[int] = None, algorithm: Optional[str] = None):
+    """Rank ``src``'s ``scatter_list[r]`` into rank r's ``tensor``.
+
+    >>> out = np.zeros(1)
+    >>> parts = [np.array([5.]), np.array([7.])] if rank == 0 else None
+    >>> scatter(out, parts, src=0)
+    >>> out                                  # rank 0: [5.]  rank 1: [7.]
+    """
+    g = _member(group, "scatter")
+    root = _root(g, src, group_src, "src", "scatter")
+    out = Buffer(tensor, writable=True, what="scatter tensor")
+    arrays, sizes = {"out": out.flat}, {"out": (out.count,), "in": (out.count,) * g.size}
+    if g.rank == root:
+        if not isinstance(scatter_list, (list, tuple)) or len(scatter_list) != g.size:
+            raise ValueError(f"scatter: scatter_list on the source must hold one tensor per rank "
+                             f"({g.size})")
+        ins = [Buffer(t, writable=False, what=f"scatter list[{i}]") for i, t in enumerate(scatter_list)]
+        _same_dtype([out] + ins, "scatter")
+        if any(b.count != out.count for b in ins):
+            raise ValueError(f"scatter: every tensor of scatter_list must have {out.count} elements, "
+                             f"got {[b.count for b in ins]}")
+        arrays["in"] = np.concatenate([b.flat for b in ins])
+    elif scatter_list:
+        raise ValueError(f"scatter: scatter_list must be None on ranks other than src (rank {g.ranks[root]})")
+    return _run(g, "scatter", arrays, sizes, dtype_name=out.dtype_name, root=root, count=out.count,
+                nbytes=out.nbytes, algorithm=algorithm, async_op=async_op, after=out.finish)
+
+
+def reduce_scatter(output, input_list: list, op=ReduceOp.SUM, group=None, async_op: bool = False,
+                   algorithm: Optional[str] = None):
+    """Reduce ``input_list[r]`` across the group into rank r's ``output``.
+
+    >>> ins = [np.array([1.]), np.array([2.])]   # the same on both ranks
+    >>> out = np.zeros(1)
+    >>> reduce_scatter(out, ins)
+    >>> out                                      # rank 0: [2.]  rank 1: [4.]
+    """
+    g = _member(group, "reduce_scatter")
+    out = Buffer(output, writable=True, what="reduce_scatter output")
+    if not isinstance(input_list, (list, tuple)) or len(input_list) != g.size:
+        raise ValueError(f"reduce_scatter: input_list must hold one tensor per rank ({g.size})")
+    ins = [Buffer(t, writable=False, what=f"reduce_scatter input_list[{i}]") for i, t in enumerate(input_list)]
+    dtype_name = _same_dtype([out] + ins, "reduce_scatter")
+    sizes = tuple(b.count for b in ins)
+    if sizes[g.rank] != out.count:
+        raise ValueError(f"reduce_scatter: input_list[{g.rank}] has {sizes[g.rank]} elements but "
+                         f"output has {out.count}")
+    joined = np.concatenate([b.flat for b in ins])
+    return _reduce_scatter(g, out, joined, sizes, op, dtype_name, algorithm, async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False,
+                          algorithm: Optional[str] = None):
+    """Reduce ``input`` across the group; rank r gets block r of the result.
+
+    >>> x = np.array([1., 2.])          # the same on both ranks
+    >>> out = np.zeros(1)
+    >>> reduce_scatter_tensor(out, x)
+    >>> out                             # rank 0: [2.]  rank 1: [4.]
+    """
+    g = _member(group, "reduce_scatter_tensor")
+    out = Buffer(output, writable=True, what="reduce_scatter_tensor output")
+    src = Buffer(input, writable=False, what="reduce_scatter_tensor input")
+    dtype_name = _same_dtype([out, src], "reduce_scatter_tensor")
+    if src.count != out.count * g.size:
+        raise ValueError(f"reduce_scatter_tensor: input has {src.count} elements, but group size "
+                         f"{g.size} x output {out.count} = {out.count * g.size}")
+    return _reduce_scatter(g, out, src.flat, (out.count,) * g.size, op, dtype_name, algorithm, async_op)
+
+
+def _reduce_scatter(g, out: Buffer, joined: np.ndarray, sizes, op, dtype_name, algorithm, async_op):
+    op = as_op(op)
+    check_op(op, dtype_name)
+    if op.name == "PREMUL_SUM":
+        joined = joined.copy()
+        scale(joined, op.factor, dtype_name)
+
+    def after():
+        if op.name == "AVG":
+            scale(out.flat, 1.0 / g.size, dtype_name)
+        out.finish()
+
+    return _run(g, "reduce_scatter", {"in": joined, "out": out.flat}, {"in": sizes, "out": (out.count,)},
+                dtype_name=dtype_name, op=op, count=out.count, nbytes=joined.nbytes, algorithm=algorithm,
+                async_op=async_op, after=after)
+
+
+def all_to_all(output_tensor_list: list, input_tensor_list: list, group=None, async_op: bool = False,
+               algorithm: Optional[str] = None):
+    """Rank r's ``input_tensor_list[q]`` into rank q's ``output_tensor_list[r]``.
+
+    >>> ins = [np.array([10 * rank + q]) for q in range(2)]   # rank 0: [0],[1]   rank 1: [10],[11]
+    >>> outs = [np.zeros(1, int) for _ in range(2)]
+    >>> all_to_all(outs, ins)
+    >>> outs                                                  # rank 0: [0],[10]  rank 1: [1],[11]
+    """
+    g = _member(group, "all_to_all")
+    for name, lst in (("output_tensor_list", output_tensor_list), ("input_tensor_list", input_tensor_list)):
+        if not isinstance(lst, (list, tuple)) or len(lst) != g.size:
+            raise ValueError(f"all_to_all: {name} must hold one tensor per rank ({g.size})")
+    ins = [Buffer(t, writable=False, what=f"all_to_all input[{i}]") for i, t in enumerate(input_tensor_list)]
+    outs = [Buffer(t, writable=True, what=f"all_to_all output[{i}]") for i, t in enumerate(output_tensor_list)]
+    dtype_name = _same_dtype(ins + outs, "all_to_all")
+    joined = np.concatenate([b.flat for b in ins])
+    scratch = np.empty(sum(b.count for b in outs), dtype=outs[0].flat.dtype)
+    return _run(g, "all_to_all", {"in": joined, "out": scratch},
+                {"in": tuple(b.count for b in ins), "out": tuple(b.count for b in outs)},
+                dtype_name=dtype_name, nbytes=0, algorithm=algorithm, async_op=async_op,
+                after=lambda: _scatter_back(outs, scratch))
+
+
+def all_to_all_single(output, input, output_split_sizes: Optional[list] = None,
+                      input_split_sizes: Optional[list] = None, group=None, async_op: bool = False,
+                      algorithm: Optional[str] = None):
+    """Split ``input`` along dim 0 and send piece q to rank q; receive rank
+    q's piece for this rank into ``output``'s q-th piece. Split sizes count
+    rows of dim 0 (equal pieces when None) and may be uneven or zero.
+
+    >>> x = np.array([2 * rank, 2 * rank + 1])   # rank 0: [0, 1]  rank 1: [2, 3]
+    >>> out = np.empty(2, int)
+    >>> all_to_all_single(out, x)
+    >>> out                                      # rank 0: [0, 2]  rank 1: [1, 3]
+    """
+    g = _member(group, "all_to_all_single")
+    src = Buffer(input, writable=False, what="all_to_all_single input")
+    out = Buffer(output, writable=True, what="all_to_all_single output")
+    dtype_name = _same_dtype([src, out], "all_to_all_single")
+    in_sizes = _splits(src, input_split_sizes, g.size, "input")
+    out_sizes = _splits(out, output_split_sizes, g.size, "output")
+    return _run(g, "all_to_all", {"in": src.flat, "out": out.flat}, {"in": in_sizes, "out": out_sizes},
+                dtype_name=dtype_name, nbytes=0, algorithm=algorithm, async_op=async_op, after=out.finish)
+
+
+def _splits(buf: Buffer, split_sizes, n: int, which: str) -> tuple:
+    """Block sizes in elements from torch-style split sizes (rows of dim 0)."""
+    shape = buf.original.shape
+    rows = shape[0] if shape else 1
+    row = buf.count // rows if rows else 0
+    if split_sizes is None or len(split_sizes) == 0:
+        if rows % n:
+            raise ValueError(f"all_to_all_single: {which} has {rows} rows, which do not split evenly "
+                             f"over {n} ranks; give {which}_split_sizes")
+        return (rows // n * row,) * n
+    splits = [int(s) for s in split_sizes]
+    if len(splits) != n or any(s < 0 for s in splits):
+        raise ValueError(f"all_to_all_single: {which}_split_sizes must be {n} non-negative sizes, "
+                         f"got {list(split_sizes)}")
+    if sum(splits) != rows:
+        raise ValueError(f"all_to_all_single: {which}_split_sizes sum to {sum(splits)} but {which} "
+                         f"has {rows} rows")
+    return tuple(s * row for s in splits)
+
+
+_BARRIER_TOKEN = np.zeros(0, dtype=np.uint8)
+
+
+def barrier(group=None, async_op: bool = False, device_ids=None, algorithm: Optional[str] = None):
+    """Return only once every rank of the group has called barrier."""
+    g = _member(group, "barrier")
+    if g.size == 1:
+        return CompletedWork() if async_op else None
+    return _run(g, "barrier", {"out": _BARRIER_TOKEN}, {"out": (0,)}, dtype_name="uint8",
+                algorithm=algorithm, async_op=async_op)

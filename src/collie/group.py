@@ -1,0 +1,305 @@
+"""Process groups: who takes part in a call, and the one global state.
+
+A ProcessGroup is an ordered subset of the world's ranks. Group ranks are
+positions in that order; the public API takes and returns *global* ranks
+(src=, dst=, the ranks of new_group), as torch.distributed does.
+
+Groups never interfere: every message carries a tag whose top 16 bits are
+the group's *context*, so messages of one group are never matched by another
+group's receives. The members of a new group agree on its context the way
+MPI does: each rank knows the next number it has not used, and the group
+takes the largest of those over the ranks that create it (one tiny
+all_reduce), so groups can be created by any subset of ranks.
+
+The only global state of collie is ``_world``: the default group and what
+it was built from, created by init_process_group and dropped by
+destroy_process_group. It is also reachable as ``collie.group.WORLD``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Optional, Sequence
+
+from .errors import CollieError
+
+TAG_BITS = 47                     # bits for a user tag or a collective's sequence number
+MAX_TAG = (1 << TAG_BITS) - 1
+_COLLECTIVE_BIT = 1 << TAG_BITS   # set in tags of collectives, clear in point-to-point tags
+MAX_CONTEXTS = 1 << 16
+
+
+class ProcessGroup:
+    """An ordered set of global ranks that communicate together.
+
+    ``rank`` is this process's position in the group, or -1 when this
+    process is not a member (every rank calls new_group, members or not).
+    """
+
+    def __init__(self, network, ranks: Sequence[int], context: int, timeout: float, name: str):
+        self.network = network
+        self.ranks = tuple(ranks)
+        self.size = len(self.ranks)
+        self.context = context
+        self.timeout = timeout
+        self.name = name
+        self.rank = self.ranks.index(network.rank) if network.rank in self.ranks else -1
+        self._index = {g: i for i, g in enumerate(self.ranks)}
+        self.seq = 0       # collectives run so far: the same on every member
+        self.p2p_ops = 0   # point-to-point calls so far (this rank only, for messages)
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroup {self.name} ranks={list(self.ranks)} rank={self.rank}>"
+
+    @property
+    def is_member(self) -> bool:
+        return self.rank >= 0
+
+    def require_member(self, what: str) -> None:
+        if self.rank < 0:
+            raise ValueError(f"rank {self.network.rank} called {what} on group {self.name} "
+                             f"(ranks {list(self.ranks)}), which it is not a member of")
+
+    def group_rank(self, global_rank: int) -> int:
+        try:
+            return self._index[global_rank]
+        except (KeyError, TypeError):
+            raise ValueError(f"global rank {global_rank!r} is not in group {self.name} "
+                             f"(ranks {list(self.ranks)})") from None
+
+    def global_rank(self, group_rank: int) -> int:
+        if not isinstance(group_rank, int) or not 0 <= group_rank < self.size:
+            raise ValueError(f"group rank {group_rank!r} is out of range for group {self.name} "
+                             f"of size {self.size}")
+        return self.ranks[group_rank]
+
+    def p2p_tag(self, tag: int) -> int:
+        if not isinstance(tag, int) or not 0 <= tag <= MAX_TAG:
+            raise ValueError(f"tag must be an int in [0, {MAX_TAG}], got {tag!r}")
+        return (self.context << (TAG_BITS + 1)) | tag
+
+    def collective_tag(self, seq: int) -> int:
+        return (self.context << (TAG_BITS + 1)) | _COLLECTIVE_BIT | (seq & MAX_TAG)
+
+
+@dataclass
+class _World:
+    network: object
+    store: object
+    group: ProcessGroup
+    owns_store: bool = True
+    groups: list = field(default_factory=list)
+    next_context: int = 1
+    background: object = None  # the thread running async_op=True calls, made on first use
+
+
+_world: Optional[_World] = None
+
+
+def world() -> _World:
+    if _world is None:
+        raise CollieError("collie is not initialized: call collie.init_process_group() first")
+    return _world
+
+
+def resolve(group: Optional[ProcessGroup]) -> ProcessGroup:
+    """The group a call runs on: the given one, or the default group."""
+    if group is None:
+        return world().group
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group must be a ProcessGroup or None, got {type(group).__name__}")
+    if _world is None or group.network is not _world.network:
+        raise CollieError(f"group {group.name} belongs to a destroyed process group")
+    return group
+
+
+def timeout_seconds(timeout) -> float:
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    if timeout is None:
+        return 300.0
+    return float(timeout)
+
+
+def _agree_context(parent: ProcessGroup, count: int, extra=()) -> tuple[int, list]:
+    """Reserve ``count`` consecutive contexts unused on every rank of
+    ``parent``; also all-gathers ``extra`` (ints) from every rank."""
+    import numpy as np
+
+    from .collectives import all_gather_into_tensor
+    w = world()
+    mine = np.array([w.next_context, *extra], dtype=np.int64)
+    every = np.empty(mine.size * parent.size, dtype=np.int64)
+    all_gather_into_tensor(every, mine, group=parent)
+    rows = every.reshape(parent.size, mine.size)
+    base = int(rows[:, 0].max())
+    if base + count > MAX_CONTEXTS:
+        raise CollieError(f"too many groups: at most {MAX_CONTEXTS - 1} can be created")
+    w.next_context = base + count
+    return base, rows[:, 1:].tolist()
+
+
+def new_group(ranks: Optional[Sequence[int]] = None, timeout=None, backend=None, pg_options=None,
+              use_local_synchronization: bool = False, group_desc: Optional[str] = None) -> ProcessGroup:
+    """Create a group of the given global ranks (all ranks when None).
+
+    Every rank of the world must call new_group with the same ranks (as in
+    torch); non-members get a group whose rank is -1, and any communication
+    on it raises ValueError.
+    """
+    w = world()
+    size = w.group.size
+    members = list(range(size)) if ranks is None else list(ranks)
+    for r in members:
+        if not isinstance(r, int) or not 0 <= r < size:
+            raise ValueError(f"new_group: rank {r!r} is not a rank of the world (size {size})")
+    if len(set(members)) != len(members):
+        raise ValueError(f"new_group: ranks {members} contain duplicates")
+    if not members:
+        raise ValueError("new_group: ranks must not be empty")
+    context, _ = _agree_context(w.group, 1)
+    seconds = w.group.timeout if timeout is None else timeout_seconds(timeout)
+    group = ProcessGroup(w.network, members, context, seconds, group_desc or f"group{context}")
+    w.groups.append(group)
+    return group
+
+
+def split_group(parent: Optional[ProcessGroup], color: int, key: int = 0,
+                name: Optional[str] = None) -> Optional[ProcessGroup]:
+    """Split ``parent`` by ``color`` (MPI_Comm_split): ranks with the same
+    color form a group, ordered by (key, parent rank). Only ``parent``'s
+    members call it. A negative color joins no group (returns None)."""
+    parent = resolve(parent)
+    parent.require_member("split_group")
+    if not isinstance(color, int) or not isinstance(key, int):
+        raise TypeError("split_group: color and key must be ints")
+    base, rows = _agree_context(parent, 0, (color, key))
+    colors = sorted({c for c, _ in rows if c >= 0})
+    world().next_context = base + len(colors)
+    if color < 0:
+        return None
+    members = sorted((k, i) for i, (c, k) in enumerate(rows) if c == color)
+    ranks = [parent.ranks[i] for _, i in members]
+    context = base + colors.index(color)
+    group = ProcessGroup(parent.network, ranks, context, parent.timeout, name or f"{parent.name}/split{color}")
+    world().groups.append(group)
+    return group
+
+
+def get_rank(group: Optional[ProcessGroup] = None) -> int:
+    """This process's rank in ``group`` (the world by default), -1 if not a member."""
+    return resolve(group).rank
+
+
+def get_world_size(group: Optional[ProcessGroup] = None) -> int:
+    g = resolve(group)
+    return g.size if g.is_member else -1
+
+
+def get_process_group_ranks(group: ProcessGroup) -> list[int]:
+    return list(resolve(group).ranks)
+
+
+def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
+    return resolve(group).group_rank(global_rank)
+
+
+def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
+    return resolve(group).global_rank(group_rank)
+
+
+def is_initialized() -> bool:
+    return _world is not None
+
+
+def __getattr__(name: str):
+    # collie.group.WORLD, as torch.distributed.group.WORLD
+    if name == "WORLD":
+        return _world.group if _world is not None else None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def init_process_group(backend: str = "auto", init_method: Optional[str] = None, timeout=timedelta(minutes=5),
+                       world_size: int = -1, rank: int = -1, store=None, group_name: str = "",
+                       token=None, pg_options=None, device_id=None) -> None:
+    """Join the world: rendezvous with every rank, then connect to each peer.
+
+    backend: "auto" (shared memory to peers on this host, TCP to the
+    others), "shm" or "tcp". init_method: "env://" (the default; reads what
+    collie run, torchrun, mpiexec or srun set), "tcp://host:port" or
+    "file:///path". timeout bounds every later wait for a peer. token (or
+    $COLLIE_TOKEN): a shared secret every connection must prove it knows.
+    """
+    global _world
+    from . import rendezvous as rdv
+    from .auth import token_from_env
+    from .network import BACKENDS, Network
+
+    if _world is not None:
+        raise CollieError("init_process_group was already called; call destroy_process_group() first")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
+    seconds = timeout_seconds(timeout)
+    tok = token_from_env(token)
+    if store is not None:
+        if rank is None or rank < 0 or world_size is None or world_size < 1:
+            raise ValueError("init_process_group(store=...) needs rank= and world_size=")
+        info = rdv.Rendezvous(store=store, rank=rank, world_size=world_size, local_rank=None,
+                              local_world_size=None, master_addr="127.0.0.1", master_port=0,
+                              job_id=_store_job_id(store, rank))
+    else:
+        info = rdv.rendezvous(init_method, rank=None if rank is None or rank < 0 else rank,
+                              world_size=None if world_size is None or world_size < 0 else world_size,
+                              timeout=seconds, token=tok)
+    try:
+        network = Network(info.rank, info.world_size, info.store, info.job_id, backend=backend,
+                          timeout=seconds, token=tok, master_addr=info.master_addr,
+                          local_world_size=info.local_world_size)
+    except BaseException:
+        if store is None:
+            info.store.close()
+        raise
+    group = ProcessGroup(network, range(info.world_size), 0, seconds, group_name or "WORLD")
+    _world = _World(network=network, store=info.store, group=group, owns_store=store is None)
+    import atexit
+    atexit.register(_close_at_exit)
+
+
+def _store_job_id(store, rank: int) -> str:
+    """A job id every rank agrees on, for a store the user gave us."""
+    if rank == 0:
+        import os
+        store.set("collie/job_id", os.urandom(6).hex().encode())
+    return store.get("collie/job_id").decode()
+
+
+def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
+    """Leave: close every connection, thread and shared segment (with no
+    group, or the default group). Destroying a sub-group only forgets it.
+    Calling it again, or before init, does nothing."""
+    global _world
+    if _world is None:
+        return
+    if group is not None and group is not _world.group:
+        if group in _world.groups:
+            _world.groups.remove(group)
+        return
+    w, _world = _world, None
+    try:
+        w.network.close()
+    finally:
+        if w.owns_store:
+            try:
+                w.store.close()
+            except Exception:
+                pass
+
+
+def _close_at_exit() -> None:
+    # A process that exits without destroy_process_group still says goodbye,
+    # so that peers report "left" rather than "died" if they still needed it.
+    try:
+        destroy_process_group()
+    except Exception:
+        pass

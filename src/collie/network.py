@@ -1,0 +1,313 @@
+"""This process's connections to every other rank, and the one place it waits.
+
+The Network routes each peer to one transport (shared memory for peers on
+this host, TCP for the others, or one of them for all when forced), and owns
+the waiting loop every blocking call ends in: advance the transports, spin a
+little while progress is likely to come soon, then sleep on this rank's
+doorbell until a peer or a transport thread rings it. While waiting it
+watches for the two ways a wait can go wrong: a peer that is gone (PeerError
+at once, not at the timeout) and a peer that never comes (CollieTimeout).
+
+Every rank keeps a TCP connection to every peer even when data goes through
+shared memory: the kernel closes it when a process dies however it dies, so
+it is how ranks learn of each other's deaths, and it carries control
+messages (such as "abort: ranks called different collectives").
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Callable, Iterable, Optional
+
+from .errors import AbortedError, CollieError, CollieTimeout, MismatchError, PeerError
+from .transports.base import Request, Transport
+from .transports.doorbell import Doorbell
+
+BACKENDS = ("auto", "shm", "tcp")
+
+# How long a waiter keeps polling before it sleeps on the doorbell. Polling
+# catches a peer that answers within microseconds without paying for a
+# futex sleep and wake-up; sleeping keeps oversubscribed ranks (more ranks
+# than cores) from starving the peer they wait for.
+SPIN_SECONDS = float(os.environ.get("COLLIE_SPIN_US", "50")) * 1e-6
+# Longest single sleep: how often a sleeper re-checks deadlines and deaths.
+SLEEP_SLICE = 0.1
+
+
+def host_identity() -> str:
+    """Which machine this process runs on: ranks with equal identities share
+    memory. COLLIE_HOST_ID overrides it (tests use it to fake several hosts)."""
+    override = os.environ.get("COLLIE_HOST_ID")
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+class AnySourceRequest(Request):
+    """A receive from whichever peer sends a message with the tag first.
+    It becomes a real receive (``inner``) once a transport has one to offer."""
+
+    __slots__ = ("dst", "combine", "meta", "candidates", "inner")
+
+    def __init__(self, tag: int, dst: memoryview, combine, meta, candidates):
+        super().__init__("recv", -1, tag, len(dst))
+        self.dst, self.combine, self.meta = dst, combine, meta
+        self.candidates = candidates
+        self.inner: Optional[Request] = None
+
+
+class Network:
+    """Routes messages to peers and waits for them. One per process."""
+
+    def __init__(self, rank: int, size: int, store, job_id: str, *, backend: str = "auto",
+                 timeout: float = 300.0, token: bytes | None = None,
+                 master_addr: str = "127.0.0.1", local_world_size: int | None = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
+        self.rank, self.size, self.timeout = rank, size, timeout
+        self.lock = threading.RLock()
+        self._lost: dict[int, BaseException] = {}   # peer -> why it is gone (set by tcp threads)
+        self._failed_seen: set[int] = set()
+        self._abort: Optional[tuple[int, str, str]] = None  # (peer, error kind, message)
+        self.on_control: Optional[Callable[[int, bytes], None]] = None
+        self.meta_text: Optional[Callable[[int], str]] = None  # decodes meta words for errors
+        self._closed = False
+
+        hosts = self._exchange_hosts(store, job_id)
+        local = [p for p in range(size) if p != rank and hosts[p] == hosts[rank]]
+        remote = [p for p in range(size) if p != rank and hosts[p] != hosts[rank]]
+        if backend == "shm" and remote:
+            raise ValueError(f"backend='shm' needs every rank on one host, but ranks {remote} "
+                             f"are on other hosts than rank {rank}; use backend='auto' or 'tcp'")
+        shm_peers = local if backend in ("auto", "shm") else []
+        self.local_world_size = local_world_size or (len(local) + 1)
+        # More ranks than cores on this host: spin less, so peers get the CPU.
+        self._spin = SPIN_SECONDS if self.local_world_size <= (os.cpu_count() or 1) else SPIN_SECONDS / 5
+
+        self.shm = None
+        if shm_peers:
+            from .transports.shm import ShmTransport
+            self.shm = ShmTransport(rank, shm_peers, store, job_id, timeout)
+            self.doorbell = self.shm.doorbell
+        else:
+            self.doorbell = Doorbell.private()
+        from .transports.tcp import TcpTransport
+        try:
+            self.tcp = TcpTransport(rank, size, store, job_id, self.doorbell, timeout, token,
+                                    on_peer_lost=self._peer_lost, on_control=self._control,
+                                    master_addr=master_addr)
+        except BaseException:
+            if self.shm is not None:
+                self.shm.close()
+            raise
+        self.routes: list[Optional[Transport]] = [
+            self.shm if p in shm_peers else (self.tcp if p != rank else None) for p in range(size)]
+        self.transports: tuple[Transport, ...] = tuple(t for t in (self.shm, self.tcp) if t is not None)
+        self.backend_of = ["self" if p == rank else self.routes[p].name for p in range(size)]
+
+    def _exchange_hosts(self, store, job_id: str) -> list[str]:
+        store.set(f"host/{job_id}/{self.rank}", host_identity().encode())
+        return [store.get(f"host/{job_id}/{p}").decode() for p in range(self.size)]
+
+    # ---- called from transport threads: record, then wake the waiter ----
+
+    def _peer_lost(self, peer: int, error: BaseException) -> None:
+        self._lost.setdefault(peer, error)
+        self.doorbell.ring()
+
+    def _control(self, peer: int, payload: bytes) -> None:
+        if payload.startswith(b"abort:"):
+            if self._abort is None:
+                kind, _, message = payload[len(b"abort:"):].decode(errors="replace").partition("\0")
+                self._abort = (peer, kind, message)
+        elif self.on_control is not None:
+            self.on_control(peer, payload)
+        self.doorbell.ring()
+
+    # ---- posting ----
+
+    def _route(self, peer: int) -> Transport:
+        if not 0 <= peer < self.size or peer == self.rank:
+            raise ValueError(f"rank {self.rank}: peer {peer} is not another rank of a world of {self.size}")
+        if self._closed:
+            raise CollieError("the process group was destroyed")
+        return self.routes[peer]
+
+    def isend(self, peer: int, tag: int, data: memoryview, meta: int = 0) -> Request:
+        transport = self._route(peer)
+        with self.lock:
+            if peer in self._lost:
+                self._fail_lost()
+            return transport.isend(peer, tag, data, meta)
+
+    def irecv(self, peer: Optional[int], tag: int, dst: memoryview, combine=None,
+              meta: Optional[int] = None, candidates: Optional[Iterable[int]] = None) -> Request:
+        """Post a receive; ``peer=None`` takes the first message with ``tag``
+        from any of ``candidates`` (default: every peer)."""
+        if peer is None:
+            cands = tuple(p for p in (range(self.size) if candidates is None else candidates)
+                          if p != self.rank)
+            for p in cands:
+                self._route(p)
+            req = AnySourceRequest(tag, dst, combine, meta, cands)
+            with self.lock:
+                self._resolve_any(req)
+            return req
+        transport = self._route(peer)
+        with self.lock:
+            if peer in self._lost:
+                self._fail_lost()
+            return transport.irecv(peer, tag, dst, combine, meta)
+
+    def probe(self, peer: int, tag: int) -> Optional[int]:
+        """Size of the message a receive for (peer, tag) would take now, if
+        it has started arriving; else None. Advances the transports first."""
+        transport = self._route(peer)
+        self.progress()
+        with self.lock:
+            return transport.probe(peer, tag)
+
+    def send_control(self, peer: int, payload: bytes) -> None:
+        if peer not in self._lost:
+            try:
+                self.tcp.send_control(peer, payload)
+            except OSError:
+                pass  # the peer is gone; its death is reported elsewhere
+
+    def abort(self, peers: Iterable[int], kind: str, reason: str) -> None:
+        """Tell ``peers`` to stop waiting: their waits raise an error of
+        ``kind`` ("MismatchError", else AbortedError) quoting ``reason``."""
+        payload = b"abort:" + kind.encode() + b"\0" + reason.encode()
+        for p in peers:
+            if p != self.rank:
+                self.send_control(p, payload)
+
+    # ---- progress and waiting ----
+
+    def _resolve_any(self, req: AnySourceRequest) -> None:
+        if req.inner is not None:
+            return
+        for p in req.candidates:
+            if self.routes[p].probe(p, req.tag) is not None:
+                req.peer = p
+                req.inner = self.routes[p].irecv(p, req.tag, req.dst, req.combine, req.meta)
+                return
+            if p in self._lost and req.error is None:
+                req.error = self._lost[p]
+
+    def _fail_lost(self) -> None:
+        """Fail requests on peers that died since we last looked."""
+        for peer, error in list(self._lost.items()):
+            if peer not in self._failed_seen:
+                self._failed_seen.add(peer)
+                for t in self.transports:
+                    t.fail_peer(peer, error)
+
+    def progress(self) -> bool:
+        with self.lock:
+            if self._lost:
+                self._fail_lost()
+            moved = False
+            for t in self.transports:
+                if t.progress():
+                    moved = True
+            return moved
+
+    def wait(self, requests, *, timeout: Optional[float] = None,
+             describe: Callable[[], str] = lambda: "communication") -> None:
+        """Block until every request is done; raise the first error.
+
+        ``describe`` names the operation for error messages (group, op,
+        sequence number); it is only called when something went wrong.
+        """
+        requests = list(requests)
+        timeout = self.timeout if timeout is None else timeout
+        start = time.monotonic()
+        spin_until = start + self._spin
+        while True:
+            moved = self.progress()
+            pending = None
+            for req in requests:
+                if isinstance(req, AnySourceRequest):
+                    self._step_any(req)
+                if req.error is not None:
+                    raise self._explain(req, describe) from req.error
+                if not req.done:
+                    pending = req
+            if pending is None:
+                return
+            if self._abort is not None:
+                peer, kind, reason = self._abort
+                error = MismatchError if kind == "MismatchError" else AbortedError
+                raise error(f"rank {self.rank}: {describe()} stopped, because rank {peer} "
+                            f"reported: {reason}")
+            now = time.monotonic()
+            if moved:
+                spin_until = now + self._spin
+                continue
+            if now >= start + timeout:
+                waiting = sorted({r.peer for r in requests if not r.done and r.peer >= 0})
+                raise CollieTimeout(
+                    f"rank {self.rank}: {describe()} timed out after {timeout:g}s waiting for "
+                    f"rank(s) {waiting or 'any'} (pending: "
+                    f"{', '.join(repr(r) for r in requests if not r.done)})", tuple(waiting))
+            if now < spin_until and self.tcp not in self._transports_of(requests):
+                continue
+            self.doorbell.wait(min(SLEEP_SLICE, start + timeout - now))
+
+    def _transports_of(self, requests):
+        return {self.routes[r.peer] for r in requests if not r.finished and r.peer >= 0}
+
+    def _step_any(self, req: AnySourceRequest) -> None:
+        if req.inner is None:
+            with self.lock:
+                self._resolve_any(req)
+        inner = req.inner
+        if inner is not None:
+            if inner.error is not None:
+                req.error = inner.error
+            elif inner.done:
+                req.done = True
+
+    def _explain(self, req: Request, describe) -> BaseException:
+        """Turn a transport's error into one that names the operation."""
+        from .transports.base import MessageMismatch
+        err = req.error
+        what = describe()
+        if isinstance(err, MessageMismatch):
+            if err.expected_meta is not None and err.meta != err.expected_meta:
+                text = self.meta_text or (lambda m: f"meta {m:#x}")
+                return MismatchError(
+                    f"rank {self.rank}: {what}: rank {err.peer} called {text(err.meta)} but rank "
+                    f"{self.rank} called {text(err.expected_meta)}")
+            return ValueError(f"rank {self.rank}: {what}: the message from rank {err.peer} has "
+                              f"{err.nbytes} bytes but the receive buffer has {err.expected_nbytes} bytes")
+        if isinstance(err, PeerError):
+            return PeerError(f"rank {self.rank}: {what} failed: {err}", err.peer)
+        if isinstance(err, CollieError):
+            return type(err)(f"rank {self.rank}: {what} failed: {err}")
+        return CollieError(f"rank {self.rank}: {what} failed: {err!r}")
+
+    def close(self) -> None:
+        """Release every connection, thread and shared segment. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        # TCP first: its threads ring the doorbell, which lives in the shm
+        # segment, so they must be gone before the segment is unmapped.
+        for t in (self.tcp, self.shm):
+            if t is not None:
+                try:
+                    t.close()
+                except Exception:
+                    pass
+        if self.shm is None:
+            self.doorbell.release()

@@ -1,0 +1,165 @@
+"""Point-to-point: send and receive between two ranks, blocking or not.
+
+Names, signatures and semantics follow torch.distributed: dst/src are
+global ranks (group_dst/group_src are ranks within ``group``), arrays are
+filled in place, recv(src=None) receives from any rank of the group and
+returns the sender's global rank. Messages from one rank to another with
+the same tag (in the same group) arrive in the order they were sent.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Optional
+
+import numpy as np
+
+from .arrays import Buffer, byte_view
+from .group import MAX_TAG, ProcessGroup, resolve
+from .work import Work
+
+__all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
+           "send_object_list", "recv_object_list"]
+
+_OBJECT_TAG = MAX_TAG  # object lists travel on their own tag, apart from arrays
+
+
+def _peer(g: ProcessGroup, rank: Optional[int], group_rank: Optional[int], role: str,
+          what: str, allow_any: bool = False) -> Optional[int]:
+    """The peer's global rank, validated for ``g``."""
+    g.require_member(what)
+    if rank is not None and group_rank is not None:
+        raise ValueError(f"{what}: give {role} or group_{role}, not both")
+    if group_rank is not None:
+        rank = g.global_rank(group_rank)
+    if rank is None:
+        if allow_any:
+            return None
+        raise ValueError(f"{what}: {role} is required")
+    if not isinstance(rank, (int, np.integer)):
+        raise TypeError(f"{what}: {role} must be an int rank, got {type(rank).__name__}")
+    rank = int(rank)
+    g.group_rank(rank)  # raises ValueError when not in the group
+    if rank == g.network.rank:
+        raise ValueError(f"{what}: rank {rank} cannot {'send to' if role == 'dst' else 'receive from'} itself")
+    return rank
+
+
+def _describe(g: ProcessGroup, what: str, peer, tag: int):
+    g.p2p_ops += 1
+    n = g.p2p_ops
+    return lambda: f"{what} {'from any rank' if peer is None else ('rank %d' % peer)} " \
+                   f"(group {g.name}, tag {tag}, point-to-point call #{n})"
+
+
+def isend(tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
+          group_dst: Optional[int] = None) -> Work:
+    """Start sending ``tensor`` to ``dst``; the tensor must not change until
+    the returned Work completes."""
+    g = resolve(group)
+    peer = _peer(g, dst, group_dst, "dst", "isend")
+    buf = Buffer(tensor, writable=False, what="isend tensor")
+    t = g.p2p_tag(tag)
+    req = g.network.isend(peer, t, buf.bytes())
+    return Work(g.network, [req], _describe(g, "send to", peer, tag), keep=buf, timeout=g.timeout)
+
+
+def irecv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
+          group_src: Optional[int] = None) -> Work:
+    """Start receiving into ``tensor`` from ``src`` (any rank of the group
+    when None). The Work's result() is the sender's global rank."""
+    g = resolve(group)
+    peer = _peer(g, src, group_src, "src", "irecv", allow_any=True)
+    buf = Buffer(tensor, writable=True, what="irecv tensor")
+    t = g.p2p_tag(tag)
+    req = g.network.irecv(peer, t, buf.bytes(), candidates=g.ranks if peer is None else None)
+
+    def done():
+        buf.finish()
+        return req.peer
+
+    return Work(g.network, [req], _describe(g, "receive from", peer, tag), on_done=done, keep=buf,
+                timeout=g.timeout)
+
+
+def send(tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
+         group_dst: Optional[int] = None) -> None:
+    """Send ``tensor`` to ``dst`` and return once it may be reused."""
+    isend(tensor, dst, group, tag, group_dst).wait()
+
+
+def recv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
+         group_src: Optional[int] = None) -> int:
+    """Receive into ``tensor`` from ``src`` (any rank when None); returns the
+    sender's global rank."""
+    return irecv(tensor, src, group, tag, group_src).result()
+
+
+class P2POp:
+    """One operation of batch_isend_irecv: ``op`` is collie.isend or collie.irecv."""
+
+    def __init__(self, op, tensor, peer: Optional[int] = None, group: Optional[ProcessGroup] = None,
+                 tag: int = 0, group_peer: Optional[int] = None):
+        if op not in (isend, irecv):
+            raise ValueError("P2POp: op must be collie.isend or collie.irecv")
+        self.op, self.tensor, self.peer, self.group, self.tag, self.group_peer = \
+            op, tensor, peer, group, tag, group_peer
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list: list) -> list:
+    """Start every send and receive of the list at once; returns their Works.
+
+    The order of the ops does not matter: receives are posted before sends
+    and no transport blocks while posting, so no pairing of two batches can
+    deadlock.
+    """
+    if not isinstance(p2p_op_list, (list, tuple)) or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise TypeError("batch_isend_irecv takes a list of P2POp")
+    works: list = [None] * len(p2p_op_list)
+    order = sorted(range(len(p2p_op_list)), key=lambda i: p2p_op_list[i].op is isend)
+    for i in order:
+        p = p2p_op_list[i]
+        if p.op is isend:
+            works[i] = isend(p.tensor, p.peer, p.group, p.tag, group_dst=p.group_peer)
+        else:
+            works[i] = irecv(p.tensor, p.peer, p.group, p.tag, group_src=p.group_peer)
+    return works
+
+
+def send_object_list(object_list: list, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
+                     device=None, group_dst: Optional[int] = None) -> None:
+    """Send picklable objects to ``dst``, which calls recv_object_list with a
+    list of the same length."""
+    g = resolve(group)
+    peer = _peer(g, dst, group_dst, "dst", "send_object_list")
+    payload = pickle.dumps(list(object_list), protocol=pickle.HIGHEST_PROTOCOL)
+    size = np.array([len(payload)], dtype=np.int64)
+    t = g.p2p_tag(_OBJECT_TAG)
+    reqs = [g.network.isend(peer, t, byte_view(size)), g.network.isend(peer, t, memoryview(payload))]
+    Work(g.network, reqs, _describe(g, "send_object_list to", peer, _OBJECT_TAG), timeout=g.timeout).wait()
+
+
+def recv_object_list(object_list: list, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+                     device=None, group_src: Optional[int] = None) -> int:
+    """Receive objects sent by send_object_list into ``object_list`` (in
+    place); returns the sender's global rank."""
+    g = resolve(group)
+    peer = _peer(g, src, group_src, "src", "recv_object_list", allow_any=True)
+    t = g.p2p_tag(_OBJECT_TAG)
+    size = np.zeros(1, dtype=np.int64)
+    describe = _describe(g, "recv_object_list from", peer, _OBJECT_TAG)
+    head = g.network.irecv(peer, t, byte_view(size), candidates=g.ranks if peer is None else None)
+    Work(g.network, [head], describe, timeout=g.timeout).wait()
+    sender = head.peer
+    payload = bytearray(int(size[0]))
+    body = g.network.irecv(sender, t, memoryview(payload))
+    Work(g.network, [body], describe, timeout=g.timeout).wait()
+    objects = pickle.loads(payload)
+    if len(objects) != len(object_list):
+        raise ValueError(f"recv_object_list: rank {sender} sent {len(objects)} objects but the "
+                         f"list has room for {len(object_list)}")
+    object_list[:] = objects
+    return sender

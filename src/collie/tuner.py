@@ -1,0 +1,139 @@
+"""The tuner: which algorithm, and how many pipeline segments, for one call.
+
+Inputs: the collective, the bytes each rank contributes, the group size and
+the transport between the group's ranks ("shm" when every peer is on this
+host, else "tcp"). The choice is a short table of crossovers measured with
+`collie bench --algo all` (docs/performance.md), not a model: small messages
+want the fewest steps (latency), large ones the fewest bytes per rank
+(bandwidth).
+
+Users override it per call (algorithm="ring") or per process with
+COLLIE_ALGO: "ring" forces ring on every collective that has it,
+"all_reduce:ring,broadcast:tree" per collective. COLLIE_DEBUG=INFO prints
+on rank 0, once per (collective, size band), what was chosen and why, as
+NCCL_DEBUG_SUBSYS=TUNING does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import NamedTuple, Optional
+
+from . import algorithms
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+class Choice(NamedTuple):
+    algorithm: str
+    segments: int
+    reason: str
+
+
+def parse_forced(spec: str) -> tuple[Optional[str], dict]:
+    """COLLIE_ALGO -> (algorithm for every collective, {collective: algorithm})."""
+    everywhere, per = None, {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        if ":" in item:
+            coll, _, name = item.partition(":")
+            if coll.strip() not in algorithms.ALGORITHMS:
+                raise ValueError(f"COLLIE_ALGO names unknown collective {coll.strip()!r} "
+                                 f"(known: {', '.join(sorted(algorithms.ALGORITHMS))})")
+            per[coll.strip()] = name.strip()
+        else:
+            everywhere = item
+    return everywhere, per
+
+
+def _segments(nbytes: int, pieces: int, target: int) -> int:
+    """Pipeline segments so that each message is about ``target`` bytes."""
+    return max(1, min(64, nbytes // max(1, pieces * target)))
+
+
+def default_choice(collective: str, nbytes: int, nranks: int, transport: str) -> Choice:
+    """The tuned default for one call."""
+    have = algorithms.ALGORITHMS[collective]
+    small = nbytes <= (32 * KiB if transport == "shm" else 64 * KiB)
+    seg_target = 1 * MiB if transport == "shm" else 4 * MiB
+
+    def pick(name, segments=1, why=""):
+        return Choice(name, segments, why)
+
+    if nranks == 1:
+        return pick("direct", 1, "one rank: local copies only")
+    if collective == "barrier":
+        if nranks <= 4:
+            return pick("direct", 1, "few ranks: one step of zero-byte messages")
+        return pick("recursive_doubling", 1, "dissemination: log2(n) steps")
+    if collective == "all_reduce":
+        if small and nranks <= 4:
+            return pick("direct", 1, "small message, few ranks: one step, latency-bound")
+        if small:
+            return pick("recursive_doubling", 1, "small message: log2(n) steps, latency-bound")
+        if nranks == 2:
+            return pick("ring", _segments(nbytes, 2, seg_target),
+                        "two ranks: ring sends half the data each way, pipelined")
+        return pick("ring", _segments(nbytes, nranks, seg_target),
+                    "large message: ring moves 2(n-1)/n of the data per rank, the least")
+    if collective in ("broadcast", "reduce"):
+        if small or nranks == 2:
+            return pick("tree" if nranks > 4 else "direct", 1,
+                        "small message or two ranks: fewest steps")
+        return pick("ring", _segments(nbytes, 1, seg_target),
+                    "large message: pipelined chain, every link busy")
+    if collective in ("all_gather", "reduce_scatter"):
+        total = nbytes * (nranks if collective == "all_gather" else 1)
+        if total <= 64 * KiB and nranks <= 8:
+            return pick("direct", 1, "small message: one step")
+        if total <= 64 * KiB and "bruck" in have:
+            return pick("bruck", 1, "small message: log2(n) steps")
+        return pick("ring", 1, "large message: ring moves (n-1)/n of the data per rank")
+    if collective == "all_to_all":
+        if nranks <= 8 or small:
+            return pick("direct", 1, "everyone sends to everyone in one step")
+        return pick("pairwise", 1, "many ranks: one peer per step keeps every link busy")
+    if collective in ("gather", "scatter"):
+        if nranks <= 8 or not small:
+            return pick("direct", 1, "root exchanges with every rank at once")
+        return pick("tree", 1, "small message, many ranks: log2(n) steps")
+    return pick(sorted(have)[0], 1, "only choice")
+
+
+class Tuner:
+    """Per-process choices: forced ones from COLLIE_ALGO, else the table."""
+
+    def __init__(self, environ=os.environ):
+        self.everywhere, self.per = parse_forced(environ.get("COLLIE_ALGO", ""))
+        self.debug = environ.get("COLLIE_DEBUG", "").upper() in ("INFO", "TRACE")
+        self._said: set = set()
+
+    def choose(self, collective: str, nbytes: int, nranks: int, transport: str,
+               algorithm: Optional[str] = None, rank: int = 0) -> Choice:
+        have = algorithms.ALGORITHMS[collective]
+        default = default_choice(collective, nbytes, nranks, transport)
+        if algorithm is not None:
+            if algorithm not in have:
+                raise ValueError(f"{collective} has no algorithm {algorithm!r}; "
+                                 f"choose one of {', '.join(sorted(have))}")
+            choice = Choice(algorithm, default.segments if algorithm == default.algorithm else
+                            _segments(nbytes, nranks, MiB), "forced by algorithm=")
+        elif collective in self.per:
+            name = self.per[collective]
+            if name not in have:
+                raise ValueError(f"COLLIE_ALGO forces {collective}:{name}, but {collective} has "
+                                 f"only {', '.join(sorted(have))}")
+            choice = Choice(name, _segments(nbytes, nranks, MiB), f"forced by COLLIE_ALGO={collective}:{name}")
+        elif self.everywhere in have:
+            choice = Choice(self.everywhere, _segments(nbytes, nranks, MiB),
+                            f"forced by COLLIE_ALGO={self.everywhere}")
+        else:
+            choice = default
+        if self.debug and rank == 0:
+            band = (collective, nranks, transport, max(nbytes, 1).bit_length())
+            if band not in self._said:
+                self._said.add(band)
+                print(f"collie INFO tuner: {collective} {nbytes} bytes on {nranks} ranks over "
+                      f"{transport}: {choice.algorithm} (segments={choice.segments}): {choice.reason}",
+                      file=sys.stderr, flush=True)
+        return choice

@@ -1,0 +1,83 @@
+"""Work: the handle an asynchronous call returns (isend, irecv, async_op=True)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Callable, Optional
+
+
+class Work:
+    """A call in flight. ``wait()`` blocks until it completes and raises its
+    error if it failed; ``is_completed()`` never blocks.
+
+    ``requests`` are the transport requests the call posted; ``on_done`` runs
+    once after they all complete (to copy results back, unpickle objects...);
+    ``keep`` holds buffers alive while the transports may still touch them.
+    """
+
+    def __init__(self, network, requests, describe: Callable[[], str],
+                 on_done: Optional[Callable[[], object]] = None, keep=None, timeout: Optional[float] = None):
+        self._network = network
+        self._requests = list(requests)
+        self._describe = describe
+        self._on_done = on_done
+        self._keep = keep
+        self._timeout = timeout
+        self._finished = False
+        self._error: Optional[BaseException] = None
+        self._result = None
+
+    def wait(self, timeout=None) -> bool:
+        """Block until complete; True on success, raises on failure."""
+        if not self._finished:
+            if isinstance(timeout, timedelta):
+                timeout = timeout.total_seconds()
+            try:
+                self._network.wait(self._requests, timeout=timeout if timeout is not None else self._timeout,
+                                   describe=self._describe)
+                if self._on_done is not None:
+                    self._result = self._on_done()
+            except BaseException as exc:
+                self._error = exc
+                self._finished = True
+                self._keep = None
+                raise
+            self._finished = True
+            self._keep = None
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        """True once the call has finished (successfully or not). Advances
+        the transports a little, so that polling alone makes progress."""
+        if self._finished:
+            return True
+        self._network.progress()
+        if all(r.finished for r in self._requests):
+            try:
+                self.wait()
+            except BaseException:
+                pass
+            return True
+        return False
+
+    def is_success(self) -> bool:
+        return self._finished and self._error is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error
+
+    def result(self):
+        """What the call produced (a recv's source rank, for instance)."""
+        self.wait()
+        return self._result
+
+
+class CompletedWork(Work):
+    """A call that finished before it returned (nothing to communicate)."""
+
+    def __init__(self, result=None):
+        super().__init__(None, (), lambda: "")
+        self._finished = True
+        self._result = result
