@@ -20,6 +20,7 @@ from .mesh import DeviceMesh, init_device_mesh
 from .p2p import (P2POp, batch_isend_irecv, irecv, isend, recv, recv_object_list, send,
                   send_object_list)
 from .work import Work
+from .rendezvous import FileStore, Store, TCPStore
 from .ops import ReduceOp
 from .collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single,
                           barrier, broadcast, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
@@ -31,7 +32,7 @@ __all__ = [
     # setup
     "init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
     "new_group", "get_process_group_ranks", "get_group_rank", "get_global_rank", "ProcessGroup",
-    "group", "DeviceMesh", "init_device_mesh", "spawn",
+    "group", "DeviceMesh", "init_device_mesh", "spawn", "Store", "TCPStore", "FileStore",
     # point to point
     "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "send_object_list",
     "recv_object_list", "Work",

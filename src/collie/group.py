@@ -260,6 +260,8 @@ def init_process_group(backend: str = "auto", init_method: Optional[str] = None,
         if store is None:
             info.store.close()
         raise
+    # Every rank is done with the store before anyone may leave and close it.
+    rdv.store_barrier(info.store, f"collie/{info.job_id}/connected", info.world_size, seconds)
     group = ProcessGroup(network, range(info.world_size), 0, seconds, group_name or "WORLD")
     _world = _World(network=network, store=info.store, group=group, owns_store=store is None)
     import atexit

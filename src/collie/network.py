@@ -200,16 +200,28 @@ class Network:
                 req.peer = p
                 req.inner = self.routes[p].irecv(p, req.tag, req.dst, req.combine, req.meta)
                 return
-            if p in self._lost and req.error is None:
-                req.error = self._lost[p]
+        if req.candidates and all(p in self._lost for p in req.candidates):
+            req.error = self._lost[req.candidates[0]]
 
     def _fail_lost(self) -> None:
-        """Fail requests on peers that died since we last looked."""
+        """Fail requests on peers that died since we last looked.
+
+        A peer that *left* (destroy_process_group) finished its sends before
+        saying so, but over shared memory the data may still wait in our
+        ring: those requests fail in wait() only once progress stops."""
         for peer, error in list(self._lost.items()):
             if peer not in self._failed_seen:
                 self._failed_seen.add(peer)
+                if getattr(error, "left", False) and self.routes[peer] is self.shm:
+                    continue
                 for t in self.transports:
                     t.fail_peer(peer, error)
+
+    def _fail_departed(self, requests) -> None:
+        """Nothing moved: requests on peers that left can no longer complete."""
+        for req in requests:
+            if not req.finished and req.peer >= 0 and req.peer in self._lost:
+                req.error = self._lost[req.peer]
 
     def progress(self) -> bool:
         with self.lock:
@@ -253,6 +265,8 @@ class Network:
             if moved:
                 spin_until = now + self._spin
                 continue
+            if self._lost:
+                self._fail_departed(requests)
             if now >= start + timeout:
                 waiting = sorted({r.peer for r in requests if not r.done and r.peer >= 0})
                 raise CollieTimeout(
