@@ -1,0 +1,923 @@
+"""The TCP transport: one connection between every pair of ranks.
+
+Every rank keeps this mesh, even with peers whose data goes over shared
+memory, because the Network also uses it for liveness (a dead process closes
+its sockets, so its peers learn of the death at once) and control messages.
+
+Setup. Each rank listens on an ephemeral port (127.0.0.1 when MASTER_ADDR is
+a loopback address, else the local address that routes toward MASTER_ADDR),
+publishes "host:port" in the store under ``tcp/{job_id}/{rank}``, connects to
+every lower rank and accepts a connection from every higher one. Each
+connection starts with collie.auth.handshake, then the connecting rank says
+who it is (rank, world size, job id). While a rank waits for connections it
+also watches those it already has, so one rank's failure during setup (a bad
+token, a crash) spreads to the others in moments instead of a timeout.
+
+Wire format. A frame is a 25-byte header, ``HEADER`` = (kind u8, tag i64,
+meta i64, nbytes u64), then nbytes of payload. Kinds: DATA (a message),
+CONTROL (a payload for the Network's on_control callback) and BYE (the sender
+is closing cleanly; it shuts its side down right after).
+
+Receiving. One daemon thread per peer reads frames. A DATA message goes
+straight into the destination of the receive posted for its tag (recv_into,
+no copy), or through a reusable aligned bounce buffer, one PIECE at a time,
+when the receive has a combine function. A message that nobody waits for yet
+is read into a fresh buffer and queued as "unexpected"; irecv looks there
+first. So the socket is always drained, which is what lets two ranks send
+each other huge messages before either posts a receive without deadlocking.
+
+Sending: why inline first, then a thread. isend first writes what the socket
+buffer accepts at once (sendmsg with MSG_DONTWAIT, header and payload in one
+system call). A small message is then done before isend returns, with no
+thread hand-off: on loopback (2 busy cores), sending every message from a
+thread made the 8-byte round trip 2-3 times slower (250-300 us instead of
+90-150 us; a bare socket pair takes about 20 us). What does not
+fit (a large message, or any message while earlier ones still wait) goes to a
+per-peer sender thread, started on first use, which writes it with blocking
+sendall. isend therefore returns at once whatever the size, and frames never
+interleave: a per-peer lock guards the socket's write side and the queue, and
+nothing is written inline while the queue is not empty.
+
+Failure. When a connection ends, the receiver thread fails every pending
+request with that peer with PeerError: "rank P died (connection lost: ...)",
+or "rank P left (destroy_process_group) ..." if the peer said BYE first
+(that error has ``left = True``: the Network knows the peer's earlier sends
+are complete); then it calls on_peer_lost(peer, error) (unless this rank is closing or was
+told of the failure through fail_peer) and rings the doorbell. Messages that
+arrived in full before the end can still be received.
+
+Closing. close() sends BYE to every live peer (after what is queued for it,
+waiting at most LINGER seconds), shuts its write side, waits (same bound) for
+each peer to close its side, which a peer's receiver does as soon as it reads
+BYE and end of stream, so nothing unread is ever reset away, then closes
+everything and joins every thread.
+
+Threads and the GIL: the receiver threads need the GIL for a few
+microseconds per frame. A main thread that spins in Python instead of sleeping
+on the doorbell can delay them by up to sys.getswitchinterval(). The receiver
+thread is also why a small message costs about three times what it costs on
+a bare socket: the kernel wakes the receiver, which wakes the waiting thread.
+
+Run ``python -m collie.transports.tcp`` for a ping-pong and bandwidth
+benchmark against a plain pair of sockets.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..auth import handshake, recv_exact
+from ..errors import CollieError, CollieTimeout, PeerError
+from .base import Combine, MessageMismatch, Request, Transport
+
+__all__ = ["TcpTransport", "HEADER", "DATA", "CONTROL", "BYE", "bench_pingpong"]
+
+_log = logging.getLogger(__name__)
+
+DATA, CONTROL, BYE = 1, 2, 3
+HEADER = struct.Struct("<BqqQ")  # kind, tag, meta, nbytes
+_HELLO = struct.Struct("<qqH")  # rank, world size, length of the job id that follows
+
+PIECE = 2 << 20  # bytes per combine call: a multiple of 16 (256 KiB..4 MiB measured alike)
+LINGER = 5.0  # seconds close() waits for queued sends and for peers to hang up
+_READ_BUFFER = 1 << 16  # headers and small payloads are read through this buffer
+_SMALL_COPY = 1 << 16  # larger copies go through NumPy, which releases the GIL
+_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+
+
+class _EndOfStream(Exception):
+    """The peer closed its side of the connection."""
+
+
+class _Recv(Request):
+    __slots__ = ("dst", "combine", "meta")
+
+    def __init__(self, peer: int, tag: int, dst: memoryview, combine: Optional[Combine], meta: Optional[int]):
+        super().__init__("recv", peer, tag, len(dst))
+        self.dst = dst
+        self.combine = combine
+        self.meta = meta
+
+
+class _Send(Request):
+    __slots__ = ("views",)
+
+    def __init__(self, kind: str, peer: int, tag: int, nbytes: int):
+        super().__init__(kind, peer, tag, nbytes)
+        self.views: list = []  # what is left to write
+
+
+class _Message:
+    """An unexpected message: queued before any receive asked for it."""
+
+    __slots__ = ("nbytes", "meta", "data", "taker")
+
+    def __init__(self, nbytes: int, meta: int):
+        self.nbytes = nbytes
+        self.meta = meta
+        self.data: Optional[memoryview] = None  # set once it has fully arrived
+        self.taker: Optional[_Recv] = None  # a receive that took it while it was arriving
+
+
+class _Peer:
+    """Everything about the connection with one peer.
+
+    ``lock`` guards the receive side (posted, unexpected, arriving, active,
+    error); ``send_cv`` guards the write side of the socket and the send queue.
+    """
+
+    def __init__(self, rank: int, sock: socket.socket):
+        self.rank = rank
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.posted: dict[int, deque[_Recv]] = {}
+        self.unexpected: dict[int, deque[_Message]] = {}
+        self.arriving: Optional[_Message] = None  # unexpected message being read now
+        self.active: Optional[_Recv] = None  # receive the receiver thread is filling now
+        self.error: Optional[BaseException] = None  # set once the peer is gone
+        self.bye = False
+        self.send_cv = threading.Condition(threading.Lock())
+        self.send_queue: deque[_Send] = deque()
+        self.sending: Optional[_Send] = None  # taken off the queue by the sender thread
+        self.stop_sender = False
+        self.receiver: Optional[threading.Thread] = None
+        self.sender: Optional[threading.Thread] = None
+        self.bounce: Optional[memoryview] = None  # for combine; receiver thread only
+
+
+def _byte_view(buffer) -> memoryview:
+    """A flat unsigned-byte view, so that slicing and lengths count bytes."""
+    view = memoryview(buffer)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _copy(dst: memoryview, src: memoryview) -> None:
+    if len(src) < _SMALL_COPY:
+        dst[:] = src
+    else:
+        np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
+
+
+def _skip_views(views: list, n: int) -> list:
+    """The views left after the first ``n`` bytes were written."""
+    left = []
+    for view in views:
+        if n >= len(view):
+            n -= len(view)
+        else:
+            left.append(view[n:] if n else view)
+            n = 0
+    return left
+
+
+def _aligned_empty(nbytes: int, align: int = 64) -> memoryview:
+    """Uninitialised bytes at an aligned address (np.empty does not write
+    the pages, unlike bytearray); small ones come from the allocator, which
+    aligns to 16."""
+    if nbytes < _SMALL_COPY:
+        return memoryview(bytearray(nbytes))
+    raw = np.empty(nbytes + align, np.uint8)
+    start = -raw.__array_interface__["data"][0] % align
+    return memoryview(raw[start:start + nbytes])
+
+
+class _Reader:
+    """Reads frames from a socket: headers and small payloads through a
+    buffer (one system call often brings several frames), large payloads
+    straight into their destination."""
+
+    def __init__(self, sock: socket.socket, ring: Callable[[], None]):
+        self.sock = sock
+        self.ring = ring
+        self.ring_due = False
+        self.buf = bytearray(_READ_BUFFER)
+        self.view = memoryview(self.buf)
+        self.start = 0
+        self.end = 0
+
+    def recv_into(self, view: memoryview) -> int:
+        """One read from the socket, ringing the doorbell first if a ring is
+        due. Ringing just before the thread may block, rather than at once,
+        rings once for a burst of frames, and lets the woken thread take the
+        GIL without waiting for this one to let go of it."""
+        if self.ring_due:
+            self.ring_due = False
+            self.ring()
+        n = self.sock.recv_into(view)
+        if n == 0:
+            raise _EndOfStream
+        return n
+
+    def _fill(self) -> None:
+        """Read at least one more byte into the buffer."""
+        if self.start == self.end:
+            self.start = self.end = 0
+        elif self.end == len(self.buf):
+            kept = self.end - self.start
+            self.view[:kept] = self.view[self.start:self.end]
+            self.start, self.end = 0, kept
+        self.end += self.recv_into(self.view[self.end:])
+
+    def header(self) -> tuple:
+        while self.end - self.start < HEADER.size:
+            self._fill()
+        fields = HEADER.unpack_from(self.buf, self.start)
+        self.start += HEADER.size
+        return fields
+
+    def read_into(self, dst: memoryview) -> None:
+        n = len(dst)
+        got = min(n, self.end - self.start)
+        if got:
+            dst[:got] = self.view[self.start:self.start + got]
+            self.start += got
+        while got < n:
+            if n - got >= len(self.buf):
+                got += self.recv_into(dst[got:])
+            else:
+                self._fill()
+                k = min(n - got, self.end - self.start)
+                dst[got:got + k] = self.view[self.start:self.start + k]
+                self.start += k
+                got += k
+
+    def skip(self, n: int, scratch: memoryview) -> None:
+        while n:
+            k = min(n, len(scratch))
+            self.read_into(scratch[:k])
+            n -= k
+
+
+class TcpTransport(Transport):
+    """The TCP transport; see the module docstring for how it works.
+
+    Args:
+        rank, size: this rank and the number of ranks.
+        store: key-value store (set, get(key, timeout)) to exchange addresses.
+        job_id: separates the keys of concurrent jobs sharing a store.
+        doorbell: rung whenever a thread of this transport completes or fails
+            a request, or queues a message.
+        timeout: seconds allowed for the whole setup.
+        token: shared secret for collie.auth.handshake, or None.
+        on_peer_lost(peer, error): called on a receiver thread when a
+            connection ends without this rank having asked for it.
+        on_control(peer, payload): called on the receiver thread of ``peer``
+            for each CONTROL frame; keep it short (it delays that peer's data).
+        master_addr: where rank 0's host is reached; picks the interface.
+
+    Raises (from the constructor): AuthError if a handshake fails,
+    CollieTimeout if peers do not show up in time, PeerError if a peer
+    fails during setup.
+    """
+
+    name = "tcp"
+
+    def __init__(self, rank: int, size: int, store, job_id: str, doorbell, timeout: float,
+                 token: Optional[bytes], on_peer_lost: Callable[[int, BaseException], None],
+                 on_control: Callable[[int, bytes], None], master_addr: str = "127.0.0.1"):
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} is outside the world of {size} ranks")
+        self.rank = rank
+        self.size = size
+        self.timeout = timeout
+        self._doorbell = doorbell
+        self._on_peer_lost = on_peer_lost
+        self._on_control = on_control
+        self._peers: list[Optional[_Peer]] = [None] * size
+        self._close_lock = threading.Lock()
+        self._closing = False
+        self._closed = False
+        if size == 1:
+            return
+        try:
+            self._connect_mesh(store, job_id, token, master_addr)
+        except BaseException:
+            for p in self._peers:
+                if p is not None:
+                    p.sock.close()
+            self._peers = [None] * size
+            self._closed = True
+            raise
+        for p in self._peers:
+            if p is not None:
+                p.sock.settimeout(None)
+                p.receiver = threading.Thread(target=self._receive_loop, args=(p,), daemon=True,
+                                              name=f"collie-tcp-recv-{rank}<-{p.rank}")
+                p.receiver.start()
+
+    # ----------------------------------------------------------------- setup
+
+    def _connect_mesh(self, store, job_id: str, token: Optional[bytes], master_addr: str) -> None:
+        family, host = _listen_address(master_addr)
+        deadline = time.monotonic() + self.timeout
+        with socket.socket(family, socket.SOCK_STREAM) as listener:
+            _tune(listener)
+            listener.bind((host, 0))
+            listener.listen(self.size)
+            port = listener.getsockname()[1]
+            store.set(f"tcp/{job_id}/{self.rank}", _format_address(host, port).encode())
+            hello = _HELLO.pack(self.rank, self.size, len(job_id.encode())) + job_id.encode()
+            for peer in range(self.rank):
+                self._connect_to(peer, store, job_id, token, hello, deadline)
+            self._accept_higher(listener, job_id, token, deadline)
+
+    def _remaining(self, deadline: float, waiting_for: str, peers: tuple) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CollieTimeout(f"rank {self.rank}: timed out after {self.timeout:g} s waiting for "
+                                f"{waiting_for} (TCP transport setup)", peers)
+        return left
+
+    def _connect_to(self, peer: int, store, job_id: str, token, hello: bytes, deadline: float) -> None:
+        what = f"rank {peer} to publish its address"
+        try:
+            address = store.get(f"tcp/{job_id}/{peer}",
+                                timeout=self._remaining(deadline, what, (peer,))).decode()
+        except TimeoutError as exc:
+            raise CollieTimeout(f"rank {self.rank}: timed out after {self.timeout:g} s waiting for "
+                                f"{what} (TCP transport setup)", (peer,)) from exc
+        host, _, port = address.rpartition(":")
+        family, _, _, _, sockaddr = socket.getaddrinfo(host.strip("[]"), int(port),
+                                                       type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        self._peers[peer] = _Peer(peer, sock)  # from here on, a failure closes it
+        _tune(sock)
+        sock.settimeout(self._remaining(deadline, f"the connection to rank {peer}", (peer,)))
+        try:
+            sock.connect(sockaddr)
+        except TimeoutError as exc:
+            raise CollieTimeout(f"rank {self.rank}: connecting to rank {peer} at {address} timed out",
+                                (peer,)) from exc
+        except OSError as exc:
+            raise PeerError(f"rank {self.rank} could not connect to rank {peer} at {address}: {exc} "
+                            f"(rank {peer} failed during setup?)", peer) from exc
+        handshake(sock, token, server=False, what=f"rank {peer}")
+        sock.sendall(hello)
+
+    def _accept_higher(self, listener: socket.socket, job_id: str, token, deadline: float) -> None:
+        expected = set(range(self.rank + 1, self.size))
+        poller = select.poll()
+        poller.register(listener, select.POLLIN)
+        # Connections already made: if one ends now, that rank failed, and
+        # waiting for the others is pointless.
+        watched = {p.sock.fileno(): p for p in self._peers if p is not None}
+        for fd in watched:
+            poller.register(fd, select.POLLIN)
+        while expected:
+            left = self._remaining(deadline, f"rank(s) {sorted(expected)} to connect",
+                                   tuple(sorted(expected)))
+            for fd, _ in poller.poll(min(left, 1.0) * 1000):
+                if fd == listener.fileno():
+                    peer = self._accept_one(listener, job_id, token, deadline, expected)
+                    expected.discard(peer)
+                    watched[self._peers[peer].sock.fileno()] = self._peers[peer]
+                    poller.register(self._peers[peer].sock, select.POLLIN)
+                    continue
+                p = watched.pop(fd)
+                poller.unregister(fd)
+                try:
+                    alive = p.sock.recv(1, socket.MSG_PEEK | _DONTWAIT) != b""
+                except BlockingIOError:
+                    alive = True
+                except OSError:
+                    alive = False
+                if not alive:
+                    raise PeerError(f"rank {p.rank} closed its connection to rank {self.rank} during "
+                                    f"setup (it failed, e.g. a bad token or a crash)", p.rank)
+                # else it has already sent data: it finished setup and is alive
+
+    def _accept_one(self, listener: socket.socket, job_id: str, token, deadline: float,
+                    expected: set) -> int:
+        sock, addr = listener.accept()
+        origin = f"{addr[0]}:{addr[1]}"
+        try:
+            _tune(sock)
+            sock.settimeout(self._remaining(deadline, f"rank(s) {sorted(expected)} to connect",
+                                            tuple(sorted(expected))))
+            handshake(sock, token, server=True, what=f"the rank connecting from {origin}")
+            try:
+                peer, size, n = _HELLO.unpack(recv_exact(sock, _HELLO.size))
+                job = recv_exact(sock, n).decode(errors="replace")
+            except (OSError, ConnectionError) as exc:
+                raise PeerError(f"rank {self.rank}: the rank connecting from {origin} hung up before "
+                                f"saying who it is: {exc}") from exc
+            if job != job_id or size != self.size or peer not in expected:
+                raise CollieError(
+                    f"rank {self.rank}: connection from {origin} claims to be rank {peer} of {size} "
+                    f"in job {job!r}; expected one of ranks {sorted(expected)} of {self.size} "
+                    f"in job {job_id!r}")
+        except BaseException:
+            sock.close()
+            raise
+        self._peers[peer] = _Peer(peer, sock)
+        return peer
+
+    # ------------------------------------------------------------- receiving
+
+    def _receive_loop(self, p: _Peer) -> None:
+        reader = _Reader(p.sock, self._doorbell.ring)
+        why = "end of stream"
+        try:
+            while True:
+                kind, tag, meta, nbytes = reader.header()
+                if kind == DATA:
+                    self._receive_data(p, reader, tag, meta, nbytes)
+                elif kind == CONTROL:
+                    payload = bytearray(nbytes)
+                    reader.read_into(memoryview(payload))
+                    try:
+                        self._on_control(p.rank, bytes(payload))
+                    except Exception:
+                        _log.exception("rank %d: on_control failed for a message from rank %d",
+                                       self.rank, p.rank)
+                elif kind == BYE:
+                    p.bye = True
+                else:
+                    why = f"unknown frame kind {kind} (not a collie peer, or a corrupted stream)"
+                    break
+        except _EndOfStream:
+            pass
+        except Exception as exc:  # socket errors, or no memory for a huge message
+            why = f"{type(exc).__name__}: {exc}"
+        self._connection_lost(p, why)  # rings
+
+    def _receive_data(self, p: _Peer, reader: _Reader, tag: int, meta: int, nbytes: int) -> None:
+        with p.lock:
+            queue = p.posted.get(tag)
+            r = queue.popleft() if queue else None
+            if r is None:
+                msg = _Message(nbytes, meta)
+                p.unexpected.setdefault(tag, deque()).append(msg)
+                p.arriving = msg
+            else:
+                p.active = r
+        if r is None:
+            reader.ring_due = True  # probe can now see it
+            data = _aligned_empty(nbytes)
+            reader.read_into(data)
+            with p.lock:
+                p.arriving = None
+                r = msg.taker
+                if r is None:
+                    msg.data = data
+                    return
+                p.active = r  # irecv took it meanwhile; it waits for us to deliver
+            _deliver(r, data)
+        elif nbytes != len(r.dst) or (r.meta is not None and r.meta != meta):
+            reader.skip(nbytes, self._scratch(p))
+            r.error = MessageMismatch(p.rank, tag, nbytes, meta, len(r.dst), r.meta)
+        elif r.combine is None:
+            reader.read_into(r.dst)
+        else:
+            bounce = self._scratch(p)
+            failure = None
+            for start in range(0, nbytes, len(bounce)):
+                piece = bounce[:min(len(bounce), nbytes - start)]
+                reader.read_into(piece)
+                if failure is None:
+                    try:
+                        r.combine(r.dst[start:start + len(piece)], piece)
+                    except Exception as exc:  # fails this receive, not the connection
+                        failure = exc
+            r.error = failure
+        with p.lock:
+            p.active = None
+            if r.error is None:
+                r.done = True
+        reader.ring_due = True
+
+    def _scratch(self, p: _Peer) -> memoryview:
+        """The peer's bounce buffer, allocated on first use (receiver thread only)."""
+        if p.bounce is None:
+            p.bounce = _aligned_empty(PIECE)
+        return p.bounce
+
+    def _connection_lost(self, p: _Peer, why: str) -> None:
+        with p.lock:
+            known = p.error is not None
+            active, p.active = p.active, None
+        if self._closing or known:
+            error = p.error or CollieError(f"rank {self.rank}'s TCP transport is closed")
+        elif p.bye:
+            error = PeerError(f"rank {p.rank} left (destroy_process_group) before rank {self.rank} "
+                              f"received everything it expected from it", p.rank)
+            error.left = True  # a clean leave: what it sent before leaving is still good
+        else:
+            error = PeerError(f"rank {p.rank} died (connection lost: {why})", p.rank)
+        if active is not None and not active.finished:
+            active.error = error
+        self._fail(p, error)
+        if not (self._closing or known):
+            try:
+                self._on_peer_lost(p.rank, error)
+            except Exception:
+                _log.exception("rank %d: on_peer_lost failed for rank %d", self.rank, p.rank)
+
+    def _fail(self, p: _Peer, error: BaseException) -> None:
+        """Fail what waits on ``p`` and hang up. Requests a thread is using
+        right now (p.active, p.sending) are failed by that thread, which the
+        shutdown wakes at once."""
+        with p.lock:
+            if p.error is None:
+                p.error = error
+            error = p.error
+            victims: list[Request] = [r for q in p.posted.values() for r in q]
+            p.posted.clear()
+            msg, p.arriving = p.arriving, None
+            if msg is not None:  # half a message is no message: forget it
+                if msg.taker is not None:
+                    victims.append(msg.taker)
+                for q in p.unexpected.values():
+                    if q and q[-1] is msg:
+                        q.pop()
+        with p.send_cv:
+            victims.extend(p.send_queue)
+            p.send_queue.clear()
+            p.send_cv.notify_all()
+        for r in victims:
+            if not r.finished:
+                r.error = error
+        try:
+            p.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._ring()
+
+    def _ring(self) -> None:
+        self._doorbell.ring()
+
+    # ------------------------------------------------------------------- API
+
+    def _peer(self, peer: int) -> _Peer:
+        p = self._peers[peer] if 0 <= peer < self.size else None
+        if p is None:
+            if self._closed:
+                raise CollieError(f"rank {self.rank}'s TCP transport is closed")
+            raise ValueError(f"rank {self.rank} has no TCP connection to rank {peer} "
+                             f"(world of {self.size} ranks)")
+        return p
+
+    def irecv(self, peer: int, tag: int, dst: memoryview, combine: Optional[Combine] = None,
+              meta: Optional[int] = None) -> Request:
+        p = self._peer(peer)
+        r = _Recv(peer, tag, _byte_view(dst), combine, meta)
+        with p.lock:
+            queue = p.unexpected.get(tag)
+            msg = queue.popleft() if queue else None
+            if msg is None:
+                if p.error is not None:
+                    r.error = p.error
+                else:
+                    p.posted.setdefault(tag, deque()).append(r)
+                return r
+            if msg.nbytes != len(r.dst) or (meta is not None and meta != msg.meta):
+                r.error = MessageMismatch(peer, tag, msg.nbytes, msg.meta, len(r.dst), meta)
+                return r  # the message is consumed; if still arriving, it is dropped on arrival
+            if msg.data is None:
+                msg.taker = r  # still arriving: the receiver thread delivers it
+                return r
+        _deliver(r, msg.data)
+        if r.error is None:
+            r.done = True
+        return r
+
+    def isend(self, peer: int, tag: int, data: memoryview, meta: int = 0) -> Request:
+        p = self._peer(peer)
+        data = _byte_view(data)
+        try:
+            header = HEADER.pack(DATA, tag, meta, len(data))
+        except struct.error as exc:
+            raise ValueError(f"tag {tag} and meta {meta} must fit in signed 64 bits") from exc
+        r = _Send("send", peer, tag, len(data))
+        self._post(p, r, [header, data] if len(data) else [header])
+        return r
+
+    def send_control(self, peer: int, payload: bytes) -> Request:
+        """Send a CONTROL frame (from any thread); the peer's on_control gets
+        ``payload``. It follows the data already queued for that peer."""
+        p = self._peer(peer)
+        r = _Send("control", peer, 0, len(payload))
+        self._post(p, r, [HEADER.pack(CONTROL, 0, 0, len(payload)), payload])
+        return r
+
+    def _post(self, p: _Peer, r: _Send, views: list) -> None:
+        with p.send_cv:
+            if p.error is not None:
+                r.error = p.error
+                return
+            if not p.send_queue and p.sending is None:
+                try:
+                    sent = p.sock.sendmsg(views, (), _DONTWAIT | _NOSIGNAL)
+                except BlockingIOError:
+                    sent = 0
+                except OSError as exc:
+                    r.error = PeerError(f"rank {p.rank} died (connection lost while rank {self.rank} "
+                                        f"was sending: {exc})", p.rank)
+                    return
+                views = _skip_views(views, sent)
+                if not views:
+                    r.done = True
+                    return
+            r.views = views
+            p.send_queue.append(r)
+            if p.sender is None:
+                p.sender = threading.Thread(target=self._send_loop, args=(p,), daemon=True,
+                                            name=f"collie-tcp-send-{self.rank}->{p.rank}")
+                p.sender.start()
+            p.send_cv.notify_all()
+
+    def _send_loop(self, p: _Peer) -> None:
+        while True:
+            with p.send_cv:
+                while not p.send_queue:
+                    if p.stop_sender:
+                        return
+                    p.send_cv.wait()
+                r = p.sending = p.send_queue.popleft()
+            error = None
+            try:
+                for view in r.views:
+                    p.sock.sendall(view, _NOSIGNAL)
+            except OSError as exc:
+                error = exc
+            r.views = []
+            with p.send_cv:
+                p.sending = None
+                p.send_cv.notify_all()  # close() waits for the queue to drain
+            if error is None:
+                r.done = True
+            else:
+                r.error = p.error or PeerError(f"rank {p.rank} died (connection lost while rank "
+                                               f"{self.rank} was sending: {error})", p.rank)
+            self._ring()
+
+    def probe(self, peer: int, tag: int) -> Optional[int]:
+        p = self._peer(peer)
+        with p.lock:
+            queue = p.unexpected.get(tag)
+            return queue[0].nbytes if queue else None
+
+    def progress(self) -> bool:
+        return False  # the receiver and sender threads move everything
+
+    def fail_peer(self, peer: int, error: BaseException) -> None:
+        self._fail(self._peer(peer), error)
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._closing = True
+        peers = [p for p in self._peers if p is not None]
+        deadline = time.monotonic() + LINGER
+        for p in peers:
+            self._post(p, _Send("bye", p.rank, 0, 0), [HEADER.pack(BYE, 0, 0, 0)])
+        for p in peers:  # let queued sends and the BYE go out, then hang up our side
+            with p.send_cv:
+                while (p.send_queue or p.sending) and time.monotonic() < deadline:
+                    p.send_cv.wait(max(0.0, deadline - time.monotonic()))
+            try:
+                p.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        me = threading.current_thread()
+        for p in peers:  # each peer hangs up once it has read everything we sent
+            if p.receiver is not None and p.receiver is not me:
+                p.receiver.join(max(0.0, deadline - time.monotonic()))
+        closed = CollieError(f"rank {self.rank}'s TCP transport is closed")
+        for p in peers:
+            self._fail(p, closed)
+            with p.send_cv:
+                p.stop_sender = True
+                p.send_cv.notify_all()
+        for p in peers:
+            for thread in (p.receiver, p.sender):
+                if thread is not None and thread is not me:
+                    thread.join(LINGER)
+            p.sock.close()
+
+
+def _deliver(r: _Recv, data: memoryview) -> None:
+    """Move a fully arrived unexpected message into the receive that took
+    it; a combine that raises fails that receive (and nothing else)."""
+    try:
+        if r.combine is None:
+            _copy(r.dst, data)
+        else:
+            r.combine(r.dst, data)
+    except Exception as exc:
+        r.error = exc
+
+
+def _tune(sock: socket.socket) -> None:
+    """No Nagle delay (small messages go out at once) and keepalive (a
+    vanished host is noticed).
+
+    SO_SNDBUF/SO_RCVBUF are left alone on purpose: on Linux, setting them
+    turns off buffer autotuning, which grows them up to net.ipv4.tcp_rmem /
+    tcp_wmem's maximum (4-32 MiB) as a connection needs; fixed sizes of 1, 4
+    and 16 MiB measured no faster on loopback, and would cap the window
+    between hosts."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+
+
+def _listen_address(master_addr: str) -> tuple:
+    """(family, host) to listen on so that peers can reach this rank."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(master_addr, None, type=socket.SOCK_DGRAM)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot resolve master address {master_addr!r}: {exc}") from exc
+    if ipaddress.ip_address(sockaddr[0]).is_loopback:
+        return family, sockaddr[0] if family == socket.AF_INET6 else "127.0.0.1"
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((sockaddr[0], 9))  # UDP: picks a route, sends nothing
+        return family, probe.getsockname()[0]
+
+
+def _format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# -------------------------------------------------------------- benchmark
+
+class _FileStore:
+    """A store in a directory, for the benchmark below only (jobs use
+    collie.rendezvous): files appear atomically by rename."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def set(self, key: str, value: bytes) -> None:
+        name = os.path.join(self.path, key.replace("/", "%"))
+        with open(f"{name}.{os.getpid()}.tmp", "wb") as f:
+            f.write(value)
+        os.replace(f"{name}.{os.getpid()}.tmp", name)
+
+    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+        name = os.path.join(self.path, key.replace("/", "%"))
+        deadline = time.monotonic() + (60.0 if timeout is None else timeout)
+        while True:
+            try:
+                with open(name, "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"key {key!r} not set within {timeout} s") from None
+                time.sleep(0.002)
+
+
+def _wait(request: Request, doorbell) -> None:
+    while not request.finished:
+        doorbell.wait(1.0)
+    if request.error is not None:
+        raise request.error
+
+
+def _bench_collie(rank: int, path: str, iters: int, nbytes: int, reps: int) -> dict:
+    from .doorbell import Doorbell
+
+    bell = Doorbell.private()
+    t = TcpTransport(rank, 2, _FileStore(path), "bench", bell, 30.0, None,
+                     lambda peer, exc: None, lambda peer, payload: None)
+    other = 1 - rank
+    small = memoryview(bytearray(8))
+    big = memoryview(np.ones(nbytes, np.uint8))
+    result = {}
+    try:
+        for phase, count in (("warm", 200), ("run", iters)):
+            start = time.perf_counter()
+            for _ in range(count):
+                if rank == 0:
+                    _wait(t.isend(other, 1, small), bell)
+                    _wait(t.irecv(other, 2, small), bell)
+                else:
+                    _wait(t.irecv(other, 1, small), bell)
+                    _wait(t.isend(other, 2, small), bell)
+            result["rtt_us"] = (time.perf_counter() - start) / count * 1e6
+        start = time.perf_counter()
+        for _ in range(reps):  # the receive is posted first: data goes straight into place
+            if rank == 0:
+                _wait(t.irecv(other, 3, small), bell)
+                _wait(t.isend(other, 4, big), bell)
+            else:
+                r = t.irecv(other, 4, big)
+                _wait(t.isend(other, 3, small), bell)
+                _wait(r, bell)
+        _wait(t.isend(other, 5, small), bell)  # final round trip: all data arrived
+        _wait(t.irecv(other, 5, small), bell)
+        result["gbps"] = nbytes * reps / (time.perf_counter() - start) / 1e9
+    finally:
+        t.close()
+    return result
+
+
+def _bench_sockets(rank: int, sock: socket.socket, iters: int, nbytes: int, reps: int) -> dict:
+    def recv_exactly(view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            got += sock.recv_into(view[got:])
+
+    small = memoryview(bytearray(8))
+    big = memoryview(np.ones(nbytes, np.uint8))
+    result = {}
+    for count in (200, iters):
+        start = time.perf_counter()
+        for _ in range(count):
+            if rank == 0:
+                sock.sendall(small)
+                recv_exactly(small)
+            else:
+                recv_exactly(small)
+                sock.sendall(small)
+        result["rtt_us"] = (time.perf_counter() - start) / count * 1e6
+    start = time.perf_counter()
+    for _ in range(reps):
+        if rank == 0:
+            recv_exactly(small)
+            sock.sendall(big)
+        else:
+            sock.sendall(small)
+            recv_exactly(big)
+    if rank == 0:
+        sock.sendall(small)
+        recv_exactly(small)
+    else:
+        recv_exactly(small)
+        sock.sendall(small)
+    result["gbps"] = nbytes * reps / (time.perf_counter() - start) / 1e9
+    return result
+
+
+def _bench_child(rank: int, kind: str, arg, iters: int, nbytes: int, reps: int, results) -> None:
+    if kind == "collie":
+        out = _bench_collie(rank, arg, iters, nbytes, reps)
+    else:
+        if kind == "tcp socket pair" and rank == 0:
+            sock = arg[0].accept()[0]
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        elif kind == "tcp socket pair":
+            sock = socket.create_connection(arg[0].getsockname())
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        else:
+            sock = arg[rank]
+        out = _bench_sockets(rank, sock, iters, nbytes, reps)
+    if rank == 0:
+        results.put(out)
+
+
+def bench_pingpong(iters: int = 5000, nbytes: int = 64 << 20, reps: int = 20) -> dict:
+    """Round trip of 8 bytes and bandwidth of ``nbytes`` messages between two
+    processes: collie's TCP transport next to plain sockets, in one run
+    (figures on a shared machine only mean something side by side).
+    Returns {name: {"rtt_us": ..., "gbps": ...}}."""
+    import multiprocessing
+    import tempfile
+
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    out = {}
+    with tempfile.TemporaryDirectory() as path:
+        listener = socket.create_server(("127.0.0.1", 0))
+        unix_pair = socket.socketpair()
+        args = {"collie": path, "tcp socket pair": (listener,), "unix socketpair": unix_pair}
+        try:
+            for kind, arg in args.items():
+                procs = [ctx.Process(target=_bench_child,
+                                     args=(rank, kind, arg, iters, nbytes, reps, results))
+                         for rank in range(2)]
+                for proc in procs:
+                    proc.start()
+                try:
+                    out[kind] = results.get(timeout=300)
+                finally:
+                    for proc in procs:
+                        proc.join(10)
+                        if proc.is_alive():
+                            proc.kill()
+                            proc.join(10)
+        finally:
+            listener.close()
+            for sock in unix_pair:
+                sock.close()
+    return out
+
+
+if __name__ == "__main__":
+    for name, figures in bench_pingpong().items():
+        print(f"{name:18s} round trip 8 B: {figures['rtt_us']:7.1f} us   "
+              f"64 MiB messages: {figures['gbps']:6.2f} GB/s")
