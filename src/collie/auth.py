@@ -49,18 +49,17 @@ def _proof(token: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
 
 
 def handshake(sock: socket.socket, token: bytes | None, *, server: bool, what: str) -> None:
-    """Run the handshake on a connected socket; raise AuthError on failure.
+    """Run the handshake on a connected socket; raise AuthError when the
+    other end is refused or refuses us, ConnectionError when it hangs up.
 
     ``what`` names the connection in error messages ("store at host:port",
     "rank 3"...).
     """
     nonce = os.urandom(_NONCE)
     sock.sendall(MAGIC + (b"\x01" if token else b"\x00") + nonce)
-    try:
-        hello = recv_exact(sock, len(MAGIC) + 1 + _NONCE)
-    except (ConnectionError, OSError) as exc:
-        raise AuthError(f"connection to {what} closed during the handshake "
-                        f"(a token mismatch or not a collie peer?): {exc}") from exc
+    # A connection that closes before an answer is not a refusal (refusals
+    # are said explicitly): ConnectionError, which callers may retry.
+    hello = recv_exact(sock, len(MAGIC) + 1 + _NONCE)
     if hello[: len(MAGIC)] != MAGIC:
         raise AuthError(f"{what} is not a collie peer (bad handshake magic)")
     peer_has_token = hello[len(MAGIC)] == 1
@@ -80,8 +79,8 @@ def handshake(sock: socket.socket, token: bytes | None, *, server: bool, what: s
         ok = hmac.compare_digest(proof, _proof(token, theirs, nonce, peer_nonce))
         sock.sendall(b"\x01" if ok else b"\x00")
         accepted = recv_exact(sock, 1) == b"\x01"
-    except (ConnectionError, OSError) as exc:
-        raise AuthError(f"connection to {what} closed during the token check: {exc}") from exc
+    except OSError as exc:
+        raise ConnectionError(f"connection to {what} closed during the token check: {exc}") from exc
     if not ok:
         raise AuthError(f"{what} did not prove it knows the token: refused "
                         "(COLLIE_TOKEN differs between ranks?)")

@@ -29,7 +29,7 @@ import numpy as np
 
 from . import algorithms, engine
 from .arrays import Buffer
-from .errors import CollieError, MismatchError
+from .errors import CollieError, MismatchError, PeerError
 from .group import ProcessGroup, resolve, world
 from .ops import ReduceOp, as_op, check_op, kernel, scale
 from .schedule import COLLECTIVES
@@ -201,7 +201,10 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
          algorithm: Optional[str] = None, async_op: bool = False, after=None):
     """Run collective ``name`` on the laid-out ``arrays``; ``after`` runs on
     completion (copy-backs, AVG's division...)."""
-    choice = tuner().choose(name, nbytes, g.size, _transport(g), algorithm, g.rank)
+    exclude = ()
+    if name == "all_to_all" and len(set(block_sizes["in"]) | set(block_sizes["out"])) > 1:
+        exclude = ("bruck",)  # bruck forwards blocks whose uneven sizes only their ends know
+    choice = tuner().choose(name, nbytes, g.size, _transport(g), algorithm, g.rank, exclude)
     schedule = algorithms.build(name, choice.algorithm, g.size, g.rank, root, choice.segments)
     plan = engine.plan(schedule, block_sizes)
     seq = g.seq
@@ -219,8 +222,10 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
     def body():
         try:
             engine.execute(plan, arrays, reduce_kernel, network, g.ranks, tag, meta, describe, g.timeout)
-        except MismatchError as exc:
-            network.abort(g.ranks, "MismatchError", str(exc))
+        except (MismatchError, PeerError) as exc:
+            # Tell the group the root cause, so that ranks waiting on this one
+            # report the dead peer or the mismatch, not just "rank r left".
+            network.abort(g.ranks, type(exc).__name__, str(exc))
             raise
         return after() if after is not None else None
 
@@ -355,7 +360,7 @@ def all_gather(tensor_list: list, tensor, group=None, async_op: bool = False,
     bufs, scratch, sizes = _gather_out(g, tensor_list, "all_gather", src.count)
     dtype_name = _same_dtype([src] + bufs, "all_gather")
     return _run(g, "all_gather", {"in": src.flat, "out": scratch}, {"in": (src.count,), "out": sizes},
-                dtype_name=dtype_name, count=src.count, nbytes=scratch.nbytes, algorithm=algorithm,
+                dtype_name=dtype_name, count=scratch.size, nbytes=scratch.nbytes, algorithm=algorithm,
                 async_op=async_op, after=lambda: _scatter_back(bufs, scratch))
 
 

@@ -118,7 +118,7 @@ def execute(plan_: Plan, arrays: dict, reduce_kernel: Optional[Callable], networ
     """Run a planned schedule on ``arrays`` (buffer name -> flat contiguous
     array, all of one dtype). ``peers`` maps group ranks to global ranks;
     ``describe(step)`` names the call for error messages."""
-    if plan_.tmp_count and "tmp" not in arrays:
+    if plan_.schedule.tmp_like is not None and "tmp" not in arrays:
         some = next(iter(arrays.values()))
         arrays = dict(arrays, tmp=np.empty(plan_.tmp_count, dtype=some.dtype))
     dtype = next(iter(arrays.values())).dtype
@@ -157,7 +157,7 @@ def execute(plan_: Plan, arrays: dict, reduce_kernel: Optional[Callable], networ
             else:
                 data = _bytes(np.concatenate([arrays[b][lo:hi] for b, lo, hi in msg.pieces]))
             requests.append(network.isend(peers[msg.peer], tag, data, meta))
-        network.wait(requests, timeout=timeout, describe=lambda: describe(index))
+        network.wait(requests, timeout=timeout, describe=lambda: describe(index), call=(tag, meta, peers))
         for msg, staging in unpack:
             at = 0
             for buf, lo, hi in msg.pieces:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import threading
 import time
 from typing import Callable, Iterable, Optional
@@ -35,6 +36,11 @@ BACKENDS = ("auto", "shm", "tcp")
 SPIN_SECONDS = float(os.environ.get("COLLIE_SPIN_US", "50")) * 1e-6
 # Longest single sleep: how often a sleeper re-checks deadlines and deaths.
 SLEEP_SLICE = 0.1
+# A collective stuck this long tells its group which call it is in, so that
+# ranks blocked in calls that differ but exchange no message (a broadcast
+# with two different roots) find out, instead of waiting for the timeout.
+ANNOUNCE_AFTER = 1.0
+_STATE = struct.Struct("<qq")  # tag, meta of the call a stuck rank is in
 
 
 def host_identity() -> str:
@@ -77,6 +83,7 @@ class Network:
         self._lost: dict[int, BaseException] = {}   # peer -> why it is gone (set by tcp threads)
         self._failed_seen: set[int] = set()
         self._abort: Optional[tuple[int, str, str]] = None  # (peer, error kind, message)
+        self._states: dict[int, tuple[int, int]] = {}        # peer -> (tag, meta) it is stuck in
         self.on_control: Optional[Callable[[int, bytes], None]] = None
         self.meta_text: Optional[Callable[[int], str]] = None  # decodes meta words for errors
         self._closed = False
@@ -124,7 +131,9 @@ class Network:
         self.doorbell.ring()
 
     def _control(self, peer: int, payload: bytes) -> None:
-        if payload.startswith(b"abort:"):
+        if payload.startswith(b"state:"):
+            self._states[peer] = _STATE.unpack(payload[len(b"state:"):])
+        elif payload.startswith(b"abort:"):
             if self._abort is None:
                 kind, _, message = payload[len(b"abort:"):].decode(errors="replace").partition("\0")
                 self._abort = (peer, kind, message)
@@ -234,34 +243,41 @@ class Network:
             return moved
 
     def wait(self, requests, *, timeout: Optional[float] = None,
-             describe: Callable[[], str] = lambda: "communication") -> None:
+             describe: Callable[[], str] = lambda: "communication", call=None) -> None:
         """Block until every request is done; raise the first error.
 
         ``describe`` names the operation for error messages (group, op,
         sequence number); it is only called when something went wrong.
+        ``call`` = (tag, meta, peers) identifies a collective: if it is stuck
+        for ANNOUNCE_AFTER seconds, the peers are told which call this is.
         """
         requests = list(requests)
         timeout = self.timeout if timeout is None else timeout
         start = time.monotonic()
         spin_until = start + self._spin
+        announced = call is None
         while True:
             moved = self.progress()
             pending = None
             for req in requests:
-                if isinstance(req, AnySourceRequest):
-                    self._step_any(req)
+                if isinstance(req, AnySourceRequest) and self._step_any(req):
+                    moved = True  # a receive was just posted: give it a pass of progress
                 if req.error is not None:
+                    self._raise_abort(describe)  # the root cause, if a peer told us one
                     raise self._explain(req, describe) from req.error
                 if not req.done:
                     pending = req
             if pending is None:
                 return
-            if self._abort is not None:
-                peer, kind, reason = self._abort
-                error = MismatchError if kind == "MismatchError" else AbortedError
-                raise error(f"rank {self.rank}: {describe()} stopped, because rank {peer} "
-                            f"reported: {reason}")
+            self._raise_abort(describe)
             now = time.monotonic()
+            if not announced and now - start >= ANNOUNCE_AFTER:
+                announced = True
+                for p in call[2]:
+                    if p != self.rank:
+                        self.send_control(p, b"state:" + _STATE.pack(call[0], call[1]))
+            if call is not None and self._states:
+                self._check_states(call, describe)
             if moved:
                 spin_until = now + self._spin
                 continue
@@ -277,19 +293,38 @@ class Network:
                 continue
             self.doorbell.wait(min(SLEEP_SLICE, start + timeout - now))
 
+    def _raise_abort(self, describe) -> None:
+        if self._abort is not None:
+            peer, kind, reason = self._abort
+            error = {"MismatchError": MismatchError, "PeerError": PeerError}.get(kind, AbortedError)
+            raise error(f"rank {self.rank}: {describe()} stopped, because rank {peer} "
+                        f"reported: {reason}")
+
+    def _check_states(self, call, describe) -> None:
+        tag, meta, _ = call
+        for peer, (their_tag, their_meta) in list(self._states.items()):
+            if their_tag == tag and their_meta != meta:
+                text = self.meta_text or (lambda m: f"meta {m:#x}")
+                raise MismatchError(f"rank {self.rank}: {describe()}: rank {peer} called "
+                                    f"{text(their_meta)} but rank {self.rank} called {text(meta)}")
+
     def _transports_of(self, requests):
         return {self.routes[r.peer] for r in requests if not r.finished and r.peer >= 0}
 
-    def _step_any(self, req: AnySourceRequest) -> None:
+    def _step_any(self, req: AnySourceRequest) -> bool:
+        """Advance an any-source receive; True if it found its peer just now."""
+        found = False
         if req.inner is None:
             with self.lock:
                 self._resolve_any(req)
+            found = req.inner is not None
         inner = req.inner
         if inner is not None:
             if inner.error is not None:
                 req.error = inner.error
             elif inner.done:
                 req.done = True
+        return found
 
     def _explain(self, req: Request, describe) -> BaseException:
         """Turn a transport's error into one that names the operation."""

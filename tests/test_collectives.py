@@ -1,0 +1,269 @@
+"""Every collective with every algorithm, against a NumPy reference, on real ranks.
+
+To stay quick on two cores, each test starts its ranks once and runs many
+cases inside them: every (collective, algorithm, dtype, size) for one world
+size and transport. Inputs are deterministic functions of (case, rank), so
+every rank computes the same reference locally. Each rank returns the list
+of cases it got wrong; the test shows them all.
+"""
+
+import numpy as np
+import pytest
+
+from harness import run_ranks
+
+SIZES = [0, 1, 7, 1003]            # zero, one, odd, not divisible by any world size
+DTYPES = ["float32", "int64", "uint8", "complex64", "bool", "float16"]
+
+
+def _data(case: str, rank: int, count: int, dtype: str) -> np.ndarray:
+    """Small integers, so sums and products are exact whatever the order."""
+    rng = np.random.default_rng(abs(hash((case, rank))) % (2 ** 32))
+    if dtype == "bool":
+        return rng.integers(0, 2, count).astype(bool)
+    values = rng.integers(1, 4, count)
+    if np.dtype(dtype).kind == "c":
+        return (values + 1j * rng.integers(0, 3, count)).astype(dtype)
+    return values.astype(dtype)
+
+
+def _ops_for(dtype: str):
+    import collie
+    kind = np.dtype(dtype).kind
+    ops = [collie.ReduceOp.SUM]
+    if kind in "biu":
+        ops += [collie.ReduceOp.BAND, collie.ReduceOp.BOR, collie.ReduceOp.BXOR]
+    if kind != "c":
+        ops += [collie.ReduceOp.MIN, collie.ReduceOp.MAX]
+    if kind in "fc":
+        ops += [collie.ReduceOp.AVG, collie.ReduceOp.PREMUL_SUM(2.0), collie.ReduceOp.PRODUCT]
+    return ops
+
+
+def _reference(op, arrays, n):
+    name = op.name
+    if name in ("SUM", "AVG", "PREMUL_SUM"):
+        if arrays[0].dtype == bool:
+            out = np.logical_or.reduce(arrays)
+        else:
+            factor = op.factor if name == "PREMUL_SUM" else 1
+            out = np.sum([a * factor for a in arrays], axis=0).astype(arrays[0].dtype)
+        if name == "AVG":
+            out = (out * (1.0 / n)).astype(arrays[0].dtype)
+        return out
+    ufunc = {"PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
+             "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[name]
+    if arrays[0].dtype == bool and name == "PRODUCT":
+        ufunc = np.logical_and
+    return ufunc.reduce(arrays).astype(arrays[0].dtype)
+
+
+def _same(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind in "fc":
+        return np.allclose(a, b, rtol=2e-3, atol=1e-3)
+    return np.array_equal(a, b)
+
+
+def _run_cases(group, ranks, failures, label=""):
+    """Every collective x algorithm x dtype x size on ``group`` (whose global
+    ranks are ``ranks``); appends a line per wrong result to ``failures``."""
+    import collie
+    from collie import algorithms
+
+    n, me = len(ranks), collie.get_rank(group)
+    mine = ranks[me]
+
+    def check(case, got, want):
+        if not _same(got, want):
+            failures.append(f"{label}{case}: got {np.asarray(got).ravel()[:8]} want {np.asarray(want).ravel()[:8]}")
+
+    for dtype in DTYPES:
+        for count in SIZES:
+            for root in sorted({0, n - 1, n // 2}):
+                groot = ranks[root]
+                for algo in algorithms.algorithms_for("broadcast"):
+                    case = f"broadcast/{algo}/{dtype}/{count}/root{root}"
+                    x = _data(case, me, count, dtype)
+                    collie.broadcast(x, src=groot, group=group, algorithm=algo)
+                    check(case, x, _data(case, root, count, dtype))
+                for algo in algorithms.algorithms_for("reduce"):
+                    for op in _ops_for(dtype)[:3]:
+                        case = f"reduce/{algo}/{dtype}/{count}/root{root}/{op!r}"
+                        x = _data(case, me, count, dtype)
+                        collie.reduce(x, dst=groot, op=op, group=group, algorithm=algo)
+                        want = (_reference(op, [_data(case, r, count, dtype) for r in range(n)], n)
+                                if me == root else _data(case, me, count, dtype))
+                        check(case, x, want)
+                for algo in algorithms.algorithms_for("gather"):
+                    case = f"gather/{algo}/{dtype}/{count}/root{root}"
+                    x = _data(case, me, count, dtype)
+                    outs = [np.zeros(count, dtype) for _ in range(n)] if me == root else None
+                    collie.gather(x, outs, dst=groot, group=group, algorithm=algo)
+                    if me == root:
+                        for r in range(n):
+                            check(f"{case}[{r}]", outs[r], _data(case, r, count, dtype))
+                for algo in algorithms.algorithms_for("scatter"):
+                    case = f"scatter/{algo}/{dtype}/{count}/root{root}"
+                    parts = [_data(f"{case}/{r}", root, count, dtype) for r in range(n)] if me == root else None
+                    out = np.zeros(count, dtype)
+                    collie.scatter(out, parts, src=groot, group=group, algorithm=algo)
+                    check(case, out, _data(f"{case}/{me}", root, count, dtype))
+            for algo in algorithms.algorithms_for("all_reduce"):
+                for op in _ops_for(dtype):
+                    case = f"all_reduce/{algo}/{dtype}/{count}/{op!r}"
+                    x = _data(case, me, count, dtype)
+                    collie.all_reduce(x, op=op, group=group, algorithm=algo)
+                    check(case, x, _reference(op, [_data(case, r, count, dtype) for r in range(n)], n))
+            for algo in algorithms.algorithms_for("all_gather"):
+                case = f"all_gather_into_tensor/{algo}/{dtype}/{count}"
+                out = np.zeros(count * n, dtype)
+                collie.all_gather_into_tensor(out, _data(case, me, count, dtype), group=group, algorithm=algo)
+                check(case, out, np.concatenate([_data(case, r, count, dtype) for r in range(n)]))
+                case = f"all_gather/{algo}/{dtype}/{count}/uneven"
+                sizes = [count + r for r in range(n)]  # uneven list sizes
+                outs = [np.zeros(s, dtype) for s in sizes]
+                collie.all_gather(outs, _data(case, me, sizes[me], dtype), group=group, algorithm=algo)
+                for r in range(n):
+                    check(f"{case}[{r}]", outs[r], _data(case, r, sizes[r], dtype))
+            for algo in algorithms.algorithms_for("reduce_scatter"):
+                for op in _ops_for(dtype)[:3]:
+                    case = f"reduce_scatter_tensor/{algo}/{dtype}/{count}/{op!r}"
+                    out = np.zeros(count, dtype)
+                    collie.reduce_scatter_tensor(out, _data(case, me, count * n, dtype), op=op, group=group,
+                                                 algorithm=algo)
+                    full = _reference(op, [_data(case, r, count * n, dtype) for r in range(n)], n)
+                    check(case, out, full[me * count:(me + 1) * count])
+                case = f"reduce_scatter/{algo}/{dtype}/{count}"
+                ins = [_data(f"{case}/{q}", me, count, dtype) for q in range(n)]
+                out = np.zeros(count, dtype)
+                collie.reduce_scatter(out, ins, group=group, algorithm=algo)
+                check(case, out, _reference(collie.ReduceOp.SUM, [_data(f"{case}/{me}", r, count, dtype)
+                                                                  for r in range(n)], n))
+            for algo in algorithms.algorithms_for("all_to_all"):
+                case = f"all_to_all_single/{algo}/{dtype}/{count}/uneven"
+                # rank r sends (r + q + count) % 5 rows of width 2 to rank q: uneven, some zero
+                rows = lambda r, q: (r + q + count) % 5  # noqa: E731
+                send = [rows(me, q) for q in range(n)]
+                recv = [rows(q, me) for q in range(n)]
+                x = _data(case, me, 2 * sum(send), dtype).reshape(-1, 2)
+                out = np.zeros((sum(recv), 2), dtype)
+                if algo == "bruck" and n > 1:
+                    try:  # bruck forwards blocks: it needs sizes every rank knows
+                        collie.all_to_all_single(out, x, recv, send, group=group, algorithm=algo)
+                        failures.append(f"{case}: bruck accepted uneven splits")
+                    except ValueError:
+                        pass
+                else:
+                    collie.all_to_all_single(out, x, recv, send, group=group, algorithm=algo)
+                    want = []
+                    for q in range(n):
+                        theirs = _data(case, q, 2 * sum(rows(q, p) for p in range(n)), dtype).reshape(-1, 2)
+                        start = sum(rows(q, p) for p in range(me))
+                        want.append(theirs[start:start + rows(q, me)])
+                    check(case, out, np.concatenate(want))
+                case = f"all_to_all/{algo}/{dtype}/{count}"
+                ins = [_data(f"{case}/{q}", me, count, dtype) for q in range(n)]
+                outs = [np.zeros(count, dtype) for _ in range(n)]
+                collie.all_to_all(outs, ins, group=group, algorithm=algo)
+                for q in range(n):
+                    check(f"{case}[{q}]", outs[q], _data(f"{case}/{me}", q, count, dtype))
+    for algo in algorithms.algorithms_for("barrier"):
+        collie.barrier(group=group, algorithm=algo)
+
+
+def _all_cases_body(rank, size):
+    import collie
+    failures = []
+    _run_cases(None, list(range(size)), failures)
+    collie.barrier()
+    return failures
+
+
+# shm at every world size; tcp at a few (the engine and algorithms are the
+# same code over both, the transport conformance suite covers the rest).
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("nranks,backend", [(1, "shm"), (2, "shm"), (3, "shm"), (4, "shm"), (5, "shm"),
+                                            (7, "shm"), (2, "tcp"), (3, "tcp"), (5, "tcp")])
+def test_every_collective_and_algorithm(nranks, backend):
+    results = run_ranks(_all_cases_body, nranks, backend=backend, timeout=230)
+    wrong = [f"rank {r}: {f}" for r, fails in enumerate(results) for f in fails]
+    assert not wrong, "\n".join(wrong[:40])
+
+
+def _subgroup_body(rank, size):
+    import collie
+    failures = []
+    odd = collie.new_group([r for r in range(size) if r % 2])
+    backwards = collie.new_group(list(reversed(range(size))))
+    if rank % 2:
+        _run_cases(odd, collie.get_process_group_ranks(odd), failures, "odd:")
+    else:
+        try:
+            collie.all_reduce(np.zeros(1), group=odd)
+            failures.append("non-member all_reduce did not raise")
+        except ValueError:
+            pass
+    x = np.array([float(rank)])
+    collie.broadcast(x, src=size - 1, group=backwards)  # global rank, as in torch
+    if x[0] != size - 1:
+        failures.append(f"broadcast on reversed group gave {x}")
+    y = np.zeros(size)
+    collie.all_gather_into_tensor(y, np.array([float(rank)]), group=backwards)
+    if y.tolist() != [float(r) for r in reversed(range(size))]:
+        failures.append(f"all_gather on reversed group gave {y}")
+    return failures
+
+
+@pytest.mark.timeout(200)
+def test_subgroups():
+    results = run_ranks(_subgroup_body, 5, backend="shm", timeout=190)
+    wrong = [f"rank {r}: {f}" for r, fails in enumerate(results) for f in fails]
+    assert not wrong, "\n".join(wrong[:40])
+
+
+def _random_sequence_body(rank, size, seed):
+    """A seeded random sequence of collectives over overlapping sub-groups."""
+    import collie
+    rng = np.random.default_rng(seed)
+    groups = [(None, list(range(size)))]
+    for members in ([0, 1, 2], [1, 2, 3, 4], [0, 2, 4], [4, 3, 1]):
+        groups.append((collie.new_group(members), members))
+    failures = []
+    for i in range(60):
+        g, members = groups[rng.integers(len(groups))]
+        kind = rng.integers(4)
+        count = int(rng.integers(0, 3000))
+        root_i = int(rng.integers(len(members)))
+        if rank not in members:
+            continue
+        me, n = members.index(rank), len(members)
+        case = f"seq{i}"
+        if kind == 0:
+            x = _data(case, me, count, "float64")
+            collie.all_reduce(x, group=g)
+            want = np.sum([_data(case, r, count, "float64") for r in range(n)], axis=0)
+        elif kind == 1:
+            x = _data(case, me, count, "int32")
+            collie.broadcast(x, src=members[root_i], group=g)
+            want = _data(case, root_i, count, "int32")
+        elif kind == 2:
+            x = np.zeros(count * n, "int32")
+            collie.all_gather_into_tensor(x, _data(case, me, count, "int32"), group=g)
+            want = np.concatenate([_data(case, r, count, "int32") for r in range(n)])
+        else:
+            x = np.zeros(count, "float32")
+            collie.reduce_scatter_tensor(x, _data(case, me, count * n, "float32"), group=g)
+            want = np.sum([_data(case, r, count * n, "float32") for r in range(n)], axis=0)[me * count:(me + 1) * count]
+        if not _same(x, want):
+            failures.append(f"step {i} kind {kind} group {members}")
+    return failures
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_sequence_over_overlapping_groups(seed):
+    results = run_ranks(_random_sequence_body, 5, seed, backend="shm", timeout=110)
+    assert not any(results), results

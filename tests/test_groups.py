@@ -1,0 +1,138 @@
+"""Process groups, rank translation and device meshes."""
+
+import numpy as np
+import pytest
+
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _group_body(rank, size):
+    import collie
+    evens = collie.new_group([0, 2, 4])
+    tail = collie.new_group([4, 3])           # order matters: group rank 0 is global rank 4
+    out = {
+        "world": (collie.get_rank(), collie.get_world_size(), collie.is_initialized()),
+        "evens": (collie.get_rank(evens), collie.get_world_size(evens), collie.get_process_group_ranks(evens)),
+        "tail": collie.get_rank(tail),
+        "WORLD": collie.group.WORLD is not None and collie.get_world_size(collie.group.WORLD),
+    }
+    if rank in (3, 4):
+        out["translate"] = (collie.get_group_rank(tail, 4), collie.get_global_rank(tail, 1))
+        # point-to-point inside a group uses global ranks
+        peer = 3 if rank == 4 else 4
+        x = np.array([rank])
+        w = collie.isend(x, peer, group=tail)
+        got = np.zeros(1, int)
+        collie.recv(got, peer, group=tail)
+        w.wait()
+        out["p2p"] = int(got[0])
+    errors = []
+    for bad in (lambda: collie.get_group_rank(evens, 1), lambda: collie.get_global_rank(evens, 3),
+                lambda: collie.new_group([0, 0]), lambda: collie.new_group([size])):
+        try:
+            bad()
+        except ValueError:
+            errors.append("ValueError")
+    out["errors"] = errors
+    if rank not in (0, 2, 4):
+        try:
+            collie.broadcast(np.zeros(1), src=0, group=evens)
+        except ValueError as exc:
+            out["outsider"] = "not a member" in str(exc)
+    return out
+
+
+def test_groups_and_rank_translation():
+    res = run_ranks(_group_body, 5)
+    for r, out in enumerate(res):
+        assert out["world"] == (r, 5, True)
+        assert out["evens"] == ((r // 2, 3, [0, 2, 4]) if r % 2 == 0 else (-1, -1, [0, 2, 4]))
+        assert out["tail"] == {4: 0, 3: 1}.get(r, -1)
+        assert out["WORLD"] == 5
+        assert out["errors"] == ["ValueError"] * 4
+        if r % 2:
+            assert out["outsider"] is True
+    assert res[3]["translate"] == (0, 3) and res[4]["p2p"] == 3 and res[3]["p2p"] == 4
+
+
+def _mesh_body(rank, size):
+    import collie
+    mesh = collie.init_device_mesh("cpu", (2, 3), mesh_dim_names=("dp", "tp"))
+    tp, dp = mesh.get_group("tp"), mesh.get_group("dp")
+    x = np.array([float(rank)])
+    collie.all_reduce(x, group=tp)
+    y = np.array([float(rank)])
+    collie.all_reduce(y, group=dp)
+    sub = mesh["tp"]
+    return {
+        "tp_ranks": collie.get_process_group_ranks(tp), "dp_ranks": collie.get_process_group_ranks(dp),
+        "local": (mesh.get_local_rank("dp"), mesh.get_local_rank("tp")),
+        "sizes": (mesh.size(), mesh.size("tp"), mesh.size(0)),
+        "sums": (x[0], y[0]),
+        "sub": (sub.mesh.tolist(), sub.get_local_rank(), sub.get_group() is tp, sub.mesh_dim_names),
+        "coord": mesh.get_coordinate(),
+    }
+
+
+def test_device_mesh():
+    res = run_ranks(_mesh_body, 6)
+    for r, out in enumerate(res):
+        row, col = divmod(r, 3)
+        assert out["tp_ranks"] == [3 * row, 3 * row + 1, 3 * row + 2]
+        assert out["dp_ranks"] == [col, col + 3]
+        assert out["local"] == (row, col) and out["coord"] == [row, col]
+        assert out["sizes"] == (6, 3, 2)
+        assert out["sums"] == (sum(range(3 * row, 3 * row + 3)), col + col + 3)
+        assert out["sub"] == ([3 * row, 3 * row + 1, 3 * row + 2], col, True, ("tp",))
+
+
+def _mesh_errors_body(rank, size):
+    import collie
+    errors = []
+    for bad in (lambda: collie.init_device_mesh("cpu", (3, 3)),
+                lambda: collie.init_device_mesh("cuda", (2, 2)),
+                lambda: collie.init_device_mesh("cpu", (2, 2), mesh_dim_names=("a",))):
+        try:
+            bad()
+        except ValueError:
+            errors.append("ValueError")
+    return errors
+
+
+def test_device_mesh_bad_shapes():
+    assert run_ranks(_mesh_errors_body, 4) == [["ValueError"] * 3] * 4
+
+
+def _split_body(rank, size):
+    import collie
+    from collie.group import split_group
+    half = split_group(None, color=rank % 2, key=-rank)   # reversed order inside each color
+    none = split_group(None, color=-1 if rank == 0 else 0)
+    x = np.array([1.0])
+    collie.all_reduce(x, group=half)
+    return collie.get_process_group_ranks(half), x[0], none is None
+
+
+def test_split_group_only_members_call():
+    res = run_ranks(_split_body, 5)
+    assert res[0] == ([4, 2, 0], 3.0, True)
+    assert res[1] == ([3, 1], 2.0, False)
+
+
+def _lifecycle_body(rank, size):
+    import collie
+    collie.destroy_process_group()
+    collie.destroy_process_group()          # idempotent
+    first = collie.is_initialized()
+    collie.init_process_group()             # and again, in the same process
+    x = np.array([1.0])
+    collie.all_reduce(x)
+    return first, x[0]
+
+
+def test_destroy_is_idempotent_and_init_works_again():
+    port_env = {}
+    res = run_ranks(_lifecycle_body, 3, env=port_env)
+    assert res == [(False, 3.0)] * 3

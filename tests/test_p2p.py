@@ -1,0 +1,198 @@
+"""Point-to-point, as torch.distributed defines it, on real ranks."""
+
+import numpy as np
+import pytest
+
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(90)
+BACKENDS = ["shm", "tcp"]
+
+DTYPES = ["bool", "int8", "uint16", "int32", "int64", "float16", "float32", "float64", "complex128"]
+
+
+def _dtypes_body(rank, size):
+    import collie
+    results = []
+    for i, dtype in enumerate(DTYPES):
+        shape = (3, 5, 2)
+        want = (np.arange(30) % 7).astype(dtype).reshape(shape)
+        if rank == 0:
+            collie.send(want, dst=1, tag=i)
+            # non-contiguous source: every other column of a bigger array
+            big = np.zeros((3, 10, 2), dtype)
+            big[:, ::2] = want
+            collie.send(big[:, ::2], dst=1, tag=i)
+        else:
+            got = np.zeros(shape, dtype)
+            collie.recv(got, src=0, tag=i)
+            big = np.zeros((3, 10, 2), dtype)
+            collie.recv(big[:, 1::2], src=0, tag=i)  # non-contiguous destination
+            results.append(bool(np.array_equal(got, want) and np.array_equal(big[:, 1::2], want)
+                                and not big[:, ::2].any()))
+    return results
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_dtype_any_layout(backend):
+    assert all(run_ranks(_dtypes_body, 2, backend=backend)[1])
+
+
+def _nonblocking_body(rank, size):
+    import collie
+    peer = 1 - rank
+    out = np.full(1 << 20, rank, np.float32)   # bigger than any ring: needs both sides to progress
+    into = np.zeros(1 << 20, np.float32)
+    works = [collie.isend(out, peer), collie.irecv(into, peer)]
+    for w in works:
+        assert w.wait() is True
+    ok = works[0].is_completed() and works[1].is_completed() and bool((into == peer).all())
+    return ok, works[1].result()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_isend_irecv_both_ways(backend):
+    assert run_ranks(_nonblocking_body, 2, backend=backend) == [(True, 1), (True, 0)]
+
+
+def _batch_body(rank, size):
+    import collie
+    right, left = (rank + 1) % size, (rank - 1) % size
+    got_l, got_r = np.zeros(1000), np.zeros(1000)
+    ops = [collie.P2POp(collie.isend, np.full(1000, rank, float), right),
+           collie.P2POp(collie.irecv, got_l, left),
+           collie.P2POp(collie.irecv, got_r, right),
+           collie.P2POp(collie.isend, np.full(1000, rank, float), left)]
+    if rank % 2:
+        ops.reverse()  # order of the ops must not matter
+    for w in collie.batch_isend_irecv(ops):
+        w.wait()
+    return float(got_l[0]), float(got_r[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_isend_irecv_any_order(backend):
+    res = run_ranks(_batch_body, 3, backend=backend)
+    assert res == [(2.0, 1.0), (0.0, 2.0), (1.0, 0.0)]
+
+
+def _order_body(rank, size):
+    import collie
+    if rank == 0:
+        for i in range(50):
+            collie.send(np.array([i]), 1, tag=i % 3)
+        return None
+    got = {0: [], 1: [], 2: []}
+    buf = np.zeros(1, int)
+    for tag in (2, 0, 1):  # drain tags in another order than sent
+        for _ in range(len(range(tag, 50, 3))):
+            collie.recv(buf, 0, tag=tag)
+            got[tag].append(int(buf[0]))
+    return got
+
+
+def test_same_tag_messages_arrive_in_order():
+    got = run_ranks(_order_body, 2, backend="shm")[1]
+    assert got == {t: list(range(t, 50, 3)) for t in range(3)}
+
+
+def _any_source_body(rank, size):
+    import collie
+    if rank == 0:
+        senders = []
+        buf = np.zeros(2)
+        for _ in range(size - 1):
+            src = collie.recv(buf)
+            senders.append((src, buf[0]))
+        return sorted(senders)
+    collie.send(np.array([rank * 1.5, 0]), 0)
+    return None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recv_from_any_source_returns_the_sender(backend):
+    assert run_ranks(_any_source_body, 4, backend=backend)[0] == [(1, 1.5), (2, 3.0), (3, 4.5)]
+
+
+def _objects_body(rank, size):
+    import collie
+    if rank == 0:
+        collie.send_object_list([{"a": 1}, "text", np.arange(3), None], dst=1)
+        return None
+    objs = [None] * 4
+    src = collie.recv_object_list(objs)
+    return src, objs[0], objs[1], objs[2].tolist(), objs[3]
+
+
+def test_object_lists():
+    assert run_ranks(_objects_body, 2)[1] == (0, {"a": 1}, "text", [0, 1, 2], None)
+
+
+def _torch_body(rank, size):
+    import torch
+
+    import collie
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3) * (rank + 1)
+    b = torch.zeros(4, dtype=torch.bfloat16)
+    if rank == 0:
+        collie.send(t, 1)
+        collie.send(torch.tensor([1.5, -2.0, 3.25, 0.0], dtype=torch.bfloat16), 1)
+        return None
+    got = torch.zeros(2, 3)
+    collie.recv(got, 0)
+    collie.recv(b, 0)
+    return got.tolist(), b.float().tolist()
+
+
+def test_torch_tensors_in_place():
+    pytest.importorskip("torch")
+    got, bf = run_ranks(_torch_body, 2)[1]
+    assert got == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert bf == [1.5, -2.0, 3.25, 0.0]
+
+
+def _size_mismatch_body(rank, size):
+    import collie
+    if rank == 0:
+        collie.send(np.zeros(10, np.float32), 1)
+        collie.send(np.arange(3, dtype=np.float32), 1)  # the sender is not left blocked
+        return "sent"
+    try:
+        collie.recv(np.zeros(7, np.float32), 0)
+    except ValueError as exc:
+        msg = str(exc)
+    after = np.zeros(3, np.float32)
+    collie.recv(after, 0)  # the bad message was consumed
+    return msg, after.tolist()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_receive_buffer_of_the_wrong_size(backend):
+    sent, (msg, after) = run_ranks(_size_mismatch_body, 2, backend=backend)
+    assert sent == "sent"
+    assert "40 bytes" in msg and "28 bytes" in msg and "rank 0" in msg
+    assert after == [0.0, 1.0, 2.0]
+
+
+def _bad_args_body(rank, size):
+    import collie
+    errors = []
+    for call in (lambda: collie.send(np.zeros(1), rank),
+                 lambda: collie.send(np.zeros(1), size),
+                 lambda: collie.recv(np.zeros(1), -1),
+                 lambda: collie.send(np.zeros(1), 1 - rank, tag=-1),
+                 lambda: collie.send([1, 2], 1 - rank),
+                 lambda: collie.recv(np.frombuffer(b"abcd", np.uint8), 1 - rank),
+                 lambda: collie.send(np.array(["a"], dtype=object), 1 - rank)):
+        try:
+            call()
+            errors.append(None)
+        except (ValueError, TypeError) as exc:
+            errors.append(type(exc).__name__)
+    return errors
+
+
+def test_bad_arguments_raise_before_sending():
+    for errors in run_ranks(_bad_args_body, 2):
+        assert errors == ["ValueError", "ValueError", "ValueError", "ValueError", "TypeError",
+                          "ValueError", "TypeError"]
