@@ -351,9 +351,9 @@ def all_gather(tensor_list: list, tensor, group=None, async_op: bool = False,
     """Every rank's ``tensor`` into every rank's ``tensor_list`` (slot r gets rank r's).
 
     >>> x = np.array([rank])                # rank 0: [0]   rank 1: [1]
-    >>> out = [np.zeros(1), np.zeros(1)]
+    >>> out = [np.zeros(1, int), np.zeros(1, int)]
     >>> all_gather(out, x)
-    >>> out                                 # every rank: [array([0.]), array([1.])]
+    >>> out                                 # every rank: [array([0]), array([1])]
     """
     g = _member(group, "all_gather")
     src = Buffer(tensor, writable=False, what="all_gather tensor")
@@ -370,9 +370,9 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     ``output_tensor``, which has group-size times as many elements.
 
     >>> x = np.array([rank, rank])          # rank 0: [0, 0]  rank 1: [1, 1]
-    >>> out = np.empty(4)
+    >>> out = np.empty(4, int)
     >>> all_gather_into_tensor(out, x)
-    >>> out                                 # every rank: [0., 0., 1., 1.]
+    >>> out                                 # every rank: [0, 0, 1, 1]
     """
     g = _member(group, "all_gather_into_tensor")
     src = Buffer(input_tensor, writable=False, what="all_gather_into_tensor input")
@@ -392,9 +392,9 @@ def gather(tensor, gather_list: Optional[list] = None, dst: Optional[int] = None
     """Every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (slot r gets rank r's).
 
     >>> x = np.array([rank])                 # rank 0: [0]   rank 1: [1]
-    >>> out = [np.zeros(1), np.zeros(1)] if rank == 0 else None
+    >>> out = [np.zeros(1, int), np.zeros(1, int)] if rank == 0 else None
     >>> gather(x, out, dst=0)
-    >>> out                                  # rank 0: [array([0.]), array([1.])]  rank 1: None
+    >>> out                                  # rank 0: [array([0]), array([1])]  rank 1: None
     """
     g = _member(group, "gather")
     root = _root(g, dst, group_dst, "dst", "gather")
@@ -510,10 +510,10 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group=None, as
                algorithm: Optional[str] = None):
     """Rank r's ``input_tensor_list[q]`` into rank q's ``output_tensor_list[r]``.
 
-    >>> ins = [np.array([10 * rank + q]) for q in range(2)]   # rank 0: [0],[1]   rank 1: [10],[11]
+    >>> ins = [np.array([10 * rank + q]) for q in range(2)]   # rank 0: [0], [1]  rank 1: [10], [11]
     >>> outs = [np.zeros(1, int) for _ in range(2)]
     >>> all_to_all(outs, ins)
-    >>> outs                                                  # rank 0: [0],[10]  rank 1: [1],[11]
+    >>> outs                                 # rank 0: [array([0]), array([10])]  rank 1: [array([1]), array([11])]
     """
     g = _member(group, "all_to_all")
     for name, lst in (("output_tensor_list", output_tensor_list), ("input_tensor_list", input_tensor_list)):
