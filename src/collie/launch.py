@@ -176,6 +176,17 @@ def _forward(pipe, out: TextIO, prefix: str, lock: threading.Lock) -> threading.
     return t
 
 
+def _die_with_parent() -> None:
+    """In a rank, before exec: get SIGKILL when the launcher dies, however it
+    dies (even by SIGKILL, when it cannot stop its ranks itself)."""
+    import ctypes
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the launcher's own signal handling still applies
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -263,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             if opts.tag_output:
                 env.setdefault("PYTHONUNBUFFERED", "1")  # a pipe would block-buffer
             procs[rank] = p = subprocess.Popen(cmd, env=env, stdout=pipe, stderr=pipe,
-                                               start_new_session=True)
+                                               start_new_session=True, preexec_fn=_die_with_parent)
             if opts.tag_output:
                 threads.append(_forward(p.stdout, sys.stdout, f"[{rank}]: ", lock))
                 threads.append(_forward(p.stderr, sys.stderr, f"[{rank}]: ", lock))
