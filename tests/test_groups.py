@@ -136,3 +136,34 @@ def test_destroy_is_idempotent_and_init_works_again():
     port_env = {}
     res = run_ranks(_lifecycle_body, 3, env=port_env)
     assert res == [(False, 3.0)] * 3
+
+
+def _two_hosts_body(rank, size, backend):
+    import os
+
+    import collie
+    os.environ["COLLIE_HOST_ID"] = "host-a" if rank < 2 else "host-b"
+    try:
+        collie.init_process_group(backend=backend)
+    except ValueError as exc:
+        return str(exc)
+    try:
+        routes = collie.group.world().network.backend_of
+        x = np.full(1000, float(rank))
+        collie.all_reduce(x)
+        y = np.zeros(3)
+        collie.recv(y, src=(rank + 2) % size) if rank >= 2 else collie.send(np.full(3, rank * 1.0), (rank + 2) % size)
+        return routes, x[0]
+    finally:
+        collie.destroy_process_group()
+
+
+def test_auto_uses_shm_on_the_host_and_tcp_across():
+    res = run_ranks(_two_hosts_body, 4, "auto", init=False)
+    assert res[0] == (["self", "shm", "tcp", "tcp"], 6.0)
+    assert res[3] == (["tcp", "tcp", "shm", "self"], 6.0)
+
+
+def test_shm_backend_refuses_ranks_on_other_hosts():
+    res = run_ranks(_two_hosts_body, 4, "shm", init=False, expect_errors=True)
+    assert "backend='shm' needs every rank on one host" in res[0]
