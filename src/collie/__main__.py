@@ -14,6 +14,7 @@ import sys
 # name: ("module:function taking argv and returning an exit code", help line)
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("collie.launch:main", "start N ranks of a script on this host (like torchrun/mpiexec)"),
+    "bench": ("collie.bench:main", "measure every collective's bandwidth, like nccl-tests (--vs mpi4py,gloo)"),
 }
 
 

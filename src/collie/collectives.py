@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -160,19 +160,9 @@ class AsyncWork(Work):
 
 def _background() -> _Background:
     w = world()
-    bg = getattr(w, "background", None)
-    if bg is None:
-        bg = w.background = _Background()
-    return bg
-
-
-def _submit(fn, group: ProcessGroup, async_op: bool):
-    bg = getattr(world(), "background", None)
-    if async_op:
-        return _background().submit(fn, group.timeout)
-    if bg is not None:
-        bg.drain()
-    return fn()
+    if w.background is None:
+        w.background = _Background()
+    return w.background
 
 
 # ---- the shared path of every collective ----
@@ -196,27 +186,49 @@ def _root(g: ProcessGroup, rank, group_rank, role: str, what: str) -> int:
     return g.group_rank(int(rank))
 
 
-def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_name: str,
-         op: Optional[ReduceOp] = None, root: int = 0, count: int = 0, nbytes: int = 0,
-         algorithm: Optional[str] = None, async_op: bool = False, after=None):
-    """Run collective ``name`` on the laid-out ``arrays``; ``after`` runs on
-    completion (copy-backs, AVG's division...)."""
+class _Prepared(NamedTuple):
+    """What a call's shape alone decides: computed once, reused by every
+    call of that shape on that group (the hot path of repeated calls)."""
+    choice: object
+    plan: engine.Plan
+    meta: int
+    reduce_kernel: object
+
+
+def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op, root: int, count: int,
+             nbytes: int, algorithm: Optional[str]) -> _Prepared:
     exclude = ()
     if name == "all_to_all" and len(set(block_sizes["in"]) | set(block_sizes["out"])) > 1:
         exclude = ("bruck",)  # bruck forwards blocks whose uneven sizes only their ends know
     choice = tuner().choose(name, nbytes, g.size, _transport(g), algorithm, g.rank, exclude)
     schedule = algorithms.build(name, choice.algorithm, g.size, g.rank, root, choice.segments)
-    plan = engine.plan(schedule, block_sizes)
+    return _Prepared(choice, engine.plan(schedule, block_sizes), pack_meta(name, dtype_name, op, root, count),
+                     kernel(op, dtype_name) if op is not None else None)
+
+
+_PREPARED_PER_GROUP = 512
+
+
+def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_name: str,
+         op: Optional[ReduceOp] = None, root: int = 0, count: int = 0, nbytes: int = 0,
+         algorithm: Optional[str] = None, async_op: bool = False, after=None):
+    """Run collective ``name`` on the laid-out ``arrays``; ``after`` runs on
+    completion (copy-backs, AVG's division...)."""
+    key = (name, dtype_name, op, root, count, nbytes, algorithm, tuple(block_sizes.items()))
+    cache = g.prepared
+    prepared = cache.get(key)
+    if prepared is None:
+        if len(cache) >= _PREPARED_PER_GROUP:
+            cache.clear()
+        prepared = cache[key] = _prepare(g, name, block_sizes, dtype_name, op, root, count, nbytes, algorithm)
+    plan, meta, reduce_kernel = prepared.plan, prepared.meta, prepared.reduce_kernel
     seq = g.seq
     g.seq += 1
     tag = g.collective_tag(seq)
-    meta = pack_meta(name, dtype_name, op, root, count)
-    reduce_kernel = kernel(op, dtype_name) if op is not None else None
     network = g.network
-    network.meta_text = meta_text
 
     def describe(step: int) -> str:
-        return (f"{name} (call #{seq} on group {g.name}, algorithm {choice.algorithm}, "
+        return (f"{name} (call #{seq} on group {g.name}, algorithm {prepared.choice.algorithm}, "
                 f"step {step + 1} of {len(plan.steps)})")
 
     def body():
@@ -229,8 +241,13 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
             raise
         return after() if after is not None else None
 
-    result = _submit(body, g, async_op)
-    return result if async_op else None
+    if async_op:
+        return _background().submit(body, g.timeout)
+    background = world().background
+    if background is not None:
+        background.drain()
+    body()
+    return None
 
 
 def _member(group, what: str) -> ProcessGroup:

@@ -47,6 +47,7 @@ class ProcessGroup:
         self.rank = self.ranks.index(network.rank) if network.rank in self.ranks else -1
         self._index = {g: i for i, g in enumerate(self.ranks)}
         self.seq = 0       # collectives run so far: the same on every member
+        self.prepared: dict = {}  # call shape -> algorithm, plan, meta (collectives._prepare)
         self.p2p_ops = 0   # point-to-point calls so far (this rank only, for messages)
 
     def __repr__(self) -> str:
@@ -262,6 +263,8 @@ def init_process_group(backend: str = "auto", init_method: Optional[str] = None,
         raise
     # Every rank is done with the store before anyone may leave and close it.
     rdv.store_barrier(info.store, f"collie/{info.job_id}/connected", info.world_size, seconds)
+    from .collectives import meta_text
+    network.meta_text = meta_text
     group = ProcessGroup(network, range(info.world_size), 0, seconds, group_name or "WORLD")
     _world = _World(network=network, store=info.store, group=group, owns_store=store is None)
     import atexit

@@ -377,7 +377,9 @@ class SpawnContext:
                 if left is not None and left <= 0:
                     return False
                 waitables = [p.sentinel for p in self.processes if p.exitcode is None]
-                wait_any(waitables + list(self._readers.values()), timeout=left)
+                waitables += list(self._readers.values())
+                if waitables:  # none: every rank exited since the checks above; look again
+                    wait_any(waitables, timeout=left)
         except BaseException:
             self._finish()  # also on KeyboardInterrupt in the parent: no orphans
             raise

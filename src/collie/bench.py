@@ -1,0 +1,901 @@
+"""``collie bench``: bandwidth of every collective, in the manner of nccl-tests.
+
+    collie bench                            # all ops, 8 B .. 64 MiB, one rank per core
+    collie bench -n 4 --op all_reduce --algo all --check
+    collie bench --vs mpi4py,gloo --json rows.json --plot busbw.png
+    collie run -n 2 -m collie bench         # one rank of an existing world (also across hosts)
+
+What the columns mean follows nccl-tests' doc/PERFORMANCE.md, so figures
+can be set next to theirs:
+
+- size: the per-rank buffer nccl-tests prints: the receive buffer of
+  all_gather, the send buffer of reduce_scatter and all_to_all, the buffer
+  of all_reduce, broadcast, reduce and sendrecv. count is that buffer's
+  elements, except for all_gather, reduce_scatter and all_to_all, where it
+  is the elements one rank sends to (or receives from) one peer.
+- time: each rank times N back-to-back calls after a barrier and takes the
+  mean; a repeat's time is the slowest rank's mean (MAX all_reduce); the
+  figure is the median over repeats (the machines are shared and noisy, and
+  the median shrugs off a repeat that a neighbour disturbed).
+- algbw = size / time; busbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for
+  all_gather, reduce_scatter and all_to_all, 1 for broadcast, reduce and
+  sendrecv. busbw is comparable across ops and rank counts: it is the
+  bandwidth each rank's link would need with an optimal algorithm.
+- #wrong: with --check, the elements (summed over ranks) that differ from a
+  NumPy reference. Every rank can generate every rank's input (see
+  pattern()), so each checks its own result locally.
+
+The same measurement loop (run()) drives collie, mpi4py (--vs mpi4py) and
+torch.distributed's Gloo (--vs gloo), through a small Comm adapter each;
+peers run first, in their own processes, and their busbw appears in the
+collie table as a ratio. A peer that is not installed is skipped with a
+hint; COLLIE_BENCH_HIDE=mpi4py,gloo pretends a peer is missing (for tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Iterable, NamedTuple, Optional
+
+import numpy as np
+
+__all__ = ["main", "OPS", "bus_factor", "parse_size", "memory_bandwidth", "all_reduce_bound"]
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv")
+REDOPS = ("sum", "prod", "min", "max", "avg")
+PEERS = ("mpi4py", "gloo")
+JSON_KEYS = ("backend", "op", "nranks", "bytes", "dtype", "algorithm", "time_us", "algbw_GBps",
+             "busbw_GBps", "wrong")
+HINTS = {
+    "mpi4py": "mpi4py not found: apt-get install mpich && pip install --no-binary=mpi4py mpi4py",
+    "mpiexec": "mpiexec not found: apt-get install mpich (mpi4py needs an MPI launcher)",
+    "gloo": "torch not found: pip install torch --index-url https://download.pytorch.org/whl/cpu",
+}
+_REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+_ROOTED = ("broadcast", "reduce")
+_IN_PLACE = ("all_reduce", "broadcast", "reduce")
+_UFUNCS = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+_MAX_ITERS = 1_000_000
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def bus_factor(op: str, n: int) -> float:
+    """busbw / algbw for ``op`` on ``n`` ranks (nccl-tests' PERFORMANCE.md)."""
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def parse_size(text: str) -> int:
+    """'64K' -> 65536 (K, M, G are powers of 1024; a trailing B is allowed)."""
+    t = text.strip().upper().removesuffix("B")
+    unit = t[-1:] if t[-1:] in _SUFFIX and t[-1:] else ""
+    try:
+        value = int(t[:len(t) - len(unit)])
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (examples: 8, 1K, 64M)") from None
+    if value < 0:
+        raise ValueError(f"size must not be negative: {text!r}")
+    return value * _SUFFIX[unit]
+
+
+def format_size(nbytes: int) -> str:
+    for unit in ("G", "M", "K"):
+        if nbytes >= _SUFFIX[unit] and nbytes % _SUFFIX[unit] == 0:
+            return f"{nbytes // _SUFFIX[unit]}{unit}"
+    return str(nbytes)
+
+
+# ---- buffers, inputs and the reference -------------------------------------
+
+class Layout(NamedTuple):
+    """One rank's buffers for one op at one size (all counts in elements)."""
+
+    count: int   # the count column
+    send: int    # send buffer elements; 0 for the in-place ops (no send buffer)
+    recv: int    # receive (or in-place) buffer elements
+    nbytes: int  # the size column
+
+
+def layout(op: str, nbytes: int, itemsize: int, n: int) -> Layout:
+    """Buffers of ``op`` for a requested size, as nccl-tests sizes them: the
+    per-peer count is rounded down so that the buffer splits evenly."""
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        c = nbytes // itemsize // n
+        send, recv = {"all_gather": (c, c * n), "reduce_scatter": (c * n, c),
+                      "all_to_all": (c * n, c * n)}[op]
+        return Layout(c, send, recv, c * n * itemsize)
+    c = nbytes // itemsize
+    return Layout(c, 0 if op in _IN_PLACE else c, c, c * itemsize)
+
+
+def pattern(rank: int, lo: int, hi: int, dtype: np.dtype, redop: str) -> np.ndarray:
+    """Elements [lo, hi) of rank ``rank``'s check input.
+
+    Small integers, so that sums and products are exact in every dtype and
+    in any order of reduction (float16 included, up to ~150 ranks): 1..13
+    for most ops; 1 or 2 (one rank in four holds a 2) for prod, so a product
+    over n ranks stays below 2**ceil(n/4).
+    """
+    i = np.arange(lo, hi, dtype=np.int64)
+    if redop == "prod":
+        v = 1 + ((i + rank) % 4 == 0)
+    else:
+        v = (i * 7 + rank * 5) % 13 + 1
+    return v.astype(dtype)
+
+
+def _reduced(n: int, lo: int, hi: int, dtype: np.dtype, redop: str) -> np.ndarray:
+    out = pattern(0, lo, hi, dtype, redop)
+    for q in range(1, n):
+        _UFUNCS[redop](out, pattern(q, lo, hi, dtype, redop), out=out)
+    if redop == "avg":
+        np.multiply(out, 1.0 / n, out=out, casting="unsafe")
+    return out
+
+
+def expected(op: str, rank: int, n: int, lay: Layout, dtype: np.dtype, redop: str) -> np.ndarray:
+    """What ``rank``'s receive buffer must hold after one call with check
+    inputs (send buffers filled by pattern(rank, 0, size))."""
+    c = lay.count
+    if op == "all_reduce":
+        return _reduced(n, 0, c, dtype, redop)
+    if op == "reduce":
+        return _reduced(n, 0, c, dtype, redop) if rank == 0 else pattern(rank, 0, c, dtype, redop)
+    if op == "broadcast":
+        return pattern(0, 0, c, dtype, redop)
+    if op == "all_gather":
+        return np.concatenate([pattern(q, 0, c, dtype, redop) for q in range(n)])
+    if op == "reduce_scatter":
+        return _reduced(n, rank * c, (rank + 1) * c, dtype, redop)
+    if op == "all_to_all":
+        return np.concatenate([pattern(q, rank * c, (rank + 1) * c, dtype, redop) for q in range(n)])
+    if op == "sendrecv":
+        return pattern((rank - 1) % n, 0, c, dtype, redop)
+    raise ValueError(op)
+
+
+def count_wrong(got: np.ndarray, want: np.ndarray, n: int) -> int:
+    """Elements that differ; floats may differ by rounding (AVG's scaling,
+    the order of a reduction), so they get a relative tolerance of n ulps."""
+    if got.dtype.kind in "biu":
+        return int(np.count_nonzero(got != want))
+    eps = {2: 2.0 ** -10, 4: 2.0 ** -23}.get(got.dtype.itemsize // (2 if got.dtype.kind == "c" else 1),
+                                           2.0 ** -52)
+    return int(np.count_nonzero(~np.isclose(got, want, rtol=4 * n * eps, atol=0)))
+
+
+def timing_fill(op: str, redop: str) -> int:
+    """The value timed buffers hold. The reducing collectives are in place,
+    so N timed calls compound: a fixed point of the op (0 for sum/avg, 1
+    otherwise) keeps every value finite and normal (no overflow, no slow
+    denormals) without refilling the buffer inside the timed loop."""
+    return 0 if op in _REDUCING and redop in ("sum", "avg") else 1
+
+
+# ---- the measurement loop, shared by collie and its peers ------------------
+
+class Unsupported(Exception):
+    """A backend cannot run this op (or this dtype); raised by Comm.caller
+    before anything is sent, on every rank alike."""
+
+
+class Comm:
+    """What run() needs from a communication library (one adapter per backend).
+
+    Subclasses set name, rank and size and implement the methods below.
+    """
+
+    name = "?"
+    rank = 0
+    size = 1
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def max(self, x: float) -> float:
+        """The largest ``x`` over the ranks, on every rank."""
+        raise NotImplementedError
+
+    def total(self, x: int) -> int:
+        """The sum of ``x`` over the ranks, on every rank."""
+        raise NotImplementedError
+
+    def bcast(self, x: int) -> int:
+        """Rank 0's ``x``, on every rank."""
+        raise NotImplementedError
+
+    def algorithms(self, op: str, wanted: Optional[str]) -> list:
+        """The algorithm names to run ``op`` with; None means the library's choice."""
+        return [None]
+
+    def label(self, op: str, lay: Layout, algorithm: Optional[str]) -> str:
+        """The algorithm column."""
+        return algorithm or "-"
+
+    def caller(self, op: str, send: Optional[np.ndarray], recv: np.ndarray, redop: str,
+               algorithm: Optional[str]) -> Callable[[], None]:
+        """A function making one call of ``op`` on these preallocated buffers
+        (or Unsupported)."""
+        raise NotImplementedError
+
+
+class Config(NamedTuple):
+    """Everything a rank needs to run the benchmark (picklable, JSON-able)."""
+
+    ops: list
+    sizes: list
+    dtype: str
+    redop: str
+    iters: int
+    warmup: int
+    repeats: int
+    time_budget: Optional[float]
+    algo: Optional[str]
+    check: bool
+    transport: str
+    progress: bool
+    tty: bool
+
+
+class Progress:
+    """One line on stderr, rewritten in place on a terminal (else one line
+    per step, for --progress into a file)."""
+
+    def __init__(self, enabled: bool, tty: bool):
+        self.enabled, self.tty, self.shown = enabled, tty, False
+
+    def show(self, text: str) -> None:
+        if self.enabled:
+            sys.stderr.write(f"\r{text}\x1b[K" if self.tty else text + "\n")
+            sys.stderr.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.enabled and self.tty and self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+        self.shown = False
+
+
+def measure(comm: Comm, call: Callable[[], None], cfg: Config) -> tuple[float, int]:
+    """(median over repeats of the slowest rank's mean seconds per call, iters).
+
+    With a time budget, rank 0 times the warmup calls and picks the iteration
+    count that fills the budget; it broadcasts it, so every rank makes the
+    same number of calls.
+    """
+    warmup = max(cfg.warmup, 1) if cfg.time_budget else cfg.warmup
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        call()
+    iters = cfg.iters
+    if cfg.time_budget:
+        per_call = (time.perf_counter() - t0) / warmup
+        mine = int(cfg.time_budget / cfg.repeats / max(per_call, 1e-7))
+        iters = comm.bcast(max(1, min(_MAX_ITERS, mine)))
+    times = []
+    for _ in range(cfg.repeats):
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call()
+        times.append(comm.max((time.perf_counter() - t0) / iters))
+    return statistics.median(times), iters
+
+
+def run(comm: Comm, cfg: Config, emit: Callable[[dict], None],
+        note: Callable[[str], None] = lambda text: None, progress: Optional[Progress] = None) -> None:
+    """Measure every (op, size, algorithm) of ``cfg`` on ``comm``; ``emit``
+    gets each row (a dict, on every rank), ``note`` what was skipped and why.
+    Whoever prints rows must clear ``progress`` first (Table does)."""
+    dtype = np.dtype(cfg.dtype)
+    n = comm.size
+    if progress is None:
+        progress = Progress(cfg.progress and comm.rank == 0, cfg.tty)
+    say = note
+
+    def note(text: str) -> None:
+        progress.clear()
+        say(text)
+
+    for op in cfg.ops:
+        if op == "sendrecv" and n < 2:
+            note("sendrecv needs at least 2 ranks; skipped")
+            continue
+        algos = comm.algorithms(op, cfg.algo)
+        if not algos:
+            note(f"{op} has no algorithm {cfg.algo!r}; skipped")
+            continue
+        redop = cfg.redop if op in _REDUCING else "none"
+        try:
+            for k, size in enumerate(cfg.sizes):
+                lay = layout(op, size, dtype.itemsize, n)
+                recv = np.empty(lay.recv, dtype)
+                send = None if op in _IN_PLACE else np.empty(lay.send, dtype)
+                for algo in algos:
+                    progress.show(f"{comm.name}: {op} {format_size(lay.nbytes)} "
+                                  f"({k + 1}/{len(cfg.sizes)}){' ' + algo if algo else ''}")
+                    call = comm.caller(op, send, recv, cfg.redop, algo)
+                    for buf in (send, recv):
+                        if buf is not None:
+                            buf.fill(timing_fill(op, cfg.redop))
+                    seconds, iters = measure(comm, call, cfg)
+                    wrong = None
+                    if cfg.check:
+                        wrong = comm.total(check(comm, call, op, lay, send, recv, dtype, cfg.redop))
+                    algbw = lay.nbytes / seconds / 1e9
+                    emit({"backend": comm.name, "op": op, "nranks": n, "bytes": lay.nbytes,
+                          "dtype": dtype.name, "algorithm": comm.label(op, lay, algo),
+                          "time_us": seconds * 1e6, "algbw_GBps": algbw,
+                          "busbw_GBps": algbw * bus_factor(op, n), "wrong": wrong,
+                          "count": lay.count, "redop": redop, "root": 0 if op in _ROOTED else -1,
+                          "iters": iters})
+        except Unsupported as exc:
+            note(f"{comm.name}: {op}: {exc}; skipped")
+    progress.clear()
+
+
+def check(comm: Comm, call, op: str, lay: Layout, send, recv, dtype, redop: str) -> int:
+    """One call on the check inputs; returns this rank's wrong elements."""
+    source = send if send is not None else recv
+    source[:] = pattern(comm.rank, 0, source.size, dtype, redop)
+    if send is not None:
+        recv.fill(0)
+    call()
+    return count_wrong(recv, expected(op, comm.rank, comm.size, lay, dtype, redop), comm.size)
+
+
+class DistComm(Comm):
+    """collie, or torch.distributed (Gloo): the two share one API, so one
+    adapter serves both; ``wrap`` turns a NumPy array into the library's
+    tensor (torch.from_numpy shares the memory)."""
+
+    def __init__(self, name: str, dist, wrap=lambda a: a):
+        self.name, self.dist, self.wrap = name, dist, wrap
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self._f = wrap(np.zeros(1, np.float64))
+        self._i = wrap(np.zeros(1, np.int64))
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def max(self, x: float) -> float:
+        self._f[0] = x
+        self.dist.all_reduce(self._f, op=self.dist.ReduceOp.MAX)
+        return float(self._f[0])
+
+    def total(self, x: int) -> int:
+        self._i[0] = x
+        self.dist.all_reduce(self._i, op=self.dist.ReduceOp.SUM)
+        return int(self._i[0])
+
+    def bcast(self, x: int) -> int:
+        self._i[0] = x
+        self.dist.broadcast(self._i, src=0)
+        return int(self._i[0])
+
+    def _extra(self, algorithm: Optional[str]) -> dict:
+        return {}
+
+    def caller(self, op, send, recv, redop, algorithm):
+        d, kw = self.dist, self._extra(algorithm)
+        r = self.wrap(recv)
+        s = self.wrap(send) if send is not None else None
+        rop = getattr(d.ReduceOp, "PRODUCT" if redop == "prod" else redop.upper())
+        if op == "all_reduce":
+            return lambda: d.all_reduce(r, op=rop, **kw)
+        if op == "broadcast":
+            return lambda: d.broadcast(r, src=0, **kw)
+        if op == "reduce":
+            return lambda: d.reduce(r, dst=0, op=rop, **kw)
+        if op == "all_gather":
+            return lambda: d.all_gather_into_tensor(r, s, **kw)
+        if op == "reduce_scatter":
+            return lambda: d.reduce_scatter_tensor(r, s, op=rop, **kw)
+        if op == "all_to_all":
+            return lambda: d.all_to_all_single(r, s, **kw)
+        if op == "sendrecv":
+            p2p = [d.P2POp(d.isend, s, (self.rank + 1) % self.size),
+                   d.P2POp(d.irecv, r, (self.rank - 1) % self.size)]
+
+            def sendrecv():
+                for work in d.batch_isend_irecv(p2p):
+                    work.wait()
+            return sendrecv
+        raise ValueError(op)
+
+
+class CollieComm(DistComm):
+    """collie itself: algorithms can be forced, and the table names the
+    one the tuner picked when they are not."""
+
+    def __init__(self):
+        import collie
+        super().__init__("collie", collie)
+
+    def algorithms(self, op, wanted):
+        if op == "sendrecv" or wanted is None:
+            return [None]
+        from . import algorithms
+        have = list(algorithms.algorithms_for(op))
+        if wanted == "all":
+            return have
+        return [wanted] if wanted in have else []
+
+    def _extra(self, algorithm):
+        return {"algorithm": algorithm} if algorithm else {}
+
+    def label(self, op, lay, algorithm):
+        if op == "sendrecv":
+            return "p2p"
+        if algorithm:
+            return algorithm
+        # What the tuner picks for this call; collectives pass the tuner the
+        # bytes below (all_to_all passes 0).
+        try:
+            from . import collectives
+            g = self.dist.group.WORLD
+            nbytes = 0 if op == "all_to_all" else lay.nbytes
+            return collectives.tuner().choose(op, nbytes, self.size, collectives._transport(g)).algorithm
+        except Exception:  # noqa: BLE001 - only a label
+            return "auto"
+
+
+# ---- the machine: memory bandwidth and the all_reduce bound ----------------
+
+def memory_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> tuple[float, float]:
+    """(copy, add): bytes one core reads plus writes per second, best of
+    ``repeats``, for np.copyto of ``nbytes`` (read S, write S) and np.add
+    with out= (read 2S, write S). 64 MiB is far beyond any cache, so these
+    are DRAM rates; the best repeat is the least disturbed one."""
+    a = np.ones(nbytes // 8)
+    b = np.ones_like(a)  # ones, not empty: touch the pages before timing
+    c = np.ones_like(a)
+    copy = add = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        t1 = time.perf_counter()
+        np.add(a, b, out=c)
+        t2 = time.perf_counter()
+        copy, add = min(copy, t1 - t0), min(add, t2 - t1)
+    return 2 * a.nbytes / copy, 3 * a.nbytes / add
+
+
+def all_reduce_bound(n: int, cores: int, copy_bw: float, add_bw: float) -> tuple[float, float]:
+    """(algbw, busbw) in bytes/s that no all_reduce of large buffers on ``n``
+    ranks over shared memory can beat on this machine.
+
+    Memory traffic (bytes read plus written) an all_reduce of S bytes per
+    rank needs at least, counting per element of the result:
+
+    - n reads: every rank's input must be read once (it is private memory,
+      so only its owner can read it);
+    - n writes: every rank's output buffer must be written;
+    - n writes to shared memory: every rank's contribution must leave its
+      process, and processes share nothing but the shared segments (no
+      kernel-assisted copies), so each rank writes at least one value;
+    - n reads from shared memory: every rank needs the others'
+      contributions, so each rank reads at least one shared value.
+
+    That is 4nS bytes (the n-input reduction adds nothing: its operands are
+    the reads above). Ring and chain schedules move more, about 5nS. At
+    most min(n, cores) cores move it, each at most at the faster of the
+    measured single-core copy and add rates (more cores share, never
+    multiply, the DRAM bandwidth), so time >= 4nS / (p x rate): algbw <=
+    p x rate / (4n) and busbw <= algbw x 2(n-1)/n. Buffers that fit in the
+    cache can beat it; it is a bound for sizes well beyond the last-level
+    cache.
+    """
+    p = min(n, max(cores, 1))
+    algbw = p * max(copy_bw, add_bw) / (4 * n)
+    return algbw, algbw * bus_factor("all_reduce", n)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _memory_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    except (ValueError, OSError, AttributeError):
+        return float("nan")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# ---- output -----------------------------------------------------------------
+
+_COLUMNS = (("size", 12), ("count", 12), ("type", 10), ("redop", 6), ("root", 5), ("time(us)", 11),
+            ("algbw(GB/s)", 12), ("busbw(GB/s)", 12), ("#wrong", 7))
+
+
+def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple]) -> str:
+    """The lines above the tables: command, world, machine, date, method."""
+    import collie
+    cmd = " ".join(["collie bench", *argv])
+    timing = (f"about {cfg.time_budget:g} s per size" if cfg.time_budget else f"{cfg.iters} calls")
+    lines = [
+        f"# {cmd}",
+        f"# nranks {nranks} ({where})  transport {cfg.transport}  collie {collie.__version__}  "
+        f"numpy {np.__version__}  python {platform.python_version()}",
+        f"# host {platform.node()}: {_cores()} cores ({_cpu_model()}), {_memory_gib():.1f} GiB memory, "
+        f"{platform.system()} {platform.release()}",
+        f"# date {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M:%S %Z')}",
+        f"# time: the slowest rank's mean per call over {timing} (after {cfg.warmup} warmup), "
+        f"median of {cfg.repeats} repeats; GB/s = 1e9 B/s; size/busbw as in nccl-tests",
+    ]
+    if mem is not None:
+        copy_bw, add_bw = mem
+        algbw, busbw = all_reduce_bound(nranks, _cores(), copy_bw, add_bw)
+        lines.append(f"# memory: one core copies at {copy_bw / 1e9:.1f} GB/s and adds at {add_bw / 1e9:.1f} "
+                     f"GB/s (np.copyto, np.add out=; 64 MiB; bytes read + written)")
+        lines.append(f"# bound: all_reduce over shared memory moves >= 4nS bytes; on "
+                     f"{min(nranks, _cores())} cores: algbw <= {algbw / 1e9:.2f}, busbw <= {busbw / 1e9:.2f} "
+                     f"GB/s beyond the cache (see collie.bench.all_reduce_bound)")
+    return "\n".join(lines)
+
+
+class Table:
+    """Prints rows as they arrive, one block per op, with a busbw ratio
+    column per peer (collie's busbw / the peer's at the same op and size,
+    computed from times so that it is defined for 0-byte rows too)."""
+
+    def __init__(self, peer_rows: list, bound: Optional[tuple], progress: Optional[Progress] = None,
+                 out=sys.stdout):
+        self.peer_rows, self.bound, self.progress, self.out = peer_rows, bound, progress, out
+        self.peers = [p for p in PEERS if any(r["backend"] == p for r in peer_rows)]
+        self.op: Optional[str] = None
+        self.started = False
+
+    def _say(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress.clear()  # a row must not land on the progress line
+        self.out.write(line + "\n")
+        self.out.flush()
+
+    def _line(self, row: dict, ratios: Iterable[str] = ()) -> str:
+        wrong = "N/A" if row["wrong"] is None else str(row["wrong"])
+        cells = [f"{row['bytes']:>12}", f"{row['count']:>12}", f"{row['dtype']:>10}", f"{row['redop']:>6}",
+                 f"{row['root']:>5}", f"{row['time_us']:>11.2f}", f"{row['algbw_GBps']:>12.3f}",
+                 f"{row['busbw_GBps']:>12.3f}", f"{wrong:>7}", f"  {row['algorithm']:<18}"]
+        return (" ".join(cells) + "".join(f"{r:>11}" for r in ratios)).rstrip()
+
+    def start(self, op: str) -> None:
+        self._finish()
+        if self.peers and not self.started:
+            self._say("# vs PEER: collie's busbw / the peer's at the same size (above 1: collie is faster)")
+        self.started = True
+        self.op = op
+        names = " ".join(f"{name:>{w}}" for name, w in _COLUMNS)
+        ratios = "".join(f"{'vs ' + p:>11}" for p in self.peers)
+        self._say(f"#\n# {op}")
+        if op == "all_reduce" and self.bound:
+            self._say(f"# (bound beyond the cache: busbw <= {self.bound[1] / 1e9:.2f} GB/s, see header)")
+        self._say(f"#{names[1:]}   {'algorithm':<18}{ratios}".rstrip())
+
+    def add(self, row: dict) -> None:
+        if row["op"] != self.op:
+            self.start(row["op"])
+        ratios = []
+        for p in self.peers:
+            theirs = [r for r in self.peer_rows if r["backend"] == p and r["op"] == row["op"]
+                      and r["bytes"] == row["bytes"]]
+            ratios.append(f"{theirs[0]['time_us'] / row['time_us']:.2f}x" if theirs else "-")
+        self._say(self._line(row, ratios))
+
+    def _finish(self) -> None:
+        """Close the current block with the peers' rows for its op."""
+        for p in self.peers:
+            rows = [r for r in self.peer_rows if r["backend"] == p and r["op"] == self.op]
+            if rows:
+                self._say(f"# {self.op} through {p}")
+                for r in rows:
+                    self._say(self._line(r))
+
+    def close(self) -> None:
+        self._finish()
+        self.op = None
+
+
+def write_json(path: str, rows: list) -> None:
+    """One JSON object per line, per row, with JSON_KEYS."""
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps({k: r[k] for k in JSON_KEYS}) + "\n")
+
+
+def plot_available() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def write_plot(path: str, rows: list) -> None:
+    """busbw against size (log2 axis), one panel per op, one line per
+    backend/algorithm."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ops = [op for op in OPS if any(r["op"] == op for r in rows)]
+    fig, axes = plt.subplots(len(ops), 1, figsize=(8, 3.2 * len(ops)), squeeze=False)
+    for ax, op in zip(axes[:, 0], ops):
+        mine = [r for r in rows if r["op"] == op and r["bytes"] > 0]
+        # One line per backend; per backend and algorithm where a backend
+        # ran several at one size (--algo all), since the tuner's choice
+        # changes with the size and must not cut a backend's line apart.
+        several = {r["backend"] for r in mine
+                   if sum(q["backend"] == r["backend"] and q["bytes"] == r["bytes"] for q in mine) > 1}
+        lines: dict = {}
+        for r in mine:
+            name = f"{r['backend']} {r['algorithm']}" if r["backend"] in several else r["backend"]
+            lines.setdefault(name, []).append((r["bytes"], r["busbw_GBps"]))
+        for name, points in lines.items():
+            xs, ys = zip(*sorted(points))
+            ax.plot(xs, ys, marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_title(op)
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ---- running it: as one rank of a world, or starting the ranks here ------
+
+def _hidden() -> set:
+    return {p.strip() for p in os.environ.get("COLLIE_BENCH_HIDE", "").split(",") if p.strip()}
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"collie bench: {text}\n")
+    sys.stderr.flush()
+
+
+def rank_main(cfg: Config, argv: list, where: str, mem: Optional[tuple], peer_rows: list,
+              json_path: Optional[str], plot_path: Optional[str], print_header: bool) -> None:
+    """One rank of the benchmark, in an initialized collie world; rank 0
+    prints the tables and writes --json/--plot."""
+    comm = CollieComm()
+    rows: list = []
+    is_root = comm.rank == 0
+    bound = None
+    if mem is not None:
+        bound = all_reduce_bound(comm.size, _cores(), *mem)
+    progress = Progress(cfg.progress and is_root, cfg.tty)
+    table = Table(peer_rows, bound, progress)
+    if is_root and print_header:
+        print(header(argv, comm.size, where, cfg, mem), flush=True)
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        if is_root:
+            table.add(row)
+
+    run(comm, cfg, emit, note=lambda text: is_root and _say(text), progress=progress)
+    if is_root:
+        table.close()
+        everything = rows + peer_rows
+        if json_path:
+            write_json(json_path, everything)
+        if plot_path:
+            write_plot(plot_path, everything)
+
+
+def _spawned_rank(rank: int, cfg: Config, argv, where, mem, peer_rows, json_path, plot_path) -> None:
+    import collie
+    collie.init_process_group(backend=cfg.transport)
+    try:
+        rank_main(cfg, argv, where, mem, peer_rows, json_path, plot_path, print_header=False)
+    finally:
+        collie.destroy_process_group()
+
+
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def _in_world() -> bool:
+    """Started as one rank of a job (collie run, torchrun, mpiexec)?"""
+    return any(v in os.environ for v in _RANK_VARS)
+
+
+def run_peer(peer: str, n: int, cfg: Config) -> list:
+    """Run the benchmark through ``peer`` on ``n`` local processes; its rows
+    (empty, after a one-line note on stderr, when it is missing or fails)."""
+    hidden = _hidden()
+    if peer == "mpi4py":
+        if "mpi4py" in hidden or importlib.util.find_spec("mpi4py") is None:
+            _say(HINTS["mpi4py"])
+            return []
+        if "mpiexec" in hidden or shutil.which("mpiexec") is None:
+            _say(HINTS["mpiexec"])
+            return []
+    elif peer == "gloo" and ("gloo" in hidden or importlib.util.find_spec("torch") is None):
+        _say(HINTS["gloo"])
+        return []
+    from . import bench_peers
+    with tempfile.TemporaryDirectory(prefix="collie-bench-") as tmp:
+        out = os.path.join(tmp, "rows.json")
+        try:
+            if peer == "mpi4py":
+                cfg_path = os.path.join(tmp, "config.json")
+                with open(cfg_path, "w") as f:
+                    json.dump(cfg._asdict(), f)
+                cmd = ["mpiexec", "-n", str(n), sys.executable, "-m", "collie.bench_peers", "mpi4py",
+                       cfg_path, out]
+                # Strip our own job's variables: the peers are a job of their own.
+                env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+                done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True)
+                if done.returncode != 0:
+                    tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]
+                    _say(f"mpi4py run failed ({' '.join(cmd[:3])}): {tail[0] if tail else done.returncode}")
+                    return []
+                if done.stderr:
+                    sys.stderr.write(done.stderr)
+            else:
+                bench_peers.run_gloo(n, cfg, out)
+        except Exception as exc:  # noqa: BLE001 - a failing peer must not sink the run
+            _say(f"{peer} run failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}")
+            return []
+        with open(out) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+
+def _parse(argv: list) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
+    p = argparse.ArgumentParser(
+        prog="collie bench",
+        description="Measure the bandwidth of every collective, like nccl-tests: time per call, "
+                    "algbw = size/time, busbw = algbw x the op's factor. Starts its own ranks, "
+                    "or runs as one rank under `collie run`.")
+    p.add_argument("-n", "--nranks", type=int, default=None, metavar="N",
+                   help="local ranks to start (default: CPU cores, at least 2); ignored under collie run")
+    p.add_argument("--op", default=",".join(OPS), metavar="LIST",
+                   help=f"comma list of {', '.join(OPS)} (default: all)")
+    p.add_argument("-b", "--minbytes", default="8", metavar="SIZE", help="smallest size (default 8)")
+    p.add_argument("-e", "--maxbytes", default="64M", metavar="SIZE", help="largest size (default 64M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=4, metavar="F",
+                   help="multiply the size by F between rows (default 4)")
+    p.add_argument("--sizes", default=None, metavar="LIST", help="explicit sizes, e.g. 8,64K,1M (overrides -b/-e/-f)")
+    p.add_argument("--dtype", default="float32", help="any numeric NumPy dtype (default float32)")
+    p.add_argument("--redop", default="sum", choices=REDOPS, help="reduction (default sum)")
+    p.add_argument("--iters", type=int, default=20, help="timed calls per repeat (default 20)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats; the median is printed (default 3)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="S",
+                   help="instead of --iters: about S seconds per size (and algorithm)")
+    p.add_argument("--algo", default=None, metavar="NAME|all",
+                   help="force an algorithm, or run each one the op has, side by side")
+    p.add_argument("--check", action="store_true", help="validate every result (the #wrong column)")
+    p.add_argument("--transport", default="auto", choices=("auto", "shm", "tcp"),
+                   help="collie backend (default auto: shared memory on one host)")
+    p.add_argument("--json", default=None, metavar="PATH", help="write one JSON object per row")
+    p.add_argument("--plot", default=None, metavar="PATH.png", help="plot busbw against size (needs matplotlib)")
+    p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a terminal")
+    p.add_argument("--vs", default="", metavar="LIST",
+                   help="also run the same ops through mpi4py and/or gloo (torch.distributed)")
+    return p.parse_args(argv), p
+
+
+def _config(opts: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
+    ops = [o.strip() for o in opts.op.split(",") if o.strip()]
+    bad = [o for o in ops if o not in OPS]
+    if bad or not ops:
+        p.error(f"--op: unknown {', '.join(bad) or 'empty list'} (choose from {', '.join(OPS)})")
+    try:
+        if opts.sizes:
+            sizes = [parse_size(s) for s in opts.sizes.split(",") if s.strip()]
+        else:
+            lo, hi = parse_size(opts.minbytes), parse_size(opts.maxbytes)
+            if opts.stepfactor < 2:
+                p.error("-f must be at least 2")
+            sizes, s = [], max(lo, 1)
+            while s <= hi:
+                sizes.append(s)
+                s *= opts.stepfactor
+    except ValueError as exc:
+        p.error(str(exc))
+    if not sizes:
+        p.error("no sizes to run (check -b/-e or --sizes)")
+    try:
+        dtype = np.dtype(opts.dtype)
+    except TypeError:
+        p.error(f"--dtype: not a NumPy dtype: {opts.dtype!r}")
+    if dtype.kind not in "iufc":
+        p.error(f"--dtype must be numeric (int, uint, float, complex), got {dtype.name}")
+    if opts.redop == "avg" and dtype.kind not in "fc":
+        p.error(f"--redop avg needs a floating or complex dtype, not {dtype.name}")
+    if opts.redop in ("min", "max") and dtype.kind == "c":
+        p.error(f"--redop {opts.redop} is undefined on complex dtype {dtype.name}")
+    for name in ("iters", "repeats"):
+        if getattr(opts, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    if opts.warmup < 0:
+        p.error("--warmup must not be negative")
+    if opts.time_budget is not None and opts.time_budget <= 0:
+        p.error("--time-budget must be positive")
+    tty = sys.stderr.isatty()
+    return Config(ops=ops, sizes=sizes, dtype=dtype.name, redop=opts.redop, iters=opts.iters,
+                  warmup=opts.warmup, repeats=opts.repeats, time_budget=opts.time_budget,
+                  algo=opts.algo, check=opts.check, transport=opts.transport,
+                  progress=opts.progress or tty, tty=tty)
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``collie bench``; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    opts, p = _parse(argv)
+    cfg = _config(opts, p)
+    if opts.plot and not plot_available():
+        _say("--plot needs matplotlib, which is not installed: pip install matplotlib")
+        return 2
+    peers = [v.strip() for v in opts.vs.split(",") if v.strip()]
+    if any(v not in PEERS for v in peers):
+        p.error(f"--vs takes a comma list of {', '.join(PEERS)}, got {opts.vs!r}")
+
+    if _in_world():
+        # One rank of an existing world: rank 0 measures the memory before
+        # the others can disturb it (they are still in the rendezvous).
+        import collie
+        rank = next((os.environ[v] for v in _RANK_VARS if v in os.environ), "0")
+        mem = memory_bandwidth() if rank == "0" else None
+        collie.init_process_group(backend=cfg.transport)
+        try:
+            if collie.get_rank() == 0 and (peers or opts.nranks is not None):
+                _say("-n and --vs apply only when collie bench starts its own ranks; ignored")
+            rank_main(cfg, argv, "ranks of an existing world", mem, [], opts.json, opts.plot,
+                      print_header=True)
+        finally:
+            collie.destroy_process_group()
+        return 0
+
+    n = opts.nranks if opts.nranks is not None else max(2, _cores())
+    if n < 1:
+        p.error(f"-n must be at least 1, got {n}")
+    mem = memory_bandwidth()
+    print(header(argv, n, "started here", cfg, mem), flush=True)
+    peer_rows: list = []
+    for peer in peers:
+        peer_rows += run_peer(peer, n, cfg)
+    try:
+        from .launch import spawn
+        spawn(_spawned_rank, args=(cfg, argv, "started here", mem, peer_rows, opts.json, opts.plot), nprocs=n)
+    except Exception as exc:  # noqa: BLE001 - report it with the rank's own traceback
+        text = getattr(exc.__cause__, "text", "")
+        if text:
+            sys.stderr.write(text)
+        _say(f"failed: {type(exc).__name__}: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

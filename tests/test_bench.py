@@ -1,0 +1,212 @@
+"""Tests of `collie bench`: the real command on 2 ranks with tiny sizes, and
+its arithmetic (sizes, bus factors, the check reference) in-process.
+
+Each command runs in its own session with a hard timeout; at the timeout the
+whole session (the bench and every rank it started) is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from collie import bench
+from collie.bench import JSON_KEYS, OPS, bus_factor, count_wrong, expected, layout, parse_size, pattern
+
+pytestmark = pytest.mark.timeout(120)
+
+COLUMNS = ["size", "count", "type", "redop", "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong",
+           "algorithm"]
+TINY = ["-n", "2", "--sizes", "8,1K,64K", "--iters", "3", "--warmup", "1", "--repeats", "1"]
+
+
+def _bench(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
+    """``python -m collie bench ARGS`` in local mode (no RANK inherited)."""
+    full_env = {k: v for k, v in os.environ.items()
+                if k not in ("RANK", "WORLD_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_RANK")}
+    full_env.update(env or {})
+    proc = subprocess.Popen([sys.executable, "-m", "collie", "bench", *args], env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"collie bench {' '.join(args)} ran past {timeout}s\nstdout:\n{out}\nstderr:\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _blocks(stdout: str) -> dict:
+    """{op: [row fields]} of the collie rows of each op's block."""
+    blocks, op, in_collie = {}, None, False
+    for line in stdout.splitlines():
+        if line.startswith("# ") and line[2:].strip() in OPS:
+            op, in_collie = line[2:].strip(), True
+            blocks[op] = []
+        elif line.startswith("# ") and " through " in line:
+            in_collie = False
+        elif line.startswith("#"):
+            if op and "size" in line and in_collie:
+                assert line.split()[1:11] == COLUMNS
+        elif line.strip() and op and in_collie:
+            blocks[op].append(line.split())
+    return blocks
+
+
+def _rows(path) -> list:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def test_every_op_checks_clean_and_writes_json(tmp_path):
+    out = tmp_path / "rows.json"
+    done = _bench(*TINY, "--check", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "# nranks 2" in done.stdout and "# bound:" in done.stdout
+    blocks = _blocks(done.stdout)
+    assert sorted(blocks) == sorted(OPS)
+    for op, rows in blocks.items():
+        assert len(rows) == 3, (op, rows)
+        for fields in rows:
+            assert fields[8] == "0", f"{op}: #wrong in {fields}"
+    rows = _rows(out)
+    assert len(rows) == 3 * len(OPS)
+    for r in rows:
+        assert tuple(r) == JSON_KEYS
+        assert r["backend"] == "collie" and r["nranks"] == 2 and r["dtype"] == "float32"
+        assert r["wrong"] == 0
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * bus_factor(r["op"], 2))
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_us"] / 1e3)
+    sizes = {(r["op"], r["bytes"]) for r in rows}
+    assert ("all_gather", 1024) in sizes and ("all_reduce", 65536) in sizes
+
+
+def test_algo_all_runs_every_all_reduce_algorithm(tmp_path):
+    out = tmp_path / "rows.json"
+    plot = ["--plot", str(tmp_path / "busbw.png")] if importlib.util.find_spec("matplotlib") else []
+    done = _bench("-n", "2", "--op", "all_reduce", "--sizes", "4K,64K", "--iters", "2", "--warmup", "0",
+                  "--repeats", "1", "--algo", "all", "--check", "--json", str(out), *plot)
+    assert done.returncode == 0, done.stderr
+    if plot:
+        assert (tmp_path / "busbw.png").stat().st_size > 0
+    algorithms = [r["algorithm"] for r in _rows(out)]
+    assert len(set(algorithms)) >= 3 and "ring" in algorithms, algorithms
+    assert all(r["wrong"] == 0 for r in _rows(out))
+
+
+def test_missing_peers_give_a_hint_not_a_failure():
+    done = _bench("-n", "2", "--op", "broadcast", "--sizes", "8", "--iters", "1", "--warmup", "0",
+                  "--repeats", "1", "--vs", "mpi4py,gloo", env={"COLLIE_BENCH_HIDE": "mpi4py,gloo"})
+    assert done.returncode == 0, done.stderr
+    assert "mpi4py not found: apt-get install mpich && pip install --no-binary=mpi4py mpi4py" in done.stderr
+    assert "torch not found: pip install torch" in done.stderr
+    assert len(_blocks(done.stdout)["broadcast"]) == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or shutil.which("mpiexec") is None,
+                    reason="needs mpi4py and mpiexec")
+def test_vs_mpi4py_adds_rows_and_a_ratio_column(tmp_path):
+    out = tmp_path / "rows.json"
+    done = _bench("-n", "2", "--op", "all_reduce,sendrecv", "--sizes", "1K", "--iters", "2", "--warmup", "1",
+                  "--repeats", "1", "--check", "--vs", "mpi4py", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "vs mpi4py" in done.stdout and "# all_reduce through mpi4py" in done.stdout
+    rows = _rows(out)
+    assert {r["backend"] for r in rows} == {"collie", "mpi4py"}
+    assert all(r["wrong"] == 0 for r in rows)
+    assert all(f[-1].endswith("x") for f in _blocks(done.stdout)["all_reduce"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_vs_gloo_checks_clean(tmp_path):
+    out = tmp_path / "rows.json"
+    done = _bench("-n", "2", "--op", "all_reduce,sendrecv", "--sizes", "1K", "--iters", "2", "--warmup", "1",
+                  "--repeats", "1", "--check", "--redop", "avg", "--vs", "gloo", "--json", str(out), timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert "# sendrecv through gloo" in done.stdout
+    rows = _rows(out)
+    assert sorted((r["backend"], r["op"]) for r in rows) == [
+        ("collie", "all_reduce"), ("collie", "sendrecv"), ("gloo", "all_reduce"), ("gloo", "sendrecv")]
+    assert all(r["wrong"] == 0 for r in rows)
+
+
+def test_plot_without_matplotlib_is_one_clear_line(tmp_path):
+    if importlib.util.find_spec("matplotlib") is not None:
+        pytest.skip("matplotlib is installed")
+    done = _bench("--plot", str(tmp_path / "p.png"), timeout=30)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "collie bench: --plot needs matplotlib, which is not installed: pip install matplotlib"]
+
+
+# ---- the arithmetic, in-process --------------------------------------------
+
+def test_sizes_and_bus_factors():
+    assert [parse_size(s) for s in ("8", "1K", "64K", "1M", "2G", "16kb")] == \
+        [8, 1024, 65536, 1 << 20, 2 << 30, 16384]
+    with pytest.raises(ValueError):
+        parse_size("lots")
+    assert bus_factor("all_reduce", 4) == 1.5
+    assert bus_factor("all_gather", 4) == bus_factor("reduce_scatter", 4) == bus_factor("all_to_all", 4) == 0.75
+    assert bus_factor("broadcast", 4) == bus_factor("reduce", 4) == bus_factor("sendrecv", 4) == 1.0
+    # nccl-tests' size column: all_gather's receive buffer, reduce_scatter's send buffer.
+    assert layout("all_gather", 4096, 4, 4) == (256, 256, 1024, 4096)
+    assert layout("reduce_scatter", 4096, 4, 4) == (256, 1024, 256, 4096)
+    assert layout("all_to_all", 4096, 4, 4) == (256, 1024, 1024, 4096)
+    assert layout("all_reduce", 4096, 4, 4) == (1024, 0, 1024, 4096)
+    assert layout("all_gather", 8, 4, 4).nbytes == 0  # rounded down, as nccl-tests does
+
+
+@pytest.mark.parametrize("redop", ["sum", "prod", "min", "max", "avg"])
+@pytest.mark.parametrize("dtype", ["int8", "float16", "float64", "complex64"])
+def test_reference_matches_a_direct_computation(redop, dtype):
+    """expected() against the collectives' definitions, written out for n=3."""
+    dt = np.dtype(dtype)
+    if (redop == "avg" and dt.kind not in "fc") or (redop in ("min", "max") and dt.kind == "c"):
+        pytest.skip("op undefined on this dtype")
+    n, c = 3, 5
+    ins = [pattern(q, 0, c * n, dt, redop) for q in range(n)]
+    f = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[redop]
+
+    def reduced(lo, hi):
+        out = f.reduce(np.stack([i[lo:hi] for i in ins]), axis=0).astype(dt)
+        return (out / n).astype(dt) if redop == "avg" else out
+
+    for r in range(n):
+        def want(op):
+            per_peer = op in ("all_gather", "reduce_scatter", "all_to_all")
+            return expected(op, r, n, layout(op, c * (n if per_peer else 1) * dt.itemsize, dt.itemsize, n),
+                            dt, redop)
+        assert count_wrong(want("all_reduce"), reduced(0, c), n) == 0
+        assert count_wrong(want("reduce_scatter"), reduced(r * c, (r + 1) * c), n) == 0
+        assert np.array_equal(want("reduce"), want("all_reduce") if r == 0 else ins[r][:c])
+        assert np.array_equal(want("all_gather"), np.concatenate([i[:c] for i in ins]))
+        assert np.array_equal(want("all_to_all"), np.concatenate([i[r * c:(r + 1) * c] for i in ins]))
+        assert np.array_equal(want("broadcast"), ins[0][:c])
+        assert np.array_equal(want("sendrecv"), ins[(r - 1) % n][:c])
+
+
+def test_count_wrong_finds_a_changed_element():
+    a = pattern(0, 0, 100, np.dtype("float32"), "sum")
+    b = a.copy()
+    assert count_wrong(b, a, 2) == 0
+    b[7] += 1
+    assert count_wrong(b, a, 2) == 1
+    assert count_wrong(a.astype(np.int32) + (np.arange(100) == 3), a.astype(np.int32), 2) == 1
+
+
+def test_all_reduce_bound():
+    # 2 ranks on 2 cores at 10 GB/s each: 4nS = 8S bytes at 20 GB/s -> algbw 2.5 GB/s.
+    algbw, busbw = bench.all_reduce_bound(2, 2, 10e9, 6e9)
+    assert algbw == pytest.approx(2.5e9) and busbw == pytest.approx(2.5e9)
+    # More ranks than cores share the cores.
+    assert bench.all_reduce_bound(8, 2, 10e9, 6e9)[0] == pytest.approx(2 * 10e9 / 32)
