@@ -267,3 +267,17 @@ def _random_sequence_body(rank, size, seed):
 def test_random_sequence_over_overlapping_groups(seed):
     results = run_ranks(_random_sequence_body, 5, seed, backend="shm", timeout=110)
     assert not any(results), results
+
+
+def _uneven_reduce_scatter_body(rank, size):
+    import collie
+    sizes = [1, 0, 3, 2][:size]
+    ins = [np.full(s, float(rank + q), np.float32) for q, s in enumerate(sizes)]
+    out = np.zeros(sizes[rank], np.float32)
+    collie.reduce_scatter(out, ins)
+    return out.tolist()
+
+
+def test_reduce_scatter_list_with_uneven_sizes():
+    res = run_ranks(_uneven_reduce_scatter_body, 4)
+    assert res == [[6.0], [], [14.0] * 3, [18.0] * 2]

@@ -196,3 +196,23 @@ def test_bad_arguments_raise_before_sending():
     for errors in run_ranks(_bad_args_body, 2):
         assert errors == ["ValueError", "ValueError", "ValueError", "ValueError", "TypeError",
                           "ValueError", "TypeError"]
+
+
+def _poll_any_body(rank, size):
+    import time
+
+    import collie
+    if rank == 1:
+        time.sleep(0.2)
+        collie.send(np.array([7.0]), 0)
+        return None
+    buf = np.zeros(1)
+    work = collie.irecv(buf)              # from any source, completed by polling alone
+    deadline = time.monotonic() + 10
+    while not work.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return work.is_completed(), work.result(), buf[0]
+
+
+def test_polling_an_any_source_receive_completes_it():
+    assert run_ranks(_poll_any_body, 2)[0] == (True, 1, 7.0)

@@ -50,4 +50,7 @@ def __getattr__(name):
     if name in ("spawn", "ProcessRaisedException", "ProcessExitedException"):
         from . import launch
         return getattr(launch, name)
+    if name == "MPI":  # from collie import MPI: the mpi4py-style API
+        from .compat import mpi
+        return mpi
     raise AttributeError(f"module 'collie' has no attribute {name!r}")

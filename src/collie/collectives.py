@@ -518,8 +518,10 @@ def _reduce_scatter(g, out: Buffer, joined: np.ndarray, sizes, op, dtype_name, a
             scale(out.flat, 1.0 / g.size, dtype_name)
         out.finish()
 
+    # The meta word's count is the whole input, which every rank agrees on
+    # (the output sizes of an uneven reduce_scatter differ by rank).
     return _run(g, "reduce_scatter", {"in": joined, "out": out.flat}, {"in": sizes, "out": (out.count,)},
-                dtype_name=dtype_name, op=op, count=out.count, nbytes=joined.nbytes, algorithm=algorithm,
+                dtype_name=dtype_name, op=op, count=joined.size, nbytes=joined.nbytes, algorithm=algorithm,
                 async_op=async_op, after=after)
 
 

@@ -293,6 +293,17 @@ class Network:
                 continue
             self.doorbell.wait(min(SLEEP_SLICE, start + timeout - now))
 
+    def poll(self, requests) -> bool:
+        """One pass of wait() that never blocks: advance the transports and
+        ``requests``; True once every request has finished (done or failed)."""
+        moved = self.progress()
+        for req in requests:
+            if isinstance(req, AnySourceRequest) and self._step_any(req):
+                moved = True
+        if not moved and self._lost:
+            self._fail_departed(requests)
+        return all(r.finished for r in requests)
+
     def _raise_abort(self, describe) -> None:
         if self._abort is not None:
             peer, kind, reason = self._abort

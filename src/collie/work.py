@@ -53,8 +53,7 @@ class Work:
         the transports a little, so that polling alone makes progress."""
         if self._finished:
             return True
-        self._network.progress()
-        if all(r.finished for r in self._requests):
+        if self._network.poll(self._requests):
             try:
                 self.wait()
             except BaseException:
