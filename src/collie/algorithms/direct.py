@@ -1,0 +1,137 @@
+"""Direct: every byte goes in one hop from the rank that has it to the rank
+that needs it. Latency-optimal for small messages and few ranks.
+
+Rooted collectives talk to the root only; the others are everyone to
+everyone. Where nothing is combined, every send and receive of the call is
+posted in one step. A rank cannot combine two incoming messages into one place
+in the same step (that is a race), and "tmp" holds only one copy of a buffer,
+so the reducing collectives (reduce, all_reduce, reduce_scatter) take their
+n-1 incoming messages one per step; each step is still one hop.
+
+    all_gather, n=4 (one step)           all_reduce, n=4 (step k: r -> r+k)
+    r0 ─┬─> r1 r2 r3                     k=1: 0->1 1->2 2->3 3->0
+    r1 ─┼─> r0 r2 r3                     k=2: 0->2 1->3 2->0 3->1
+    ...                                  k=3: 0->3 1->0 2->1 3->2
+
+n ranks, S = bytes of a rank's "out" (all_gather, gather: of its "in"):
+
+  collective       steps            bytes sent per rank
+  broadcast        1                root (n-1)S, others 0
+  reduce           n-1 (root)       non-root S, root 0
+  gather, scatter  1                non-root S, root (n-1)S received/sent
+  all_gather       1                (n-1)S
+  all_to_all       1                S (n-1)/n for equal blocks
+  all_reduce       n-1              (n-1)S
+  reduce_scatter   n-1              S (n-1)/n  (S of "in")
+  barrier          1                zero-byte messages to every rank
+
+``segments`` is ignored: there is nothing to pipeline in one hop.
+"""
+
+from __future__ import annotations
+
+from ..schedule import Chunk, Copy, Recv, Send
+from . import block, make_schedule, register
+
+NAME = "direct"
+
+
+def _others(nranks: int, rank: int):
+    """Peers in the order rank+1, rank+2, ...: each rank starts with a
+    different peer, so no rank is everyone's first."""
+    return [(rank + k) % nranks for k in range(1, nranks)]
+
+
+@register("broadcast", NAME)
+def broadcast(nranks, rank, root, segments):
+    if rank == root:
+        events = [(0, Send(q, block("out", 0))) for q in _others(nranks, rank)]
+    else:
+        events = [(0, Recv(root, block("out", 0)))]
+    return make_schedule("broadcast", NAME, nranks, rank, root, events)
+
+
+@register("reduce", NAME)
+def reduce(nranks, rank, root, segments):
+    if rank == root:
+        # One incoming message per step: they all combine into "out".
+        events = [(k, Recv(q, block("out", 0), reduce=True))
+                  for k, q in enumerate(_others(nranks, rank))]
+    else:
+        events = [(0, Send(root, block("out", 0)))]
+    return make_schedule("reduce", NAME, nranks, rank, root, events)
+
+
+@register("all_reduce", NAME)
+def all_reduce(nranks, rank, root, segments):
+    # Keep the input in "tmp" so that what is sent stays this rank's own
+    # contribution while "out" accumulates everyone's.
+    events = [(1, Copy(block("out", 0), block("tmp", 0)))] if nranks > 1 else []
+    for k in range(1, nranks):
+        events.append((k, Send((rank + k) % nranks, block("tmp", 0))))
+        events.append((k, Recv((rank - k) % nranks, block("out", 0), reduce=True)))
+    return make_schedule("all_reduce", NAME, nranks, rank, root, events,
+                         tmp_like="out" if nranks > 1 else None)
+
+
+@register("gather", NAME)
+def gather(nranks, rank, root, segments):
+    if rank == root:
+        events = [(0, Copy(block("in", 0), block("out", root)))]
+        events += [(0, Recv(q, block("out", q))) for q in _others(nranks, rank)]
+    else:
+        events = [(0, Send(root, block("in", 0)))]
+    return make_schedule("gather", NAME, nranks, rank, root, events)
+
+
+@register("all_gather", NAME)
+def all_gather(nranks, rank, root, segments):
+    events = [(0, Copy(block("in", 0), block("out", rank)))]
+    for k in range(1, nranks):
+        events.append((0, Send((rank + k) % nranks, block("in", 0))))
+        src = (rank - k) % nranks
+        events.append((0, Recv(src, block("out", src))))
+    return make_schedule("all_gather", NAME, nranks, rank, root, events)
+
+
+@register("scatter", NAME)
+def scatter(nranks, rank, root, segments):
+    if rank == root:
+        events = [(0, Copy(block("in", root), block("out", 0)))]
+        events += [(0, Send(q, block("in", q))) for q in _others(nranks, rank)]
+    else:
+        events = [(0, Recv(root, block("out", 0)))]
+    return make_schedule("scatter", NAME, nranks, rank, root, events)
+
+
+@register("reduce_scatter", NAME)
+def reduce_scatter(nranks, rank, root, segments):
+    events = [(1, Copy(block("in", rank), block("out", 0)))]
+    for k in range(1, nranks):
+        dst, src = (rank + k) % nranks, (rank - k) % nranks
+        events.append((k, Send(dst, block("in", dst))))
+        events.append((k, Recv(src, block("out", 0), reduce=True)))
+    return make_schedule("reduce_scatter", NAME, nranks, rank, root, events)
+
+
+@register("all_to_all", NAME)
+def all_to_all(nranks, rank, root, segments):
+    events = [(0, Copy(block("in", rank), block("out", rank)))]
+    for k in range(1, nranks):
+        dst, src = (rank + k) % nranks, (rank - k) % nranks
+        events.append((0, Send(dst, block("in", dst))))
+        events.append((0, Recv(src, block("out", src))))
+    return make_schedule("all_to_all", NAME, nranks, rank, root, events)
+
+
+@register("barrier", NAME)
+def barrier(nranks, rank, root, segments):
+    # "out" has zero elements; cutting it into one part per rank gives every
+    # rank its own (empty) slot to receive into, so that all the messages of
+    # the barrier fit in one step without two receives sharing a chunk.
+    events = []
+    for k in range(1, nranks):
+        events.append((0, Send((rank + k) % nranks, (Chunk("out", 0, rank),))))
+        src = (rank - k) % nranks
+        events.append((0, Recv(src, (Chunk("out", 0, src),))))
+    return make_schedule("barrier", NAME, nranks, rank, root, events, parts=nranks)

@@ -1,0 +1,136 @@
+"""Rabenseifner: a reduce-scatter by recursive halving, then (for
+all_reduce) an all-gather by recursive doubling. 2*log2(n) steps like
+recursive doubling's log2(n), but each rank sends only about 2S in all
+instead of S*log2(n): the usual choice for medium and large all_reduce
+(Gloo's "halving-doubling", MPICH's default for long messages).
+
+Recursive halving over p ranks: the buffer is cut into p parts. In step k the
+ranks pair up across distance d = p/2^(k+1) (partner = id XOR d); of the
+range of parts both still work on, each keeps one half, sends the other to
+its partner and adds the partner's copy of its own half in. After log2 p
+steps id a holds part a reduced over everyone. The all-gather retraces the
+steps backwards, doubling the range each step.
+
+    p=4: parts held (and reduced so far) by id
+              id0      id1      id2      id3
+    start     0123     0123     0123     0123
+    d=2       01       01       23       23      (0<->2, 1<->3)
+    d=1       0        1        2        3       (0<->1, 2<->3)
+    then back: d=1 -> 01 01 23 23, d=2 -> 0123 everywhere
+
+When n is not a power of two, the first 2e ranks (e = n - p) fold in pairs
+as in recursive doubling: rank 2i sends all of its data to rank 2i+1 first
+and (all_reduce) gets the result back at the end. In reduce_scatter the ids
+stand for the blocks of the ranks they stand for (two for a folded pair),
+and the odd rank of a pair sends its partner's finished block at the end.
+
+n ranks, p, e as above, L = log2 p, S = bytes of "out" (reduce_scatter: of
+"in"):
+
+  collective      steps             bytes sent per rank
+  all_reduce      2L (+2 if e > 0)  2 S (p-1)/p (+S for a folded pair)
+  reduce_scatter  L (+2 if e > 0)   S (p-1)/p (+S for a folded pair)
+
+``segments`` is ignored: every step already sends to a different rank.
+"""
+
+from __future__ import annotations
+
+from ..schedule import Chunk, Copy, Recv, Send
+from . import block, blocks, fold, make_schedule, register
+
+NAME = "rabenseifner"
+
+
+@register("all_reduce", NAME)
+def all_reduce(nranks, rank, root, segments):
+    p, extra, active, rank_of = fold(nranks)
+    steps = p.bit_length() - 1
+    me = active(rank)
+    whole = block("out", 0, p)
+
+    def parts(lo, hi):
+        return tuple(Chunk("out", 0, q) for q in range(lo, hi))
+
+    events = []
+    if me is None:
+        events.append((0, Send(rank + 1, whole)))
+        events.append((2 * steps + 1, Recv(rank + 1, whole)))
+        return make_schedule("all_reduce", NAME, nranks, rank, root, events, parts=p)
+    if rank < 2 * extra:
+        events.append((0, Recv(rank - 1, whole, reduce=True)))
+        events.append((2 * steps + 1, Send(rank - 1, whole)))
+    lo, hi = 0, p
+    for k in range(steps):  # recursive halving: keep the half we belong to
+        d = p >> (k + 1)
+        peer = rank_of(me ^ d)
+        mid = lo + d
+        if me & d:
+            keep, give, lo = (mid, hi), (lo, mid), mid
+        else:
+            keep, give, hi = (lo, mid), (mid, hi), mid
+        events.append((1 + k, Send(peer, parts(*give))))
+        events.append((1 + k, Recv(peer, parts(*keep), reduce=True)))
+    for k in range(steps):  # recursive doubling: swap finished ranges
+        d = 1 << k
+        peer = rank_of(me ^ d)
+        theirs = (me ^ d) & ~(d - 1)
+        events.append((1 + steps + k, Send(peer, parts(lo, hi))))
+        events.append((1 + steps + k, Recv(peer, parts(theirs, theirs + d))))
+        lo, hi = min(lo, theirs), max(hi, theirs + d)
+    return make_schedule("all_reduce", NAME, nranks, rank, root, events, parts=p)
+
+
+@register("reduce_scatter", NAME)
+def reduce_scatter(nranks, rank, root, segments):
+    n = nranks
+    p, extra, active, rank_of = fold(n)
+    steps = p.bit_length() - 1
+    me = active(rank)
+
+    def stood_for(lo: int, hi: int) -> range:
+        """Blocks of the ranks that active ids lo..hi-1 stand for."""
+        first = rank_of(lo) - (1 if lo < extra else 0)
+        return range(first, rank_of(hi - 1) + 1)
+
+    # Where the partial sum of each block is: "in" until this rank first
+    # adds something to it, then "tmp", except its own block, kept in "out".
+    where = {b: Chunk("in", b, 0) for b in range(n)}
+
+    def home(b):
+        return Chunk("out", 0, 0) if b == rank else Chunk("tmp", b, 0)
+
+    def add_into(time, peer, block_ids):
+        """Receive the partner's partial sums of these blocks into their
+        home, after copying ours there."""
+        dst = []
+        for b in block_ids:
+            if where[b] != home(b):
+                events.append((time, Copy((where[b],), (home(b),))))
+                where[b] = home(b)
+            dst.append(home(b))
+        events.append((time, Recv(peer, tuple(dst), reduce=True)))
+
+    events = []
+    if n == 1:
+        events.append((0, Copy(block("in", 0), block("out", 0))))
+    if me is None:
+        events.append((0, Send(rank + 1, blocks("in", range(n)))))
+        events.append((steps + 1, Recv(rank + 1, block("out", 0))))
+        return make_schedule("reduce_scatter", NAME, n, rank, root, events)
+    if rank < 2 * extra:
+        add_into(0, rank - 1, range(n))
+        events.append((steps + 1, Send(rank - 1, (where[rank - 1],))))
+    lo, hi = 0, p
+    for k in range(steps):
+        d = p >> (k + 1)
+        peer = rank_of(me ^ d)
+        mid = lo + d
+        if me & d:
+            keep, give, lo = (mid, hi), (lo, mid), mid
+        else:
+            keep, give, hi = (lo, mid), (mid, hi), mid
+        events.append((1 + k, Send(peer, tuple(where[b] for b in stood_for(*give)))))
+        add_into(1 + k, peer, stood_for(*keep))
+    return make_schedule("reduce_scatter", NAME, n, rank, root, events,
+                         tmp_like="in" if n > 2 else None)

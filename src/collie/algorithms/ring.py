@@ -1,0 +1,165 @@
+"""Ring: every rank talks only to its two neighbours, so every link carries
+the same load at every step. Bandwidth-optimal for large messages; latency
+grows with n.
+
+all_reduce is a reduce-scatter then an all-gather over the n chunks of the
+buffer. In reduce-scatter step t, rank r sends chunk r-t to r+1 and adds
+chunk r-t-1 from r-1 into its own; after n-1 steps rank r holds chunk r+1
+reduced over all ranks. In all-gather step t it forwards the finished chunk
+it got last (r+1-t) and receives chunk r-t.
+
+    n=4, reduce-scatter (chunk sent by each rank; it travels right)
+    step 0:  r0:c0  r1:c1  r2:c2  r3:c3
+    step 1:  r0:c3  r1:c0  r2:c1  r3:c2
+    step 2:  r0:c2  r1:c3  r2:c0  r3:c1   -> r0 has c1, r1 c2, r2 c3, r3 c0
+
+With ``segments`` = s the buffer is cut into s*n parts: segment g is its own
+ring over parts g*n .. g*n+n-1 and starts one step after segment g-1. A step
+sends one message holding a part of every segment in flight (two while some
+segments reduce and others gather), which the engine can combine part by part
+as it arrives. all_gather and reduce_scatter pipeline the same way over s
+parts per block.
+
+broadcast and reduce are a chain from (to) the root, pipelined over s parts:
+the rank at distance i from the root handles part g at step g+i, so the last
+rank has everything after n-2+s steps instead of (n-1)*s.
+
+    broadcast, n=4, s=3 (part sent on each link at each step)
+    step:      0    1    2    3    4
+    r0->r1    p0   p1   p2
+    r1->r2         p0   p1   p2
+    r2->r3              p0   p1   p2
+
+n ranks, S = bytes of "out" (all_gather: of all of "out"; reduce_scatter: of
+"in"), s = segments:
+
+  collective       steps               bytes sent per rank
+  all_reduce       2(n-1) + s-1        2 S (n-1)/n
+  all_gather       n-1 + s-1           S (n-1)/n
+  reduce_scatter   n-1 + s-1           S (n-1)/n
+  broadcast        n-2 + s (last rank) S (every rank but the last)
+  reduce           n-2 + s (root)      S (every rank but the root)
+  barrier          n-1                 zero-byte messages to the next rank
+"""
+
+from __future__ import annotations
+
+from ..schedule import Chunk, Copy, Recv, Send
+from . import block, make_schedule, register
+
+NAME = "ring"
+
+
+def _in_flight(s: int, time: int, first: int, last: int):
+    """(segment, ring step) for the segments whose ring step at ``time`` is
+    in [first, last): segment g takes ring step t at time g + t."""
+    return [(g, time - g) for g in range(max(0, time - last + 1), min(s, time - first + 1))]
+
+
+@register("all_reduce", NAME, pipelined=True)
+def all_reduce(nranks, rank, root, segments):
+    n, s = nranks, segments
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+
+    # Part c of segment g is out part g*n + c: each segment is a contiguous
+    # slice of the buffer, cut into n chunks.
+    part = [Chunk("out", 0, q) for q in range(n * s)]
+    events = []
+    for time in range(2 * (n - 1) + s - 1 if n > 1 else 0):
+        # Reduce-scatter step t: send chunk r-t, add chunk r-t-1 from the left.
+        scatter = _in_flight(s, time, 0, n - 1)
+        if scatter:
+            events.append((time, Send(nxt, tuple(part[g * n + (rank - t) % n] for g, t in scatter))))
+            events.append((time, Recv(prv, tuple(part[g * n + (rank - t - 1) % n] for g, t in scatter),
+                                      reduce=True)))
+        # All-gather step u = t-(n-1): forward finished chunk r+1-u, receive r-u.
+        gather = _in_flight(s, time, n - 1, 2 * (n - 1))
+        if gather:
+            events.append((time, Send(nxt, tuple(part[g * n + (rank + n - t) % n] for g, t in gather))))
+            events.append((time, Recv(prv, tuple(part[g * n + (rank + n - 1 - t) % n] for g, t in gather))))
+    return make_schedule("all_reduce", NAME, n, rank, root, events, parts=n * s)
+
+
+@register("all_gather", NAME, pipelined=True)
+def all_gather(nranks, rank, root, segments):
+    n, s = nranks, segments
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    events = [(0, Copy(block("in", 0, s), block("out", rank, s)))]
+    for time in range(n - 1 + s - 1 if n > 1 else 0):
+        flight = _in_flight(s, time, 0, n - 1)
+        # The first hop sends straight from "in"; later hops forward what
+        # the previous step received.
+        events.append((time, Send(nxt, tuple(
+            Chunk("in", 0, g) if t == 0 else Chunk("out", (rank - t) % n, g) for g, t in flight))))
+        events.append((time, Recv(prv, tuple(Chunk("out", (rank - t - 1) % n, g) for g, t in flight))))
+    return make_schedule("all_gather", NAME, n, rank, root, events, parts=s)
+
+
+@register("reduce_scatter", NAME, pipelined=True)
+def reduce_scatter(nranks, rank, root, segments):
+    # Block b's partial sum starts at rank b+1 and travels n-1 hops to rank b,
+    # each rank adding its own "in" block b on the way. Partial sums wait in
+    # "tmp" (laid out like "in"), except the last, which lands in "out".
+    n, s = nranks, segments
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    events = []
+    if n == 1:
+        events.append((0, Copy(block("in", 0, s), block("out", 0, s))))
+    for time in range(n - 1 + s - 1 if n > 1 else 0):
+        flight = _in_flight(s, time, 0, n - 1)
+        events.append((time, Send(nxt, tuple(
+            Chunk("in" if t == 0 else "tmp", (rank - t - 1) % n, g) for g, t in flight))))
+        # Start each arriving partial sum from our own contribution.
+        got = [(g, (rank - t - 2) % n) for g, t in flight]
+        into = tuple(Chunk("out", 0, g) if b == rank else Chunk("tmp", b, g) for g, b in got)
+        events.append((time, Copy(tuple(Chunk("in", b, g) for g, b in got), into)))
+        events.append((time, Recv(prv, into, reduce=True)))
+    return make_schedule("reduce_scatter", NAME, n, rank, root, events, parts=s,
+                         tmp_like="in" if n > 2 else None)
+
+
+@register("broadcast", NAME, pipelined=True)
+def broadcast(nranks, rank, root, segments):
+    n, s = nranks, segments
+    i = (rank - root) % n  # position in the chain root -> root+1 -> ...
+    events = []
+    for g in range(s):
+        if i > 0:
+            events.append((g + i - 1, Recv((rank - 1) % n, (Chunk("out", 0, g),))))
+        if i < n - 1:
+            events.append((g + i, Send((rank + 1) % n, (Chunk("out", 0, g),))))
+    return make_schedule("broadcast", NAME, n, rank, root, events, parts=s)
+
+
+@register("reduce", NAME, pipelined=True)
+def reduce(nranks, rank, root, segments):
+    # The chain runs root-1 -> root-2 -> ... -> root. Ranks between the head
+    # and the root must leave their "out" as it was, so they add into "tmp".
+    n, s = nranks, segments
+    i = (rank - root) % n
+    head = i == n - 1
+    middle = 0 < i < n - 1
+    acc = "tmp" if middle else "out"
+    events = []
+    for g in range(s):
+        if not head:  # receive from the rank one further from the root
+            time = g + (n - 2 - i)
+            if middle:
+                events.append((time, Copy((Chunk("out", 0, g),), (Chunk("tmp", 0, g),))))
+            events.append((time, Recv((rank + 1) % n, (Chunk(acc, 0, g),), reduce=True)))
+        if i > 0:
+            events.append((g + (n - 1 - i), Send((rank - 1) % n, (Chunk(acc, 0, g),))))
+    return make_schedule("reduce", NAME, n, rank, root, events, parts=s,
+                         tmp_like="out" if middle else None)
+
+
+@register("barrier", NAME)
+def barrier(nranks, rank, root, segments):
+    # An all-gather of zero-byte parts, one per rank: after n-1 steps every
+    # rank has heard, through the ring, from every other.
+    n = nranks
+    events = []
+    for t in range(n - 1):
+        events.append((t, Send((rank + 1) % n, (Chunk("out", 0, (rank - t) % n),))))
+        events.append((t, Recv((rank - 1) % n, (Chunk("out", 0, (rank - t - 1) % n),))))
+    return make_schedule("barrier", NAME, n, rank, root, events, parts=n)
