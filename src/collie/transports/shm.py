@@ -1,0 +1,715 @@
+"""The shared-memory transport: messages between ranks on the same host.
+
+Each rank owns one segment of shared memory::
+
+    offset 0      this rank's doorbell (peers ring it)
+    then          one inbound ring per peer, page aligned: written by that
+                  peer, read by this rank
+
+A ring is a single-producer single-consumer queue of fixed-size slots::
+
+    +0    head  int64, slots the writer has filled (only the writer stores it)
+    +64   tail  int64, slots the reader has emptied (only the reader stores it)
+    +128  one 64-byte header per slot: tag, meta, message nbytes,
+          fragment offset, fragment nbytes
+    page  the slots' payloads, ``slot_bytes`` each
+
+Slot ``k`` holds fragment number ``k % slots``; head - tail is the number of
+full slots. A message is cut into fragments of at most ``slot_bytes`` bytes
+(so every fragment starts at a multiple of ``slot_bytes``, which is a multiple
+of 64, into the message); a zero-byte message is one empty fragment. The
+slots are the flow control: a writer whose ring is full keeps the rest of its
+sends queued and writes them from progress() once the reader has made room.
+
+Memory ordering. head and tail are read and stored through NumPy int64 views
+of the mapping; aligned 8-byte loads and stores are atomic on x86-64. The
+writer fills a slot and only then stores head; the reader reads head, then
+the slot, then stores tail. x86-64 is TSO (stores become visible in program
+order, loads are not reordered with other loads, nor stores with older loads),
+so Python statement order is enough for those two hand-offs (glibc's memcpy
+ends its non-temporal stores with an sfence, and fast-string stores are not
+reordered past later stores). The one reordering x86 does allow, a load
+passing an older store, matters when deciding who must be woken (see _pull),
+and is closed with full barriers there. Other architectures would need real
+fences; collie supports x86-64 Linux.
+
+Names. Nothing of ours stays in /dev/shm once setup is over, even if a rank
+is SIGKILLed later. A segment is a memfd (it has no name at all) that peers
+open through /proc/<pid>/fd/<fd> while its owner is alive. Where that does not
+work (a peer in another pid namespace, a hardened /proc), the segment is a
+file /dev/shm/collie-<job>-<rank>-<pid>, unlinked as soon as every peer has
+mapped it; if a rank dies during setup, the launcher removes collie-<job>-*.
+COLLIE_SHM_MEMFD=0 (or ``memfd=False``) forces the file.
+
+Tuning: COLLIE_SHM_SLOTS (default 8) and COLLIE_SHM_SLOT_BYTES (default
+256 KiB, a multiple of 64) size every ring this rank reads; writers use the
+geometry the reader published. Memory per rank: peers * slots * slot_bytes,
+touched only as rings fill.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import threading
+from collections import deque
+from typing import Optional
+
+import numpy as np
+
+from ..errors import CollieError
+from .base import Combine, MessageMismatch, Request, Transport
+from .doorbell import Doorbell
+
+DEFAULT_SLOTS = 8
+DEFAULT_SLOT_BYTES = 256 * 1024
+
+_PAGE = mmap.PAGESIZE
+_LINE = 64
+_HEADER = struct.Struct("<qQqqq")  # tag, meta, message nbytes, fragment offset, fragment nbytes
+_MASK64 = (1 << 64) - 1
+
+# A full memory barrier. Acquiring an uncontended lock is an atomic
+# read-modify-write, which on x86 is lock-prefixed and so a full barrier; the
+# doorbell's ring (sem_post) is one as well.
+def _new_barrier() -> None:
+    global _barrier_acquire, _barrier_release
+    lock = threading.Lock()
+    _barrier_acquire, _barrier_release = lock.acquire, lock.release
+
+
+_new_barrier()
+os.register_at_fork(after_in_child=_new_barrier)  # a fork mid-barrier must not leave it locked
+
+
+def _align(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, not {value!r}") from None
+
+
+def _ring_bytes(slots: int, slot_bytes: int) -> int:
+    return _align(2 * _LINE + slots * _LINE, _PAGE) + _align(slots * slot_bytes, _PAGE)
+
+
+def _open_memfd(pid: int, fd: int) -> int:
+    """Open another process's memfd (works for processes of the same user in
+    the same pid namespace, while the owner keeps the fd open)."""
+    return os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+
+
+def _put(out: "_Out", tag: int, meta: int, nbytes: int, offset: int, piece: memoryview) -> None:
+    """Write one fragment into the next slot of ``out``'s ring (which has room)."""
+    ring = out.ring
+    k = out.head % ring.slots
+    _HEADER.pack_into(ring.mm, ring.headers + k * _LINE, tag, meta, nbytes, offset, len(piece))
+    if len(piece):
+        at = ring.offsets[k]
+        ring.mm[at:at + len(piece)] = piece
+    out.head += 1
+    ring.head[0] = out.head  # after the payload: see "Memory ordering"
+
+
+def _deliver(req: "_Recv", offset: int, src: memoryview) -> bool:
+    """Copy (or combine) a piece of a message into its receive's buffer.
+    If combine raises, the receive fails with that error (the rest of the
+    message is then dropped) rather than leaving the ring half read."""
+    dst = req.dst if offset == 0 and len(src) == req.nbytes else req.dst[offset:offset + len(src)]
+    if req.combine is None:
+        dst[:] = src
+        return True
+    try:
+        req.combine(dst, src)
+        return True
+    except Exception as exc:  # noqa: BLE001 - handed to the waiter through the request
+        req.error = exc
+        return False
+
+
+class _Ring:
+    """Views of one ring inside a mapping (the same code for both ends)."""
+
+    def __init__(self, mm: mmap.mmap, base: int, slots: int, slot_bytes: int):
+        self.mm = mm
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self.head = np.frombuffer(mm, np.int64, 1, base)
+        self.tail = np.frombuffer(mm, np.int64, 1, base + _LINE)
+        self.headers = base + 2 * _LINE  # offset of slot 0's header in mm
+        payloads = base + _align(2 * _LINE + slots * _LINE, _PAGE)
+        self.offsets = [payloads + k * slot_bytes for k in range(slots)]
+        view = memoryview(mm)
+        self.payload = [view[o:o + slot_bytes] for o in self.offsets]
+        view.release()
+
+    def drop(self) -> None:
+        """Let go of every view so the mapping can be closed."""
+        for v in self.payload:
+            v.release()
+        self.payload = []
+        self.head = self.tail = self.mm = None
+
+
+class _Send(Request):
+    __slots__ = ("data", "meta", "offset")
+
+    def __init__(self, peer: int, tag: int, data: memoryview, meta: int):
+        # Request.__init__'s fields, set here to spare a call on the fast path.
+        self.kind, self.peer, self.tag, self.nbytes = "send", peer, tag, data.nbytes
+        self.done, self.error = False, None
+        self.data, self.meta, self.offset = data, meta, 0
+
+
+class _Recv(Request):
+    __slots__ = ("dst", "combine", "meta")
+
+    def __init__(self, peer: int, tag: int, dst: memoryview, combine, meta):
+        self.kind, self.peer, self.tag, self.nbytes = "recv", peer, tag, dst.nbytes
+        self.done, self.error = False, None
+        self.dst, self.combine, self.meta = dst, combine, meta
+
+
+class _Message:
+    """A message being read out of a ring. Its fragments go to ``req``, or
+    to ``buf`` (an unexpected message), or nowhere (after a mismatch)."""
+
+    __slots__ = ("tag", "meta", "nbytes", "got", "req", "buf", "claimed")
+
+    def __init__(self, tag, meta, nbytes, req=None, buf=None):
+        self.tag, self.meta, self.nbytes = tag, meta, nbytes
+        self.got = 0
+        self.req: Optional[_Recv] = req
+        self.buf: Optional[bytearray] = buf
+        self.claimed: Optional[_Recv] = None  # a receive waiting to take this unexpected message
+
+
+class _Out:
+    """What this rank sends to one peer: the ring in the peer's segment."""
+
+    def __init__(self, ring: _Ring, bell: Doorbell):
+        self.ring = ring
+        self.bell = bell
+        self.head = ring.head.item(0)
+        self.tail = ring.tail.item(0)  # last tail seen; re-read when the ring looks full
+        self.queue: deque[_Send] = deque()
+        self.busy = False  # listed in ShmTransport._out_busy: progress() pushes its queue
+        self.error: Optional[BaseException] = None
+
+
+class _In:
+    """What this rank receives from one peer: the ring in our segment."""
+
+    def __init__(self, peer: int, ring: _Ring):
+        self.peer = peer
+        self.ring = ring
+        self.tail = 0
+        self.bell: Optional[Doorbell] = None  # the peer's (the writer's) doorbell
+        self.posted: dict[int, deque[_Recv]] = {}
+        self.nposted = 0
+        self.current: Optional[_Message] = None  # message whose fragments are being read
+        self.unexpected: list[_Message] = []     # copied out before a receive asked for them
+        self.claims: list[_Message] = []         # unexpected messages a receive has claimed
+        self.stash = False                       # a probe wants messages behind the head
+        self.busy = False  # listed in ShmTransport._in_busy: progress() looks at it
+        self.error: Optional[BaseException] = None
+
+
+class _Segment:
+    """One shared-memory segment: a memfd or a /dev/shm file, and its mapping."""
+
+    def __init__(self, size: int, memfd: bool, name: str):
+        self.size = size
+        self.path: Optional[str] = None
+        if memfd:
+            self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        else:
+            self.path = f"/dev/shm/{name}"
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(self.fd, size)
+            self.mm = mmap.mmap(self.fd, size)
+        except BaseException:
+            self.release_name()
+            raise
+
+    def info(self) -> dict:
+        where = {"path": self.path} if self.path else {"pid": os.getpid(), "fd": self.fd}
+        return dict(where, size=self.size)
+
+    def release_name(self) -> None:
+        """Remove every way to reach the segment but the mapping itself."""
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            self.path = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _map_peer(info: dict) -> mmap.mmap:
+    fd = _open_memfd(info["pid"], info["fd"]) if "fd" in info else os.open(info["path"], os.O_RDWR)
+    try:
+        return mmap.mmap(fd, info["size"])
+    finally:
+        os.close(fd)
+
+
+def _close_mapping(mm: Optional[mmap.mmap]) -> None:
+    if mm is None:
+        return
+    try:
+        mm.close()
+    except BufferError:
+        pass  # someone still holds a view (a piece given to combine); GC unmaps it later
+
+
+class ShmTransport(Transport):
+    """Messages to and from ``peers`` (ranks on this host) through shared memory.
+
+    ``store`` (set/get/add) carries the setup; ``job_id`` keeps jobs apart in
+    it and in /dev/shm. The constructor returns once every peer has mapped
+    this rank's segment and this rank has mapped theirs, so that no name is
+    left behind. ``self.doorbell`` is this rank's doorbell: wait on it.
+    """
+
+    name = "shm"
+
+    def __init__(self, rank: int, peers: list[int], store, job_id: str, timeout: float, *,
+                 memfd: Optional[bool] = None, slots: Optional[int] = None,
+                 slot_bytes: Optional[int] = None):
+        if not job_id or "/" in job_id or "\0" in job_id:
+            raise ValueError(f"job_id must be a non-empty name without '/', not {job_id!r}")
+        self.rank = rank
+        self.peers = sorted(set(peers) - {rank})
+        self.job_id = job_id
+        self.slots = _env_int("COLLIE_SHM_SLOTS", DEFAULT_SLOTS) if slots is None else slots
+        self.slot_bytes = (_env_int("COLLIE_SHM_SLOT_BYTES", DEFAULT_SLOT_BYTES)
+                           if slot_bytes is None else slot_bytes)
+        if self.slots < 1:
+            raise ValueError(f"COLLIE_SHM_SLOTS must be at least 1, not {self.slots}")
+        if self.slot_bytes < _LINE or self.slot_bytes % _LINE:
+            raise ValueError(f"COLLIE_SHM_SLOT_BYTES must be a positive multiple of 64, "
+                             f"not {self.slot_bytes}")
+        if memfd is None:
+            memfd = os.environ.get("COLLIE_SHM_MEMFD", "1") != "0" and hasattr(os, "memfd_create")
+        self._closed = False
+        self._segments: list[_Segment] = []   # this rank's (usually one)
+        self._maps: dict[int, mmap.mmap] = {}  # peer -> its segment, mapped here
+        self._out: dict[int, _Out] = {}
+        self._in: dict[int, _In] = {}
+        self._out_busy: list[_Out] = []
+        self._in_busy: list[_In] = []
+        self._stash = False
+        self.memfd = memfd  # how this rank's segment is reachable (False: a /dev/shm file)
+        try:
+            self._setup(store, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- setup ----
+
+    def _key(self, rank: int, what: str = "") -> str:
+        return f"shm/{self.job_id}/{rank}" + (f"/{what}" if what else "")
+
+    def _create(self, memfd: bool) -> _Segment:
+        ring = _ring_bytes(self.slots, self.slot_bytes)
+        size = _align(Doorbell.RESERVED, _PAGE) + ring * len(self.peers)
+        name = f"collie-{self.job_id}-{self.rank}-{os.getpid()}"
+        try:
+            seg = _Segment(size, memfd, name)
+        except OSError:
+            if not memfd:
+                raise
+            self.memfd = False  # no memfd_create here (or it is forbidden)
+            seg = _Segment(size, False, name)
+        self._segments.append(seg)
+        for inb in self._in.values():  # those of a segment we replace
+            inb.ring.drop()
+        if hasattr(self, "doorbell"):
+            self.doorbell.release()
+        self.doorbell = Doorbell(seg.mm, 0, create=True)
+        rings = {}
+        for k, peer in enumerate(self.peers):
+            base = _align(Doorbell.RESERVED, _PAGE) + k * ring
+            rings[str(peer)] = base
+            self._in[peer] = _In(peer, _Ring(seg.mm, base, self.slots, self.slot_bytes))
+        self._info = dict(seg.info(), slots=self.slots, slot_bytes=self.slot_bytes,
+                          npeers=len(self.peers), rings=rings)
+        return seg
+
+    def _setup(self, store, timeout: float) -> None:
+        """Exchange segments with the peers in two rounds.
+
+        Round 1: publish our segment; map every peer's; count the peers that
+        tried (and those that failed: a memfd can be out of a peer's reach).
+        Round 2: once all our peers have tried, drop our segment's name, or, if
+        one of them failed, publish a /dev/shm file instead, which every peer
+        maps before we unlink it.
+        """
+        seg = self._create(self.memfd)
+        store.set(self._key(self.rank), json.dumps(self._info).encode())
+        infos = {}
+        for peer in self.peers:
+            infos[peer] = info = json.loads(store.get(self._key(peer), timeout=timeout))
+            if str(self.rank) not in info["rings"]:
+                raise CollieError(f"rank {self.rank}: rank {peer} has no shared-memory ring for "
+                                  f"this rank (the ranks disagree on who shares this host)")
+            try:
+                self._maps[peer] = _map_peer(info)
+            except OSError:
+                if "fd" not in info:
+                    raise
+                store.add(self._key(peer, "failed"), 1)
+            if store.add(self._key(peer, "tried"), 1) == info["npeers"]:
+                store.set(self._key(peer, "tried-all"), b"1")
+        failed = 0
+        if self.peers:
+            store.get(self._key(self.rank, "tried-all"), timeout=timeout)
+            if self.memfd:
+                failed = store.add(self._key(self.rank, "failed"), 0)
+        if failed:
+            # A peer cannot reach our memfd: start over with a file (nothing
+            # has used the segment yet).
+            seg.release_name()
+            self.memfd = False
+            seg = self._create(False)
+            store.set(self._key(self.rank, "final"), json.dumps(self._info).encode())
+        else:
+            seg.release_name()
+            store.set(self._key(self.rank, "final"), b"same")
+        for peer in self.peers:
+            final = store.get(self._key(peer, "final"), timeout=timeout)
+            if final != b"same":
+                _close_mapping(self._maps.pop(peer, None))
+                infos[peer] = json.loads(final)
+                self._maps[peer] = _map_peer(infos[peer])
+                if store.add(self._key(peer, "mapped"), 1) == infos[peer]["npeers"]:
+                    store.set(self._key(peer, "mapped-all"), b"1")
+            elif peer not in self._maps:
+                raise CollieError(f"rank {self.rank}: cannot map the shared memory of rank {peer}")
+        if failed:
+            store.get(self._key(self.rank, "mapped-all"), timeout=timeout)
+            seg.release_name()
+        if len(self._segments) > 1:  # the memfd we replaced
+            old = self._segments.pop(0)
+            _close_mapping(old.mm)
+        for peer in self.peers:
+            info, mm = infos[peer], self._maps[peer]
+            ring = _Ring(mm, info["rings"][str(self.rank)], info["slots"], info["slot_bytes"])
+            self._out[peer] = _Out(ring, Doorbell(mm, 0, create=False))
+            self._in[peer].bell = self._out[peer].bell
+
+    # ---- posting ----
+
+    def _bad_peer(self, peer: int) -> Exception:
+        if self._closed:
+            return CollieError(f"rank {self.rank}: the shared-memory transport is closed")
+        return ValueError(f"rank {self.rank}: rank {peer} is not a shared-memory peer "
+                          f"(peers: {self.peers})")
+
+    def isend(self, peer: int, tag: int, data: memoryview, meta: int = 0) -> Request:
+        out = self._out.get(peer)
+        if out is None:
+            raise self._bad_peer(peer)
+        if data.ndim != 1 or data.format != "B":
+            data = data.cast("B")
+        req = _Send(peer, tag, data, meta & _MASK64)
+        if out.error is not None:
+            req.error = out.error
+        elif not out.queue and req.nbytes <= out.ring.slot_bytes and out.head - out.tail < out.ring.slots:
+            # The fast path: the whole message fits in a free slot.
+            _put(out, tag, req.meta, req.nbytes, 0, data)
+            out.bell.ring()
+            req.data = None
+            req.done = True
+        else:
+            out.queue.append(req)
+            self._push(out)
+            if out.queue and not out.busy:
+                out.busy = True
+                self._out_busy.append(out)
+        return req
+
+    def irecv(self, peer: int, tag: int, dst: memoryview, combine: Optional[Combine] = None,
+              meta: Optional[int] = None) -> Request:
+        inb = self._in.get(peer)
+        if inb is None:
+            raise self._bad_peer(peer)
+        if dst.ndim != 1 or dst.format != "B":
+            dst = dst.cast("B")
+        req = _Recv(peer, tag, dst, combine, None if meta is None else meta & _MASK64)
+        if inb.error is not None:
+            req.error = inb.error
+            return req
+        if self._stash:  # a receive was posted: whatever probe was looking is answered
+            self._stash = False
+            for other in self._in.values():
+                other.stash = False
+        for msg in inb.unexpected:
+            if msg.tag == tag and msg.claimed is None:
+                msg.claimed = req  # taken over in progress(), where requests complete
+                inb.claims.append(msg)
+                break
+        else:
+            queue = inb.posted.get(tag)
+            if queue is None:
+                queue = inb.posted[tag] = deque()
+            queue.append(req)
+            inb.nposted += 1
+        if not inb.busy:
+            inb.busy = True
+            self._in_busy.append(inb)
+        return req
+
+    def _mark_busy(self, inb: _In) -> None:
+        if not inb.busy:
+            inb.busy = True
+            self._in_busy.append(inb)
+
+    def probe(self, peer: int, tag: int) -> Optional[int]:
+        inb = self._in.get(peer)
+        if inb is None:
+            raise self._bad_peer(peer)
+        for msg in inb.unexpected:
+            if msg.tag == tag and msg.claimed is None:
+                return msg.nbytes
+        if inb.posted.get(tag) or inb.error is not None:
+            return None  # the next message with this tag is already promised
+        ring = inb.ring
+        if inb.current is None and ring.head.item(0) > inb.tail:
+            at = ring.headers + (inb.tail % ring.slots) * _LINE
+            htag, _, nbytes, _, _ = _HEADER.unpack_from(ring.mm, at)
+            if htag == tag:
+                return nbytes
+        if inb.current is not None or ring.head.item(0) > inb.tail:
+            # Another tag is in the way: let progress() copy messages out of
+            # the ring until the one we look for can be seen.
+            inb.stash = self._stash = True
+            self._mark_busy(inb)
+        return None
+
+    # ---- progress ----
+
+    def progress(self) -> bool:
+        moved = False
+        if self._out_busy:
+            prune = False
+            for out in self._out_busy:
+                if out.queue and self._push(out):
+                    moved = True
+                if not out.queue:
+                    out.busy = False
+                    prune = True
+            if prune:
+                self._out_busy = [o for o in self._out_busy if o.busy]
+        if self._in_busy:
+            prune = False
+            for inb in self._in_busy:
+                if inb.claims and self._take_claims(inb):
+                    moved = True
+                if self._pull(inb):
+                    moved = True
+                if not (inb.nposted or inb.current or inb.claims or inb.stash):
+                    inb.busy = False
+                    prune = True
+            if prune:
+                self._in_busy = [i for i in self._in_busy if i.busy]
+        return moved
+
+    def _push(self, out: _Out) -> bool:
+        """Write queued fragments into the peer's ring while it has room."""
+        if out.error is not None:
+            return False
+        ring = out.ring
+        slots, size = ring.slots, ring.slot_bytes
+        queue = out.queue
+        moved = False
+        while queue:
+            wrote = False
+            while queue:
+                if out.head - out.tail >= slots:
+                    out.tail = ring.tail.item(0)
+                    if out.head - out.tail >= slots:
+                        break
+                send = queue[0]
+                n = min(size, send.nbytes - send.offset)
+                piece = send.data if n == send.nbytes else send.data[send.offset:send.offset + n]
+                _put(out, send.tag, send.meta, send.nbytes, send.offset, piece)
+                send.offset += n
+                wrote = True
+                if send.offset >= send.nbytes:
+                    queue.popleft()
+                    send.data = None
+                    send.done = True
+            if not wrote:
+                break
+            moved = True
+            # Wake the reader. sem_post is also a full barrier, so if the ring
+            # looked full, the loop re-reads tail only after our head store is
+            # visible: a reader that frees a slot after that sees it and rings us.
+            out.bell.ring()
+        return moved
+
+    def _pull(self, inb: _In) -> bool:
+        """Read the fragments at the head of one inbound ring that have a
+        place to go; leave the rest for later (the writer waits)."""
+        ring = inb.ring
+        head = ring.head.item(0)
+        start = tail = inb.tail
+        if tail == head:
+            return False
+        slots, size = ring.slots, ring.slot_bytes
+        while tail < head:
+            k = tail % slots
+            msg = inb.current
+            if msg is None:
+                tag, meta, nbytes, _, _ = _HEADER.unpack_from(ring.mm, ring.headers + k * _LINE)
+                queue = inb.posted.get(tag)
+                if queue and nbytes <= size:
+                    # The fast path: a whole message for a waiting receive.
+                    req = queue.popleft()
+                    inb.nposted -= 1
+                    if not self._mismatch(req, nbytes, meta):
+                        src = ring.payload[k] if nbytes == size else ring.payload[k][:nbytes]
+                        if not nbytes or _deliver(req, 0, src):
+                            req.done = True
+                    tail += 1
+                    ring.tail[0] = tail
+                    continue
+                msg = self._start(inb, tag, meta, nbytes)
+                if msg is None:
+                    break
+                inb.current = msg
+            n = min(size, msg.nbytes - msg.got)
+            if n:
+                src = ring.payload[k] if n == size else ring.payload[k][:n]
+                if msg.req is not None:
+                    if not _deliver(msg.req, msg.got, src):
+                        msg.req = None  # failed: drop the rest
+                elif msg.buf is not None:
+                    msg.buf[msg.got:msg.got + n] = src
+            msg.got += n
+            tail += 1
+            ring.tail[0] = tail  # after reading the slot: the writer may reuse it now
+            if msg.got >= msg.nbytes:
+                inb.current = None
+                if msg.req is not None:
+                    msg.req.done = True
+                    msg.req = None
+        if tail == start:
+            return False
+        inb.tail = tail
+        # Ring the writer if it may have found the ring full and gone to sleep.
+        # It saw full at some tail >= start, so head >= start + slots. The
+        # barrier orders our tail store before this head load; with the
+        # writer's barrier (its ring) either it sees our tail, or we see its head.
+        _barrier_acquire()
+        _barrier_release()
+        if ring.head.item(0) - start >= slots:
+            inb.bell.ring()
+        return True
+
+    def _start(self, inb: _In, tag: int, meta: int, nbytes: int) -> Optional[_Message]:
+        """Decide where a new message at the head of a ring goes."""
+        queue = inb.posted.get(tag)
+        if queue:
+            req = queue.popleft()
+            inb.nposted -= 1
+            if self._mismatch(req, nbytes, meta):
+                return _Message(tag, meta, nbytes)  # read and dropped
+            return _Message(tag, meta, nbytes, req=req)
+        if inb.nposted or inb.stash:
+            # A receive waits for another tag behind this message: move it
+            # out of the way.
+            msg = _Message(tag, meta, nbytes, buf=bytearray(nbytes))
+            inb.unexpected.append(msg)
+            return msg
+        return None
+
+    def _mismatch(self, req: _Recv, nbytes: int, meta: int) -> bool:
+        if nbytes != req.nbytes or (req.meta is not None and req.meta != meta):
+            req.error = MessageMismatch(req.peer, req.tag, nbytes, meta, req.nbytes, req.meta)
+            return True
+        return False
+
+    def _take_claims(self, inb: _In) -> bool:
+        """Give unexpected messages to the receives that claimed them."""
+        for msg in inb.claims:
+            req = msg.claimed
+            inb.unexpected.remove(msg)
+            buf, msg.buf, msg.claimed = msg.buf, None, None
+            if self._mismatch(req, msg.nbytes, msg.meta):
+                continue  # the rest of the message, if any, is dropped
+            if msg.got:
+                with memoryview(buf) as view:
+                    if not _deliver(req, 0, view[:msg.got]):
+                        continue
+            if msg.got >= msg.nbytes:
+                req.done = True
+            else:
+                msg.req = req  # still arriving: the rest goes straight to dst
+        inb.claims.clear()
+        return True
+
+    # ---- failure and shutdown ----
+
+    def fail_peer(self, peer: int, error: BaseException) -> None:
+        out, inb = self._out.get(peer), self._in.get(peer)
+        if out is not None:
+            out.error = error
+            for send in out.queue:
+                send.error = error
+                send.data = None
+            out.queue.clear()
+        if inb is not None:
+            inb.error = error
+            for queue in inb.posted.values():
+                for req in queue:
+                    req.error = error
+            inb.posted.clear()
+            inb.nposted = 0
+            if inb.current is not None and inb.current.req is not None:
+                inb.current.req.error = error
+            inb.current = None
+            for msg in inb.claims:
+                msg.claimed.error = error
+            inb.claims.clear()
+            inb.unexpected.clear()
+            inb.stash = False
+
+    def close(self) -> None:
+        """Unmap the peers' segments, and remove any name still left.
+        Idempotent. Our own segment is unmapped when ``self.doorbell`` is
+        dropped, not here: another thread (the TCP transport's) may still
+        ring the doorbell, and a ring on unmapped memory would crash."""
+        if self._closed:
+            return
+        self._closed = True
+        gone = CollieError(f"rank {self.rank}: the shared-memory transport was closed")
+        for peer in list(self._in):
+            self.fail_peer(peer, gone)
+        self._out_busy, self._in_busy = [], []
+        for state in list(self._out.values()) + list(self._in.values()):
+            state.ring.drop()
+        for out in self._out.values():
+            out.bell.release()
+        self._out.clear()
+        self._in.clear()
+        for mm in self._maps.values():
+            _close_mapping(mm)
+        self._maps.clear()
+        for seg in self._segments:
+            seg.release_name()
+        self._segments.clear()  # the doorbell keeps the mapping alive while it is referenced

@@ -1,0 +1,648 @@
+"""Tests of the shared-memory transport (collie.transports.shm).
+
+Two kinds of tests:
+- real processes (forked), each with a ShmTransport, talking through a tiny
+  file-based store: sizes, tags, combine, deaths, /dev/shm hygiene, doorbells;
+- several transports in this one process (built on threads, then driven by
+  hand from one thread): the orderings that are hard to force between
+  processes (a receive claiming a message that is half copied out, probes).
+
+Every multi-process run has a deadline, joins with timeouts, kills what is
+left, and checks that no collie-<job>-* entry is left in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+import uuid
+
+import numpy as np
+import pytest
+
+from collie.errors import CollieError, PeerError
+from collie.transports import shm
+from collie.transports.base import MessageMismatch, Request
+from collie.transports.shm import ShmTransport
+
+pytestmark = pytest.mark.timeout(60)
+
+CTX = mp.get_context("fork")
+SMALL = dict(slots=4, slot_bytes=4096)  # many fragments from few bytes
+S = shm.DEFAULT_SLOT_BYTES
+
+
+# ---- helpers ----
+
+class FileStore:
+    """set/get/add over a directory: writes by atomic rename, add under flock."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, key.replace("/", "%"))
+
+    def set(self, key: str, value: bytes) -> None:
+        tmp = f"{self._path(key)}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(value)
+        os.replace(tmp, self._path(key))
+
+    def check(self, key: str) -> bool:
+        return os.path.exists(self._path(key))
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        deadline = time.monotonic() + (30.0 if timeout is None else timeout)
+        while True:
+            try:
+                with open(self._path(key), "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"store key {key!r} did not appear") from None
+                time.sleep(0.001)
+
+    def add(self, key: str, amount: int) -> int:
+        with open(os.path.join(self.root, ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            value = int(self.get(key, 0)) if self.check(key) else 0
+            self.set(key, str(value + amount).encode())
+            return value + amount
+
+
+class DictStore:
+    """The same store for threads of one process."""
+
+    def __init__(self):
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+
+    def set(self, key, value):
+        with self.cond:
+            self.data[key] = value
+            self.cond.notify_all()
+
+    def get(self, key, timeout=None):
+        with self.cond:
+            if not self.cond.wait_for(lambda: key in self.data, 30.0 if timeout is None else timeout):
+                raise TimeoutError(f"store key {key!r} did not appear")
+            return self.data[key]
+
+    def add(self, key, amount):
+        with self.cond:
+            value = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(value).encode()
+            self.cond.notify_all()
+            return value
+
+
+def leftovers(job: str) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"collie-{job}-")]
+
+
+def wait_all(t: ShmTransport, reqs, timeout: float = 20.0, on_idle=None) -> None:
+    """Progress until every request finished, sleeping on the doorbell when idle."""
+    deadline = time.monotonic() + timeout
+    while not all(r.finished for r in reqs):
+        if t.progress():
+            continue
+        if on_idle is not None:
+            on_idle()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"still pending: {[r for r in reqs if not r.finished]}")
+        t.doorbell.wait(0.005)
+
+
+def check_ok(reqs) -> None:
+    for r in reqs:
+        if r.error is not None:
+            raise r.error
+        assert r.done
+
+
+_BLOCK = np.random.default_rng(0).integers(0, 256, 1_000_003, dtype=np.uint8)
+
+
+def payload(src: int, dst: int, size: int, salt: int = 0) -> np.ndarray:
+    """Deterministic bytes, different for every (src, dst, size, salt)."""
+    shift = (src * 7919 + dst * 104729 + size * 31 + salt * 13) % len(_BLOCK)
+    return np.resize(np.roll(_BLOCK, -shift), size)
+
+
+def _child(conn, rank, size, root, job, body, kw, before):
+    out = None
+    try:
+        if before is not None:
+            before(rank)
+        t = ShmTransport(rank, list(range(size)), FileStore(root), job, 10.0, **kw)
+        try:
+            out = ("ok", body(t, rank, size))
+        finally:
+            t.close()
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the test
+        out = ("err", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    conn.send_bytes(pickle.dumps(out))
+    conn.close()
+    os._exit(0)
+
+
+def run_ranks(body, size: int, tmp_path, *, timeout: float = 30.0, expect_errors=(),
+              before=None, **kw):
+    """Run ``body(transport, rank, size)`` on ``size`` forked ranks and return
+    (results, job). A rank that dies is reported to the others by the store
+    key "dead/<rank>". Ranks in ``expect_errors`` may fail: their result is
+    the error text, or the exit code of a rank that died."""
+    job = uuid.uuid4().hex[:10]
+    root = str(tmp_path / f"store-{job}")
+    os.mkdir(root)
+    store = FileStore(root)
+    procs, conns = [], []
+    for rank in range(size):
+        parent, child = CTX.Pipe(duplex=False)
+        p = CTX.Process(target=_child, args=(child, rank, size, root, job, body, kw, before))
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+    results: list = [None] * size
+    pending = set(range(size))
+    deadline = time.monotonic() + timeout
+    try:
+        while pending:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"ranks {sorted(pending)} still running after {timeout}s")
+            for conn in mp.connection.wait([conns[r] for r in pending], timeout=0.05):
+                rank = conns.index(conn)
+                try:
+                    results[rank] = pickle.loads(conn.recv_bytes())
+                except EOFError:
+                    procs[rank].join(timeout=5)
+                    results[rank] = ("died", procs[rank].exitcode)
+                    store.set(f"dead/{rank}", b"1")
+                pending.discard(rank)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        for c in conns:
+            c.close()
+    assert not any(p.is_alive() for p in procs)
+    assert leftovers(job) == []
+    failures = [f"--- rank {r} ---\n{res}" for r, res in enumerate(results)
+                if res[0] != "ok" and r not in expect_errors]
+    assert not failures, "\n".join(str(f) for f in failures)
+    return [res[1] for res in results], job
+
+
+@pytest.fixture
+def local():
+    """Build ShmTransports of one process (``local(n, **kw)``); closed after."""
+    made: list[tuple[str, list[ShmTransport]]] = []
+
+    def build(n: int = 2, **kw) -> list[ShmTransport]:
+        job = uuid.uuid4().hex[:10]
+        store, ts, errors = DictStore(), [None] * n, []
+
+        def make(rank):
+            try:
+                ts[rank] = ShmTransport(rank, list(range(n)), store, job, 10.0, **kw)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=make, args=(r,)) for r in range(n)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=20)
+        made.append((job, [t for t in ts if t is not None]))
+        if errors:
+            raise errors[0]
+        return ts
+
+    yield build
+    for job, ts in made:
+        for t in ts:
+            t.close()
+        assert leftovers(job) == []
+
+
+def drive(ts, reqs, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(r.finished for r in reqs):
+        for t in ts:
+            t.progress()
+        assert time.monotonic() < deadline, f"still pending: {reqs}"
+
+
+def mv(a) -> memoryview:
+    return memoryview(a).cast("B")
+
+
+# ---- messages between processes ----
+
+SIZES_SMALL = [0, 1, 7, 4095, 4096, 4097, 5 * 4096 + 3, 1 << 20]
+SIZES_DEFAULT = [0, 1, 7, S - 1, S, S + 1, 5 * S + 3, 64 << 20]
+
+
+@pytest.mark.parametrize("size, geometry, env", [
+    (2, SMALL, {}),
+    (3, {}, {}),
+    (4, {}, {}),
+    (3, SMALL, {"COLLIE_SHM_MEMFD": "0"}),  # the /dev/shm file path
+], ids=["2-small", "3-default", "4-default", "3-small-file"])
+def test_message_sizes(tmp_path, size, geometry, env):
+    sizes = SIZES_SMALL if geometry else SIZES_DEFAULT
+
+    def body(t, rank, n):
+        assert t.memfd == (env.get("COLLIE_SHM_MEMFD") != "0")
+        peers = [p for p in range(n) if p != rank]
+        sends = [t.isend(p, 1, mv(payload(rank, p, nb))) for p in peers for nb in sizes]
+        got = {(p, nb): np.full(nb, 0xEE, np.uint8) for p in peers for nb in sizes}
+        recvs = [t.irecv(p, 1, mv(got[p, nb])) for p in peers for nb in sizes]  # FIFO on one tag
+        wait_all(t, sends + recvs, timeout=60)
+        check_ok(sends + recvs)
+        for (p, nb), arr in got.items():
+            assert np.array_equal(arr, payload(p, rank, nb)), (p, nb)
+        return True
+
+    results, _ = run_ranks(body, size, tmp_path, timeout=90, before=lambda r: os.environ.update(env),
+                           **geometry)
+    assert results == [True] * size
+
+
+def test_both_send_64mib_before_receiving(tmp_path):
+    nbytes = 64 << 20
+
+    def body(t, rank, n):
+        peer = 1 - rank
+        send = t.isend(peer, 3, mv(payload(rank, peer, nbytes)))
+        assert not send.finished  # it cannot fit in the ring: isend did not block
+        dst = np.empty(nbytes, np.uint8)
+        recv = t.irecv(peer, 3, mv(dst))
+        wait_all(t, [send, recv], timeout=40)
+        check_ok([send, recv])
+        return bool(np.array_equal(dst, payload(peer, rank, nbytes)))
+
+    assert run_ranks(body, 2, tmp_path)[0] == [True, True]
+
+
+def test_tags_posted_in_reverse_order(tmp_path):
+    tags = [11, 12, 13, 14]
+    nbytes = 3 * 4096 + 5  # several fragments each, more than the ring holds in all
+
+    def body(t, rank, n):
+        if rank == 0:
+            sends = [t.isend(1, tag, mv(payload(0, 1, nbytes, salt=tag * 10 + k)))
+                     for k in range(2) for tag in tags]
+            wait_all(t, sends)
+            check_ok(sends)
+            return True
+        got = {(tag, k): np.zeros(nbytes, np.uint8) for tag in tags for k in range(2)}
+        # The last tag first: every message before its two is copied out of
+        # the way (two per tag), then the others, in reverse order of tags.
+        recvs = [t.irecv(0, tags[-1], mv(got[tags[-1], k])) for k in range(2)]
+        wait_all(t, recvs)
+        assert len(t._in[0].unexpected) == 2 * (len(tags) - 1)
+        recvs += [t.irecv(0, tag, mv(got[tag, k])) for tag in reversed(tags[:-1]) for k in range(2)]
+        wait_all(t, recvs)
+        check_ok(recvs)
+        return all(np.array_equal(a, payload(0, 1, nbytes, salt=tag * 10 + k)) for (tag, k), a in got.items())
+
+    assert run_ranks(body, 2, tmp_path, **SMALL)[0] == [True, True]
+
+
+def test_combine_gets_aligned_pieces(tmp_path):
+    count = 3 * 512 + 3  # float64: three full 4 KiB slots and a partial one
+
+    def body(t, rank, n):
+        peers = [p for p in range(n) if p != rank]
+        mine = np.arange(count, dtype=np.float64) * (rank + 1)
+        tens = mine * 10
+        # Tag 6 first, but received last: it is copied out of the way, and its
+        # combine reads the unexpected buffer; tag 5 is combined from the slots.
+        sends = [t.isend(p, tag, mv(arr)) for p in peers for tag, arr in ((6, tens), (5, mine))]
+        acc5, acc6 = mine.copy(), tens.copy()
+        seen = []
+
+        def adder(acc):
+            def add(dst_piece, src_piece):
+                d = np.frombuffer(dst_piece, np.float64)
+                s = np.frombuffer(src_piece, np.float64)
+                seen.append((d.ctypes.data - acc.ctypes.data, s.ctypes.data % 16))
+                np.add(d, s, out=d)
+            return add
+
+        recvs = [t.irecv(p, 5, mv(acc5), combine=adder(acc5)) for p in reversed(peers)]
+        wait_all(t, recvs)
+        assert len(t._in[peers[0]].unexpected) == 1
+        recvs += [t.irecv(p, 6, mv(acc6), combine=adder(acc6)) for p in peers]
+        wait_all(t, sends + recvs)
+        check_ok(sends + recvs)
+        assert len(seen) > 2 * len(peers)
+        assert all(offset % 16 == 0 and misalign == 0 for offset, misalign in seen), seen
+        total = sum(range(1, n + 1))
+        return bool(np.array_equal(acc5, np.arange(count) * total)
+                    and np.array_equal(acc6, np.arange(count) * total * 10))
+
+    assert run_ranks(body, 3, tmp_path, **SMALL)[0] == [True] * 3
+
+
+def test_mismatch_consumes_message_and_spares_the_sender(tmp_path):
+    def body(t, rank, n):
+        big = 6 * 4096 + 1  # more than the ring holds: the sender needs the receiver to drain it
+        if rank == 0:
+            sends = [t.isend(1, 2, mv(payload(0, 1, 100)), meta=5),
+                     t.isend(1, 2, mv(payload(0, 1, big)), meta=6),
+                     t.isend(1, 2, mv(payload(0, 1, big)), meta=7),
+                     t.isend(1, 2, mv(payload(0, 1, 33)), meta=8)]
+            wait_all(t, sends)
+            check_ok(sends)
+            return True
+        bufs = [np.full(99, 7, np.uint8), np.full(big, 7, np.uint8),
+                np.full(big, 7, np.uint8), np.zeros(33, np.uint8)]
+        recvs = [t.irecv(0, 2, mv(bufs[0]), meta=5),   # size differs
+                 t.irecv(0, 2, mv(bufs[1]), meta=99),  # meta differs (several fragments)
+                 t.irecv(0, 2, mv(bufs[2]), meta=None),  # meta not checked: fine
+                 t.irecv(0, 2, mv(bufs[3]), meta=8)]
+        wait_all(t, recvs)
+        e0, e1 = recvs[0].error, recvs[1].error
+        assert isinstance(e0, MessageMismatch) and (e0.nbytes, e0.expected_nbytes) == (100, 99)
+        assert isinstance(e1, MessageMismatch) and (e1.meta, e1.expected_meta) == (6, 99)
+        assert (bufs[0] == 7).all() and (bufs[1] == 7).all()  # left unchanged
+        check_ok(recvs[2:])
+        assert np.array_equal(bufs[2], payload(0, 1, big))
+        assert np.array_equal(bufs[3], payload(0, 1, 33))
+        return True
+
+    assert run_ranks(body, 2, tmp_path, **SMALL)[0] == [True, True]
+
+
+def test_doorbell_wakes_a_sleeping_reader_and_writer(tmp_path):
+    """A reader asleep on its doorbell wakes when a message arrives; a writer
+    asleep on a full ring wakes when the reader makes room. Each side says
+    in the store when it is about to sleep (a ring before the sleep counts)."""
+    nbytes = 16 * 4096  # four times what the ring holds
+
+    def body(t, rank, n):
+        store = FileStore(str(tmp_path / f"store-{t.job_id}"))
+        if rank == 0:
+            store.get("reader-asleep")
+            send = t.isend(1, 4, mv(payload(0, 1, nbytes)))
+            while t.progress():
+                pass
+            t.doorbell.drain()
+            assert not t.progress() and not send.finished  # the ring is full
+            store.set("writer-asleep", b"1")
+            woke = t.doorbell.wait(10)
+            wait_all(t, [send])
+            check_ok([send])
+            return woke
+        dst = np.zeros(nbytes, np.uint8)
+        recv = t.irecv(0, 4, mv(dst))
+        t.progress()
+        t.doorbell.drain()
+        store.set("reader-asleep", b"1")
+        woke = t.doorbell.wait(10)
+        store.get("writer-asleep")
+        wait_all(t, [recv])
+        check_ok([recv])
+        assert np.array_equal(dst, payload(0, 1, nbytes))
+        return woke
+
+    assert run_ranks(body, 2, tmp_path, **SMALL)[0] == [True, True]
+
+
+# ---- /dev/shm hygiene and deaths ----
+
+def _barrier(t, rank, n, tag=99):
+    """Every rank reaches this point (so every rank finished its setup)."""
+    peers = [p for p in range(n) if p != rank]
+    one = np.zeros(1, np.uint8)
+    reqs = [t.isend(p, tag, mv(one)) for p in peers]
+    reqs += [t.irecv(p, tag, mv(np.zeros(1, np.uint8))) for p in peers]
+    wait_all(t, reqs)
+    check_ok(reqs)
+
+
+@pytest.mark.parametrize("memfd", [True, False], ids=["memfd", "file"])
+def test_sigkill_of_a_rank_leaves_nothing(tmp_path, memfd):
+    nbytes = 8 << 20
+
+    def body(t, rank, n):
+        _barrier(t, rank, n)
+        assert leftovers(t.job_id) == []  # no name once setup is over
+        if rank == 2:
+            t.isend(0, 1, mv(payload(2, 0, nbytes)))  # partly written into rank 0's ring
+            os.kill(os.getpid(), signal.SIGKILL)
+        store = FileStore(str(tmp_path / f"store-{t.job_id}"))
+        dst = np.zeros(nbytes, np.uint8)
+        recv = t.irecv(2, 1, mv(dst))
+        send = t.isend(2, 1, mv(payload(rank, 2, nbytes)))
+
+        def notice_death():
+            if store.check("dead/2") and not recv.finished:
+                t.fail_peer(2, PeerError("rank 2 died", 2))
+
+        wait_all(t, [recv, send], on_idle=notice_death)
+        assert isinstance(recv.error, PeerError) and isinstance(send.error, PeerError)
+        assert isinstance(t.irecv(2, 1, mv(dst)).error, PeerError)  # later requests fail at once
+        _barrier(t, rank, 2, tag=98)  # ranks 0 and 1 still talk
+        return True
+
+    results, _ = run_ranks(body, 3, tmp_path, expect_errors=(2,), memfd=memfd)
+    assert results[:2] == [True, True] and results[2] == -signal.SIGKILL
+
+
+def test_exception_in_a_rank_leaves_nothing(tmp_path):
+    def body(t, rank, n):
+        _barrier(t, rank, n)
+        if rank == 1:
+            raise RuntimeError("boom")
+        return True
+
+    results, _ = run_ranks(body, 2, tmp_path, expect_errors=(1,), memfd=False)
+    assert results[0] is True and "boom" in results[1]
+
+
+def test_setup_failure_removes_the_file():
+    job = uuid.uuid4().hex[:10]
+    with pytest.raises(TimeoutError):  # rank 1 never comes
+        ShmTransport(0, [0, 1], DictStore(), job, 0.3, memfd=False)
+    assert leftovers(job) == []
+
+
+def test_peer_that_cannot_open_a_memfd_gets_a_file(tmp_path):
+    def before(rank):
+        if rank == 1:
+            def refuse(pid, fd):
+                raise PermissionError(13, "not allowed here")
+            shm._open_memfd = refuse
+
+    def body(t, rank, n):
+        _barrier(t, rank, n)
+        assert leftovers(t.job_id) == []
+        return t.memfd
+
+    # Ranks 0 and 2 switch to files (rank 1 cannot open theirs); rank 1 keeps its memfd.
+    assert run_ranks(body, 3, tmp_path, before=before)[0] == [False, True, False]
+
+
+# ---- orderings forced by hand, in one process ----
+
+def test_receive_claims_a_message_while_it_is_copied_out(local):
+    a, b = local(2, slots=2, slot_bytes=64)
+    first, second = payload(0, 1, 640), payload(0, 1, 10, salt=1)
+    sends = [a.isend(1, 7, mv(first)), a.isend(1, 8, mv(second))]
+    got2 = np.zeros(10, np.uint8)
+    r2 = b.irecv(0, 8, mv(got2))  # tag 7 is in the way: it gets copied out
+    for _ in range(3):
+        a.progress()
+        b.progress()
+    assert b._in[0].current is not None and b._in[0].current.buf is not None  # half copied out
+    got1 = np.zeros(640, np.uint8)
+    r1 = b.irecv(0, 7, mv(got1))
+    drive([a, b], sends + [r1, r2])
+    check_ok(sends + [r1, r2])
+    assert np.array_equal(got1, first) and np.array_equal(got2, second)
+
+
+def test_claimed_message_that_mismatches_is_dropped(local):
+    a, b = local(2, slots=2, slot_bytes=64)
+    sends = [a.isend(1, 7, mv(payload(0, 1, 640))), a.isend(1, 8, mv(payload(0, 1, 5))),
+             a.isend(1, 7, mv(payload(0, 1, 3)))]
+    r8 = b.irecv(0, 8, mv(np.zeros(5, np.uint8)))
+    for _ in range(3):
+        a.progress()
+        b.progress()
+    bad = np.full(640, 9, np.uint8)
+    r_bad = b.irecv(0, 7, mv(bad), meta=1)  # the message has meta 0
+    r_ok = b.irecv(0, 7, mv(np.zeros(3, np.uint8)))
+    drive([a, b], sends + [r8, r_bad, r_ok])
+    check_ok(sends + [r8, r_ok])
+    assert isinstance(r_bad.error, MessageMismatch) and (bad == 9).all()
+
+
+def test_probe(local):
+    a, b = local(2, slots=2, slot_bytes=64)
+    assert b.probe(0, 1) is None
+    sends = [a.isend(1, 1, mv(payload(0, 1, 300))), a.isend(1, 2, mv(payload(0, 1, 17)))]
+    assert b.probe(0, 1) == 300  # at the head of the ring
+    assert b.probe(0, 3) is None
+    # Tag 2 is behind tag 1: probing for it asks progress to move tag 1 aside.
+    deadline = time.monotonic() + 10
+    while b.probe(0, 2) is None:
+        a.progress()
+        b.progress()
+        assert time.monotonic() < deadline
+    assert b.probe(0, 2) == 17 and b.probe(0, 1) == 300  # tag 1 now waits in an unexpected buffer
+    got1, got2 = np.zeros(300, np.uint8), np.zeros(17, np.uint8)
+    reqs = [b.irecv(0, 2, mv(got2)), b.irecv(0, 1, mv(got1))]
+    drive([a, b], sends + reqs)
+    check_ok(sends + reqs)
+    assert np.array_equal(got1, payload(0, 1, 300)) and np.array_equal(got2, payload(0, 1, 17))
+    assert b.probe(0, 1) is None and b.probe(0, 2) is None
+
+
+def test_fail_peer(local):
+    a, b, c = local(3, slots=2, slot_bytes=64)
+    send = a.isend(1, 1, mv(payload(0, 1, 1000)))  # more than the ring: stays queued
+    recv = a.irecv(1, 1, mv(np.zeros(4, np.uint8)))
+    other = a.irecv(2, 1, mv(np.zeros(4, np.uint8)))
+    a.progress()
+    err = PeerError("rank 1 died", 1)
+    a.fail_peer(1, err)
+    assert send.error is err and recv.error is err and other.error is None
+    assert a.isend(1, 1, mv(b"x")).error is err and a.irecv(1, 2, mv(bytearray(1))).error is err
+    assert a.probe(1, 1) is None
+    c.isend(0, 1, mv(b"abcd"))
+    drive([a, c], [other])
+    check_ok([other])
+
+
+def test_zero_peers_and_bad_arguments(local):
+    (alone,) = local(1)
+    assert alone.progress() is False
+    with pytest.raises(ValueError):
+        alone.isend(1, 0, mv(b"x"))
+    a, b = local(2)
+    with pytest.raises(ValueError):
+        a.irecv(0, 0, mv(bytearray(1)))  # itself
+    pending = a.irecv(1, 0, mv(bytearray(1)))
+    a.close()
+    a.close()  # idempotent
+    assert isinstance(pending.error, CollieError)
+    with pytest.raises(CollieError):
+        a.isend(1, 0, mv(b"x"))
+    with pytest.raises(ValueError):
+        local(2, slot_bytes=100)
+
+
+def test_geometry_from_environment(local, monkeypatch):
+    monkeypatch.setenv("COLLIE_SHM_SLOTS", "3")
+    monkeypatch.setenv("COLLIE_SHM_SLOT_BYTES", "128")
+    a, b = local(2)
+    assert (a.slots, a.slot_bytes) == (3, 128)
+    data = payload(0, 1, 1000)
+    got = np.zeros(1000, np.uint8)
+    reqs = [a.isend(1, 0, mv(data), meta=(1 << 64) - 1), b.irecv(0, 0, mv(got), meta=-1)]
+    drive([a, b], reqs)
+    check_ok(reqs)
+    assert np.array_equal(got, data)
+    assert isinstance(reqs[0], Request)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_orders_of_tags_sizes_and_receives(local, seed):
+    """Messages of random tags and sizes; receives posted in a random order
+    that keeps each tag's order, a few at a time, with probes in between."""
+    rng = np.random.default_rng(seed)
+    a, b = local(2, slots=int(rng.integers(1, 4)), slot_bytes=64)
+    tags = rng.integers(1, 4, 40)
+    sizes = rng.choice([0, 1, 63, 64, 65, 200, 1000], 40)
+    sends = [a.isend(1, int(tag), mv(payload(0, 1, int(n), salt=i)))
+             for i, (tag, n) in enumerate(zip(tags, sizes))]
+    order = list(range(40))
+    rng.shuffle(order)
+    by_tag = {int(t): [i for i in range(40) if tags[i] == t] for t in set(tags)}
+    order = [by_tag[int(tags[i])].pop(0) for i in order]  # random across tags, FIFO within a tag
+    got = {i: np.zeros(int(sizes[i]), np.uint8) for i in range(40)}
+    recvs = []
+    while order:
+        batch = order[:int(rng.integers(1, 5))]
+        order = order[len(batch):]
+        recvs += [b.irecv(0, int(tags[i]), mv(got[i])) for i in batch]
+        for _ in range(int(rng.integers(0, 4))):
+            a.progress()
+            b.progress()
+        b.probe(0, int(rng.integers(1, 4)))
+    drive([a, b], sends + recvs)
+    check_ok(sends + recvs)
+    for i in range(40):
+        assert np.array_equal(got[i], payload(0, 1, int(sizes[i]), salt=i)), i
+
+
+def test_combine_that_raises_fails_only_its_receive(local):
+    a, b = local(2, slots=2, slot_bytes=64)
+
+    def broken(dst, src):
+        raise TypeError("cannot combine")
+
+    sends = [a.isend(1, 1, mv(payload(0, 1, n))) for n in (8, 300, 5)]
+    r1 = b.irecv(0, 1, mv(np.zeros(8, np.uint8)), combine=broken)     # whole in one slot
+    r2 = b.irecv(0, 1, mv(np.zeros(300, np.uint8)), combine=broken)   # several fragments
+    got = np.zeros(5, np.uint8)
+    r3 = b.irecv(0, 1, mv(got))
+    drive([a, b], sends + [r1, r2, r3])
+    check_ok(sends + [r3])
+    assert isinstance(r1.error, TypeError) and isinstance(r2.error, TypeError)
+    assert np.array_equal(got, payload(0, 1, 5))
