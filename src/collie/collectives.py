@@ -281,7 +281,7 @@ def broadcast(tensor, src: Optional[int] = None, group=None, async_op: bool = Fa
     """
     g = _member(group, "broadcast")
     root = _root(g, src, group_src, "src", "broadcast")
-    buf = Buffer(tensor, writable=True, what="broadcast tensor")
+    buf = Buffer(tensor, writable=g.rank != root, what="broadcast tensor")  # the root only reads
     return _run(g, "broadcast", {"out": buf.flat}, {"out": (buf.count,)}, dtype_name=buf.dtype_name,
                 root=root, count=buf.count, nbytes=buf.nbytes, algorithm=algorithm, async_op=async_op,
                 after=buf.finish)

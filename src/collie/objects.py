@@ -44,7 +44,7 @@ def broadcast_object_list(object_list: list, src: Optional[int] = None, group=No
     payload = _dumps(list(object_list)) if g.rank == root else None
     size = np.array([0 if payload is None else payload.size], dtype=np.int64)
     broadcast(size, src=gsrc, group=g)
-    data = payload.copy() if payload is not None else np.empty(int(size[0]), dtype=np.uint8)
+    data = payload if payload is not None else np.empty(int(size[0]), dtype=np.uint8)
     broadcast(data, src=gsrc, group=g)
     if g.rank != root:
         objects = _loads(data)
