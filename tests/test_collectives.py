@@ -74,7 +74,12 @@ def _run_cases(group, ranks, failures, label=""):
     from collie import algorithms
 
     n, me = len(ranks), collie.get_rank(group)
-    mine = ranks[me]
+    network = collie.group.world().network
+    one_host = all(network.backend_of[r] in ("shm", "self") for r in ranks)
+
+    def algos(collective):
+        """The algorithms this group can run ("shm" needs every rank on one host)."""
+        return [a for a in algorithms.algorithms_for(collective) if a != "shm" or one_host]
 
     def check(case, got, want):
         if not _same(got, want):
@@ -84,12 +89,12 @@ def _run_cases(group, ranks, failures, label=""):
         for count in SIZES:
             for root in sorted({0, n - 1, n // 2}):
                 groot = ranks[root]
-                for algo in algorithms.algorithms_for("broadcast"):
+                for algo in algos("broadcast"):
                     case = f"broadcast/{algo}/{dtype}/{count}/root{root}"
                     x = _data(case, me, count, dtype)
                     collie.broadcast(x, src=groot, group=group, algorithm=algo)
                     check(case, x, _data(case, root, count, dtype))
-                for algo in algorithms.algorithms_for("reduce"):
+                for algo in algos("reduce"):
                     for op in _ops_for(dtype)[:3]:
                         case = f"reduce/{algo}/{dtype}/{count}/root{root}/{op!r}"
                         x = _data(case, me, count, dtype)
@@ -97,7 +102,7 @@ def _run_cases(group, ranks, failures, label=""):
                         want = (_reference(op, [_data(case, r, count, dtype) for r in range(n)], n)
                                 if me == root else _data(case, me, count, dtype))
                         check(case, x, want)
-                for algo in algorithms.algorithms_for("gather"):
+                for algo in algos("gather"):
                     case = f"gather/{algo}/{dtype}/{count}/root{root}"
                     x = _data(case, me, count, dtype)
                     outs = [np.zeros(count, dtype) for _ in range(n)] if me == root else None
@@ -105,19 +110,19 @@ def _run_cases(group, ranks, failures, label=""):
                     if me == root:
                         for r in range(n):
                             check(f"{case}[{r}]", outs[r], _data(case, r, count, dtype))
-                for algo in algorithms.algorithms_for("scatter"):
+                for algo in algos("scatter"):
                     case = f"scatter/{algo}/{dtype}/{count}/root{root}"
                     parts = [_data(f"{case}/{r}", root, count, dtype) for r in range(n)] if me == root else None
                     out = np.zeros(count, dtype)
                     collie.scatter(out, parts, src=groot, group=group, algorithm=algo)
                     check(case, out, _data(f"{case}/{me}", root, count, dtype))
-            for algo in algorithms.algorithms_for("all_reduce"):
+            for algo in algos("all_reduce"):
                 for op in _ops_for(dtype):
                     case = f"all_reduce/{algo}/{dtype}/{count}/{op!r}"
                     x = _data(case, me, count, dtype)
                     collie.all_reduce(x, op=op, group=group, algorithm=algo)
                     check(case, x, _reference(op, [_data(case, r, count, dtype) for r in range(n)], n))
-            for algo in algorithms.algorithms_for("all_gather"):
+            for algo in algos("all_gather"):
                 case = f"all_gather_into_tensor/{algo}/{dtype}/{count}"
                 out = np.zeros(count * n, dtype)
                 collie.all_gather_into_tensor(out, _data(case, me, count, dtype), group=group, algorithm=algo)
@@ -128,7 +133,7 @@ def _run_cases(group, ranks, failures, label=""):
                 collie.all_gather(outs, _data(case, me, sizes[me], dtype), group=group, algorithm=algo)
                 for r in range(n):
                     check(f"{case}[{r}]", outs[r], _data(case, r, sizes[r], dtype))
-            for algo in algorithms.algorithms_for("reduce_scatter"):
+            for algo in algos("reduce_scatter"):
                 for op in _ops_for(dtype)[:3]:
                     case = f"reduce_scatter_tensor/{algo}/{dtype}/{count}/{op!r}"
                     out = np.zeros(count, dtype)
@@ -142,7 +147,7 @@ def _run_cases(group, ranks, failures, label=""):
                 collie.reduce_scatter(out, ins, group=group, algorithm=algo)
                 check(case, out, _reference(collie.ReduceOp.SUM, [_data(f"{case}/{me}", r, count, dtype)
                                                                   for r in range(n)], n))
-            for algo in algorithms.algorithms_for("all_to_all"):
+            for algo in algos("all_to_all"):
                 case = f"all_to_all_single/{algo}/{dtype}/{count}/uneven"
                 # rank r sends (r + q + count) % 5 rows of width 2 to rank q: uneven, some zero
                 rows = lambda r, q: (r + q + count) % 5  # noqa: E731
@@ -150,10 +155,10 @@ def _run_cases(group, ranks, failures, label=""):
                 recv = [rows(q, me) for q in range(n)]
                 x = _data(case, me, 2 * sum(send), dtype).reshape(-1, 2)
                 out = np.zeros((sum(recv), 2), dtype)
-                if algo == "bruck" and n > 1:
-                    try:  # bruck forwards blocks: it needs sizes every rank knows
+                if algo in ("bruck", "shm") and n > 1:
+                    try:  # both need block sizes every rank knows
                         collie.all_to_all_single(out, x, recv, send, group=group, algorithm=algo)
-                        failures.append(f"{case}: bruck accepted uneven splits")
+                        failures.append(f"{case}: {algo} accepted uneven splits")
                     except ValueError:
                         pass
                 else:
@@ -170,7 +175,7 @@ def _run_cases(group, ranks, failures, label=""):
                 collie.all_to_all(outs, ins, group=group, algorithm=algo)
                 for q in range(n):
                     check(f"{case}[{q}]", outs[q], _data(f"{case}/{me}", q, count, dtype))
-    for algo in algorithms.algorithms_for("barrier"):
+    for algo in algos("barrier"):
         collie.barrier(group=group, algorithm=algo)
 
 
@@ -281,3 +286,45 @@ def _uneven_reduce_scatter_body(rank, size):
 def test_reduce_scatter_list_with_uneven_sizes():
     res = run_ranks(_uneven_reduce_scatter_body, 4)
     assert res == [[6.0], [], [14.0] * 3, [18.0] * 2]
+
+
+def _sliced_body(rank, size):
+    """The shm algorithm with a window far smaller than the data: every call
+    runs in many slices, each a full run of the schedule."""
+    import collie
+    n, count, failures = size, 10_003, []
+    for dtype in ("float64", "int32"):
+        case = f"ar/{dtype}"
+        x = _data(case, rank, count, dtype)
+        collie.all_reduce(x, algorithm="shm")
+        if not _same(x, np.sum([_data(case, r, count, dtype) for r in range(n)], axis=0).astype(dtype)):
+            failures.append(case)
+        case = f"ag/{dtype}"
+        out = np.zeros(count * n, dtype)
+        collie.all_gather_into_tensor(out, _data(case, rank, count, dtype), algorithm="shm")
+        if not _same(out, np.concatenate([_data(case, r, count, dtype) for r in range(n)])):
+            failures.append(case)
+        case = f"rs/{dtype}"
+        out = np.zeros(count, dtype)
+        collie.reduce_scatter_tensor(out, _data(case, rank, count * n, dtype), algorithm="shm")
+        full = np.sum([_data(case, r, count * n, dtype) for r in range(n)], axis=0).astype(dtype)
+        if not _same(out, full[rank * count:(rank + 1) * count]):
+            failures.append(case)
+        case = f"bc/{dtype}"
+        x = _data(case, rank, count, dtype)
+        collie.broadcast(x, src=n - 1, algorithm="shm")
+        if not _same(x, _data(case, n - 1, count, dtype)):
+            failures.append(case)
+        case = f"a2a/{dtype}"
+        out = np.zeros(count * n, dtype)
+        collie.all_to_all_single(out, _data(case, rank, count * n, dtype), algorithm="shm")
+        want = np.concatenate([_data(case, q, count * n, dtype)[rank * count:(rank + 1) * count] for q in range(n)])
+        if not _same(out, want):
+            failures.append(case)
+    return failures
+
+
+@pytest.mark.timeout(120)
+def test_shm_algorithm_with_a_window_smaller_than_the_data():
+    results = run_ranks(_sliced_body, 3, backend="shm", env={"COLLIE_SHM_WINDOW_BYTES": "4096"})
+    assert not any(results), results

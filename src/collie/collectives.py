@@ -197,12 +197,20 @@ class _Prepared(NamedTuple):
 
 def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op, root: int, count: int,
              nbytes: int, algorithm: Optional[str]) -> _Prepared:
-    exclude = ()
-    if name == "all_to_all" and len(set(block_sizes["in"]) | set(block_sizes["out"])) > 1:
-        exclude = ("bruck",)  # bruck forwards blocks whose uneven sizes only their ends know
-    choice = tuner().choose(name, nbytes, g.size, _transport(g), algorithm, g.rank, exclude)
+    transport = _transport(g)
+    exclude = {}
+    if len({size for sizes in block_sizes.values() for size in sizes}) > 1:
+        # e.g. bruck forwards blocks whose uneven sizes only their two ends know
+        exclude = {a: "it needs equal block sizes on every rank" for a in algorithms.algorithms_for(name)
+                   if algorithms.uniform_blocks_only(name, a)}
+    if transport != "shm":
+        exclude["shm"] = "its ranks are not all on one host"  # windows reach one host only
+    choice = tuner().choose(name, nbytes, g.size, transport, algorithm, g.rank, exclude)
     schedule = algorithms.build(name, choice.algorithm, g.size, g.rank, root, choice.segments)
-    return _Prepared(choice, engine.plan(schedule, block_sizes), pack_meta(name, dtype_name, op, root, count),
+    itemsize = 2 if dtype_name == "bfloat16" else np.dtype(dtype_name).itemsize
+    window = g.network.window_capacity() // itemsize if schedule.win_like is not None else 0
+    return _Prepared(choice, engine.plan(schedule, block_sizes, window),
+                     pack_meta(name, dtype_name, op, root, count),
                      kernel(op, dtype_name) if op is not None else None)
 
 
@@ -229,7 +237,7 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
 
     def describe(step: int) -> str:
         return (f"{name} (call #{seq} on group {g.name}, algorithm {prepared.choice.algorithm}, "
-                f"step {step + 1} of {len(plan.steps)})")
+                f"step {step + 1} of {len(plan.steps) * len(plan.slices)})")
 
     def body():
         try:

@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
-from .schedule import Copy, Recv, Reduce, Schedule, Send, block_offsets, chunk_range
+from .schedule import Copy, Read, Recv, Reduce, Schedule, Send, block_offsets, part_bounds
 
 Piece = tuple  # (buf, lo, hi): elements [lo, hi) of buffer buf
 
@@ -36,22 +36,34 @@ class PlannedMessage(NamedTuple):
     reduce: bool
 
 
+# Local op kinds
+COPY, REDUCE, READ, READ_REDUCE = range(4)
+
+
 class PlannedStep(NamedTuple):
-    local: tuple       # (is_reduce, src_pieces, dst_pieces): pairwise, unmerged
+    local: tuple       # (kind, peer, src_pieces, dst_pieces): pairwise, unmerged; peer for reads
     recvs: tuple       # PlannedMessage
     sends: tuple       # PlannedMessage
 
 
 class Plan(NamedTuple):
+    """A schedule bound to sizes: ``slices`` runs of ``steps`` each (more
+    than one only when the shared window is smaller than the call needs)."""
     schedule: Schedule
-    steps: tuple
+    slices: tuple      # tuple of steps (one tuple of PlannedStep per slice)
     tmp_count: int
+    win_count: int     # elements of the window one slice uses
+
+    @property
+    def steps(self) -> tuple:
+        return self.slices[0] if self.slices else ()
 
 
-def _pieces(chunks, offsets, parts) -> list:
+def _pieces(chunks, ranges, parts) -> list:
     out = []
     for chunk in chunks:
-        lo, hi = chunk_range(offsets[chunk.buf], parts, chunk)
+        start, stop = ranges[chunk.buf][chunk.block]
+        lo, hi = part_bounds(start, stop, parts, chunk.part)
         out.append((chunk.buf, lo, hi))
     return out
 
@@ -69,37 +81,73 @@ def _merge(pieces) -> tuple:
     return tuple(merged)
 
 
-_PLANS: "OrderedDict[tuple, Plan]" = OrderedDict()
-_PLAN_CACHE_SIZE = 256
+def _block_ranges(sizes, k: int, nslices: int) -> tuple:
+    """(start, stop) of slice k of every block of a buffer of these block sizes."""
+    offsets = block_offsets(sizes)
+    return tuple(part_bounds(offsets[b], offsets[b + 1], nslices, k) for b in range(len(sizes)))
 
 
-def plan(schedule: Schedule, block_sizes: dict) -> Plan:
-    """Bind ``schedule`` to buffers whose blocks have ``block_sizes``
-    (buffer name -> tuple of sizes in elements)."""
-    key = (id(schedule), tuple(sorted(block_sizes.items())))
-    cached = _PLANS.get(key)
-    if cached is not None and cached.schedule is schedule:
-        _PLANS.move_to_end(key)
-        return cached
-    offsets = {name: block_offsets(sizes) for name, sizes in block_sizes.items()}
-    if schedule.tmp_like is not None:
-        offsets["tmp"] = offsets[schedule.tmp_like]
+def _compact(ranges) -> tuple:
+    """The same block sizes, laid out back to back from 0 (a slice's window)."""
+    out, at = [], 0
+    for start, stop in ranges:
+        out.append((at, at + stop - start))
+        at += stop - start
+    return tuple(out)
+
+
+def _plan_steps(schedule: Schedule, ranges: dict) -> tuple:
     parts = schedule.parts
     steps = []
     for step in schedule.steps:
         local, recvs, sends = [], [], []
         for op in step:
             if isinstance(op, (Copy, Reduce)):
-                local.append((isinstance(op, Reduce), tuple(_pieces(op.src, offsets, parts)),
-                              tuple(_pieces(op.dst, offsets, parts))))
+                local.append((REDUCE if isinstance(op, Reduce) else COPY, -1,
+                              tuple(_pieces(op.src, ranges, parts)), tuple(_pieces(op.dst, ranges, parts))))
+            elif isinstance(op, Read):
+                local.append((READ_REDUCE if op.reduce else READ, op.peer,
+                              tuple(_pieces(op.src, ranges, parts)), tuple(_pieces(op.dst, ranges, parts))))
             else:
-                pieces = _pieces(op.chunks, offsets, parts)
+                pieces = _pieces(op.chunks, ranges, parts)
                 count = sum(hi - lo for _, lo, hi in pieces)
                 msg = PlannedMessage(op.peer, _merge(pieces), count, isinstance(op, Recv) and op.reduce)
                 (sends if isinstance(op, Send) else recvs).append(msg)
         steps.append(PlannedStep(tuple(local), tuple(recvs), tuple(sends)))
-    tmp_count = offsets["tmp"][-1] if "tmp" in offsets else 0
-    result = Plan(schedule, tuple(steps), tmp_count)
+    return tuple(steps)
+
+
+_PLANS: "OrderedDict[tuple, Plan]" = OrderedDict()
+_PLAN_CACHE_SIZE = 256
+
+
+def plan(schedule: Schedule, block_sizes: dict, window: int = 0) -> Plan:
+    """Bind ``schedule`` to buffers whose blocks have ``block_sizes``
+    (buffer name -> tuple of sizes in elements). A schedule with a shared
+    window gets ``window`` elements of it, and runs in as many slices as the
+    window needs (slice k covers part k of every block)."""
+    key = (id(schedule), tuple(sorted(block_sizes.items())), window)
+    cached = _PLANS.get(key)
+    if cached is not None and cached.schedule is schedule:
+        _PLANS.move_to_end(key)
+        return cached
+    nslices, win_count = 1, 0
+    if schedule.win_like is not None:
+        need = sum(block_sizes[schedule.win_like])
+        if window <= 0 and need:
+            raise ValueError(f"{schedule.algorithm} needs a shared window, and there is none")
+        nslices = max(1, -(-need // window)) if need else 1
+    slices = []
+    for k in range(nslices):
+        ranges = {name: _block_ranges(sizes, k, nslices) for name, sizes in block_sizes.items()}
+        if schedule.tmp_like is not None:
+            ranges["tmp"] = ranges[schedule.tmp_like]
+        if schedule.win_like is not None:
+            ranges["win"] = _compact(ranges[schedule.win_like])
+            win_count = max(win_count, ranges["win"][-1][1] if ranges["win"] else 0)
+        slices.append(_plan_steps(schedule, ranges))
+    tmp_count = sum(block_sizes[schedule.tmp_like]) if schedule.tmp_like is not None else 0
+    result = Plan(schedule, tuple(slices), tmp_count, win_count)
     _PLANS[key] = result
     if len(_PLANS) > _PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)
@@ -118,52 +166,61 @@ def execute(plan_: Plan, arrays: dict, reduce_kernel: Optional[Callable], networ
     """Run a planned schedule on ``arrays`` (buffer name -> flat contiguous
     array, all of one dtype). ``peers`` maps group ranks to global ranks;
     ``describe(step)`` names the call for error messages."""
-    if plan_.schedule.tmp_like is not None and "tmp" not in arrays:
-        some = next(iter(arrays.values()))
-        arrays = dict(arrays, tmp=np.empty(plan_.tmp_count, dtype=some.dtype))
     dtype = next(iter(arrays.values())).dtype
+    if plan_.schedule.tmp_like is not None and "tmp" not in arrays:
+        arrays = dict(arrays, tmp=np.empty(plan_.tmp_count, dtype=dtype))
+    windows = None
+    if plan_.schedule.win_like is not None:
+        # This rank's and its peers' windows, viewed with the call's dtype.
+        windows = {g: np.frombuffer(network.window(peers[g]), dtype=dtype, count=plan_.win_count)
+                   for g in range(len(peers))}
+        arrays = dict(arrays, win=windows[plan_.schedule.rank])
 
     def combine(dst: memoryview, src: memoryview) -> None:
         reduce_kernel(np.frombuffer(dst, dtype), np.frombuffer(src, dtype))
 
-    for index, step in enumerate(plan_.steps):
-        for is_reduce, src, dst in step.local:
-            for (sb, slo, shi), (db, dlo, dhi) in zip(src, dst):
-                if is_reduce:
-                    reduce_kernel(arrays[db][dlo:dhi], arrays[sb][slo:shi])
+    call = (tag, meta, peers)
+    nsteps = len(plan_.steps)
+    for k, steps in enumerate(plan_.slices):
+        for index, step in enumerate(steps):
+            for kind, peer, src, dst in step.local:
+                source = arrays if kind < READ else {"win": windows[peer]}
+                for (sb, slo, shi), (db, dlo, dhi) in zip(src, dst):
+                    if kind == COPY or kind == READ:
+                        np.copyto(arrays[db][dlo:dhi], source[sb][slo:shi])
+                    else:
+                        reduce_kernel(arrays[db][dlo:dhi], source[sb][slo:shi])
+            if not step.recvs and not step.sends:
+                continue
+            requests, unpack = [], []
+            for msg in step.recvs:
+                if not msg.pieces:
+                    dst = _EMPTY
+                elif len(msg.pieces) == 1:
+                    buf, lo, hi = msg.pieces[0]
+                    dst = _bytes(arrays[buf][lo:hi])
                 else:
-                    np.copyto(arrays[db][dlo:dhi], arrays[sb][slo:shi])
-        if not step.recvs and not step.sends:
-            continue
-        requests, unpack = [], []
-        for msg in step.recvs:
-            if not msg.pieces:
-                dst = _EMPTY
-            elif len(msg.pieces) == 1:
-                buf, lo, hi = msg.pieces[0]
-                dst = _bytes(arrays[buf][lo:hi])
-            else:
-                staging = np.empty(msg.count, dtype=dtype)
-                dst = _bytes(staging)
-                unpack.append((msg, staging))
-            requests.append(network.irecv(peers[msg.peer], tag, dst,
-                                          combine if msg.reduce and len(msg.pieces) == 1 else None, meta))
-        for msg in step.sends:
-            if not msg.pieces:
-                data = _EMPTY
-            elif len(msg.pieces) == 1:
-                buf, lo, hi = msg.pieces[0]
-                data = _bytes(arrays[buf][lo:hi])
-            else:
-                data = _bytes(np.concatenate([arrays[b][lo:hi] for b, lo, hi in msg.pieces]))
-            requests.append(network.isend(peers[msg.peer], tag, data, meta))
-        network.wait(requests, timeout=timeout, describe=lambda: describe(index), call=(tag, meta, peers))
-        for msg, staging in unpack:
-            at = 0
-            for buf, lo, hi in msg.pieces:
-                piece = staging[at:at + hi - lo]
-                at += hi - lo
-                if msg.reduce:
-                    reduce_kernel(arrays[buf][lo:hi], piece)
+                    staging = np.empty(msg.count, dtype=dtype)
+                    dst = _bytes(staging)
+                    unpack.append((msg, staging))
+                requests.append(network.irecv(peers[msg.peer], tag, dst,
+                                              combine if msg.reduce and len(msg.pieces) == 1 else None, meta))
+            for msg in step.sends:
+                if not msg.pieces:
+                    data = _EMPTY
+                elif len(msg.pieces) == 1:
+                    buf, lo, hi = msg.pieces[0]
+                    data = _bytes(arrays[buf][lo:hi])
                 else:
-                    np.copyto(arrays[buf][lo:hi], piece)
+                    data = _bytes(np.concatenate([arrays[b][lo:hi] for b, lo, hi in msg.pieces]))
+                requests.append(network.isend(peers[msg.peer], tag, data, meta))
+            network.wait(requests, timeout=timeout, describe=lambda: describe(k * nsteps + index), call=call)
+            for msg, staging in unpack:
+                at = 0
+                for buf, lo, hi in msg.pieces:
+                    piece = staging[at:at + hi - lo]
+                    at += hi - lo
+                    if msg.reduce:
+                        reduce_kernel(arrays[buf][lo:hi], piece)
+                    else:
+                        np.copyto(arrays[buf][lo:hi], piece)

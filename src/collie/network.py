@@ -17,8 +17,10 @@ messages (such as "abort: ranks called different collectives").
 from __future__ import annotations
 
 import os
+import platform
 import socket
 import struct
+import sys
 import threading
 import time
 from typing import Callable, Iterable, Optional
@@ -28,6 +30,8 @@ from .transports.base import Request, Transport
 from .transports.doorbell import Doorbell
 
 BACKENDS = ("auto", "shm", "tcp")
+# The shm transport relies on x86-64's memory ordering (see transports/shm.py).
+_SHM_OK = platform.machine().lower() in ("x86_64", "amd64") and sys.platform.startswith("linux")
 
 # How long a waiter keeps polling before it sleeps on the doorbell. Polling
 # catches a peer that answers within microseconds without paying for a
@@ -94,7 +98,9 @@ class Network:
         if backend == "shm" and remote:
             raise ValueError(f"backend='shm' needs every rank on one host, but ranks {remote} "
                              f"are on other hosts than rank {rank}; use backend='auto' or 'tcp'")
-        shm_peers = local if backend in ("auto", "shm") else []
+        if backend == "shm" and not _SHM_OK:
+            raise ValueError(f"backend='shm' needs x86-64 Linux (its memory ordering), not {platform.machine()}")
+        shm_peers = local if backend in ("auto", "shm") and _SHM_OK else []
         self.local_world_size = local_world_size or (len(local) + 1)
         # More ranks than cores on this host: spin less, so peers get the CPU.
         self._spin = SPIN_SECONDS if self.local_world_size <= (os.cpu_count() or 1) else SPIN_SECONDS / 5
@@ -183,6 +189,16 @@ class Network:
         self.progress()
         with self.lock:
             return transport.probe(peer, tag)
+
+    def window(self, rank: int) -> memoryview:
+        """The shared window of ``rank`` (this rank or a peer on this host)."""
+        if self.shm is None:
+            raise ValueError(f"rank {self.rank} has no shared-memory peers, so no shared windows")
+        return self.shm.window(rank)
+
+    def window_capacity(self) -> int:
+        """Bytes of every shared window the ranks of this host agree to use (0: none)."""
+        return self.shm.window_capacity() if self.shm is not None else 0
 
     def send_control(self, peer: int, payload: bytes) -> None:
         if peer not in self._lost:

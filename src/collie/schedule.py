@@ -12,6 +12,8 @@ A collective works on at most three flat buffers per rank:
   "in"   the input, when the collective is out of place (left unchanged)
   "out"  the output (for in-place collectives, also the input)
   "tmp"  scratch with the same layout as the buffer named by Schedule.tmp_like
+  "win"  this rank's shared window, laid out like Schedule.win_like: memory
+         every rank on the host can read (only the shm algorithm uses it)
 
 Each buffer is cut by the collective into *blocks* (COLLECTIVES below says
 how many: all_gather's "out" has one block per rank, all_reduce's "out" one
@@ -23,14 +25,21 @@ chunks, concatenated in the order given.
 Execution semantics (the engine implements them, the verifier proves
 schedules against them, the simulator costs them)
 ------------------------------------------------------------------------
-Steps run in order. Within a step, first the local ops (Copy, Reduce) run in
-the order listed; then every Send and Recv of the step is posted at once, and
+Steps run in order. Within a step, first the local ops (Copy, Reduce, Read)
+run in the order listed; then every Send and Recv of the step is posted at once, and
 the step ends when all of them have completed. A send may complete only when
 the peer has posted the matching receive (the verifier assumes no buffering),
 so a schedule that is deadlock-free here is deadlock-free on any transport.
 Messages from one rank to another are matched in the order they are posted.
 Zero-byte messages are sent like any other, so every rank takes the same
 steps whatever the sizes.
+
+A Read is one-sided: it copies from a peer's "win" without the peer taking
+part, so the schedule must order it with messages, typically zero-byte
+ones: the peer writes its window, then sends; the reader receives, then
+reads in a later step, then sends; the peer receives before it writes that
+part of its window again. The verifier checks that every Read is ordered so
+(a race on a window is a verification failure).
 """
 
 from __future__ import annotations
@@ -81,7 +90,18 @@ class Reduce(NamedTuple):
     dst: Chunks
 
 
-Op = Union[Send, Recv, Copy, Reduce]
+class Read(NamedTuple):
+    """Copy ``src``, chunks of ``peer``'s window "win", into this rank's
+    ``dst`` chunks; with ``reduce`` combine them into what ``dst`` holds.
+    A local op: ``peer`` takes no part (see the module docstring)."""
+
+    peer: int
+    src: Chunks
+    dst: Chunks
+    reduce: bool = False
+
+
+Op = Union[Send, Recv, Copy, Reduce, Read]
 Step = tuple  # tuple[Op, ...]
 
 
@@ -92,7 +112,8 @@ class Schedule:
     ``steps`` is a tuple of steps, each a tuple of ops (see the module
     docstring for how they run). ``parts`` cuts every block into that many
     balanced parts. ``tmp_like`` names the buffer whose layout "tmp" copies,
-    or None when the schedule uses no scratch.
+    or None when the schedule uses no scratch; ``win_like`` likewise for the
+    shared window "win".
     """
 
     collective: str
@@ -103,6 +124,7 @@ class Schedule:
     parts: int = 1
     root: int = 0
     tmp_like: str | None = None
+    win_like: str | None = None
 
     def ops(self):
         """Every op of every step, in order."""

@@ -109,14 +109,15 @@ class Tuner:
         self._said: set = set()
 
     def choose(self, collective: str, nbytes: int, nranks: int, transport: str,
-               algorithm: Optional[str] = None, rank: int = 0, exclude=()) -> Choice:
-        """``exclude``: algorithms that cannot run this call (bruck on an
-        all_to_all with uneven splits): forcing one per call is an error,
-        forcing it with COLLIE_ALGO leaves the call to the table."""
+               algorithm: Optional[str] = None, rank: int = 0, exclude: Optional[dict] = None) -> Choice:
+        """``exclude`` maps algorithms that cannot run this call to why (bruck
+        on an all_to_all with uneven splits): forcing one per call is an
+        error, forcing it with COLLIE_ALGO leaves the call to the table."""
+        exclude = exclude or {}
         have = {name: f for name, f in algorithms.ALGORITHMS[collective].items() if name not in exclude}
         if algorithm in exclude:
             raise ValueError(f"{collective} cannot use algorithm {algorithm!r} for this call "
-                             f"(it needs equal block sizes on every rank); choose one of {', '.join(sorted(have))}")
+                             f"({exclude[algorithm]}); choose one of {', '.join(sorted(have))}")
         default = default_choice(collective, nbytes, nranks, transport)
         if algorithm is not None:
             if algorithm not in have:

@@ -21,6 +21,8 @@ implements (docs/algorithms.md gives their steps and bytes on the wire):
   rabenseifner        all_reduce reduce_scatter
   bruck               all_gather all_to_all
   pairwise            all_to_all
+  shm                 every collective but barrier, among ranks of one host:
+                      one-sided reads from the peers' shared windows
 
 The helpers below are shared by the builders: they write an algorithm as a
 list of (time, op) events, where a send and its matching receive carry the
@@ -221,4 +223,4 @@ def fold(nranks: int):
 
 
 # Importing the families registers them (the order is the listing order).
-from . import direct, ring, tree, dbtree, recursive_doubling, rabenseifner, bruck, pairwise  # noqa: E402,F401
+from . import direct, ring, tree, dbtree, recursive_doubling, rabenseifner, bruck, pairwise, shm  # noqa: E402,F401

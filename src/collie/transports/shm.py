@@ -5,6 +5,9 @@ Each rank owns one segment of shared memory::
     offset 0      this rank's doorbell (peers ring it)
     then          one inbound ring per peer, page aligned: written by that
                   peer, read by this rank
+    then          the window: memory this rank writes and its peers read
+                  directly (the shm algorithm's "win"), COLLIE_SHM_WINDOW_BYTES
+                  (default 64 MiB); its pages cost memory only once written
 
 A ring is a single-producer single-consumer queue of fixed-size slots::
 
@@ -65,6 +68,7 @@ from .doorbell import Doorbell
 
 DEFAULT_SLOTS = 8
 DEFAULT_SLOT_BYTES = 256 * 1024
+DEFAULT_WINDOW_BYTES = 64 << 20
 
 _PAGE = mmap.PAGESIZE
 _LINE = 64
@@ -301,6 +305,8 @@ class ShmTransport(Transport):
         if self.slot_bytes < _LINE or self.slot_bytes % _LINE:
             raise ValueError(f"COLLIE_SHM_SLOT_BYTES must be a positive multiple of 64, "
                              f"not {self.slot_bytes}")
+        self.window_bytes = _align(_env_int("COLLIE_SHM_WINDOW_BYTES", DEFAULT_WINDOW_BYTES), _PAGE)
+        self._windows: dict[int, memoryview] = {}  # rank -> its window, mapped here
         if memfd is None:
             memfd = os.environ.get("COLLIE_SHM_MEMFD", "1") != "0" and hasattr(os, "memfd_create")
         self._closed = False
@@ -325,7 +331,8 @@ class ShmTransport(Transport):
 
     def _create(self, memfd: bool) -> _Segment:
         ring = _ring_bytes(self.slots, self.slot_bytes)
-        size = _align(Doorbell.RESERVED, _PAGE) + ring * len(self.peers)
+        window_at = _align(Doorbell.RESERVED, _PAGE) + ring * len(self.peers)
+        size = window_at + self.window_bytes
         name = f"collie-{self.job_id}-{self.rank}-{os.getpid()}"
         try:
             seg = _Segment(size, memfd, name)
@@ -346,7 +353,12 @@ class ShmTransport(Transport):
             rings[str(peer)] = base
             self._in[peer] = _In(peer, _Ring(seg.mm, base, self.slots, self.slot_bytes))
         self._info = dict(seg.info(), slots=self.slots, slot_bytes=self.slot_bytes,
-                          npeers=len(self.peers), rings=rings)
+                          npeers=len(self.peers), rings=rings, window=window_at,
+                          window_bytes=self.window_bytes)
+        old = self._windows.pop(self.rank, None)
+        if old is not None:
+            old.release()
+        self._windows[self.rank] = memoryview(seg.mm)[window_at:window_at + self.window_bytes]
         return seg
 
     def _setup(self, store, timeout: float) -> None:
@@ -407,9 +419,24 @@ class ShmTransport(Transport):
             _close_mapping(old.mm)
         for peer in self.peers:
             info, mm = infos[peer], self._maps[peer]
+            self._windows[peer] = memoryview(mm)[info["window"]:info["window"] + info["window_bytes"]]
             ring = _Ring(mm, info["rings"][str(self.rank)], info["slots"], info["slot_bytes"])
             self._out[peer] = _Out(ring, Doorbell(mm, 0, create=False))
             self._in[peer].bell = self._out[peer].bell
+
+    # ---- windows ----
+
+    def window(self, rank: int) -> memoryview:
+        """The window of ``rank`` (this rank or a peer), as mapped here."""
+        try:
+            return self._windows[rank]
+        except KeyError:
+            raise self._bad_peer(rank) from None
+
+    def window_capacity(self) -> int:
+        """Bytes every rank of this host can use in every window: the
+        smallest window published (the ranks must agree on how to slice)."""
+        return min(len(v) for v in self._windows.values())
 
     # ---- posting ----
 
@@ -701,6 +728,9 @@ class ShmTransport(Transport):
         for peer in list(self._in):
             self.fail_peer(peer, gone)
         self._out_busy, self._in_busy = [], []
+        for view in self._windows.values():
+            view.release()
+        self._windows.clear()
         for state in list(self._out.values()) + list(self._in.values()):
             state.ring.drop()
         for out in self._out.values():
