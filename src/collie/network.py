@@ -102,8 +102,10 @@ class Network:
             raise ValueError(f"backend='shm' needs x86-64 Linux (its memory ordering), not {platform.machine()}")
         shm_peers = local if backend in ("auto", "shm") and _SHM_OK else []
         self.local_world_size = local_world_size or (len(local) + 1)
-        # More ranks than cores on this host: spin less, so peers get the CPU.
-        self._spin = SPIN_SECONDS if self.local_world_size <= (os.cpu_count() or 1) else SPIN_SECONDS / 5
+        # More ranks than cores on this host: spin less, and yield while
+        # spinning, so that the peers we wait for get the CPU.
+        self._crowded = self.local_world_size > (os.cpu_count() or 1)
+        self._spin = SPIN_SECONDS / 5 if self._crowded else SPIN_SECONDS
 
         self.shm = None
         if shm_peers:
@@ -272,9 +274,14 @@ class Network:
         start = time.monotonic()
         spin_until = start + self._spin
         announced = call is None
+        # Spin only when every peer is reached through shared memory: TCP
+        # requests complete on receiver threads, which need the GIL a
+        # spinning thread holds.
+        spin = self.shm is not None and all(
+            r.peer >= 0 and self.routes[r.peer] is self.shm for r in requests)
         while True:
             moved = self.progress()
-            pending = None
+            open_ = []
             for req in requests:
                 if isinstance(req, AnySourceRequest) and self._step_any(req):
                     moved = True  # a receive was just posted: give it a pass of progress
@@ -282,9 +289,10 @@ class Network:
                     self._raise_abort(describe)  # the root cause, if a peer told us one
                     raise self._explain(req, describe) from req.error
                 if not req.done:
-                    pending = req
-            if pending is None:
+                    open_.append(req)
+            if not open_:
                 return
+            requests = open_
             self._raise_abort(describe)
             now = time.monotonic()
             if not announced and now - start >= ANNOUNCE_AFTER:
@@ -305,7 +313,15 @@ class Network:
                     f"rank {self.rank}: {describe()} timed out after {timeout:g}s waiting for "
                     f"rank(s) {waiting or 'any'} (pending: "
                     f"{', '.join(repr(r) for r in requests if not r.done)})", tuple(waiting))
-            if now < spin_until and self.tcp not in self._transports_of(requests):
+            if spin and now < spin_until:
+                if self._crowded:
+                    os.sched_yield()  # more ranks than cores: let the peer we wait for run
+                continue
+            # Rings counted while we were spinning are stale: forget them,
+            # then look once more, so that a ring from now on wakes us and
+            # one that came before is not slept through.
+            self.doorbell.drain()
+            if self.progress() or self._abort is not None or any(r.finished for r in open_):
                 continue
             self.doorbell.wait(min(SLEEP_SLICE, start + timeout - now))
 
@@ -334,9 +350,6 @@ class Network:
                 text = self.meta_text or (lambda m: f"meta {m:#x}")
                 raise MismatchError(f"rank {self.rank}: {describe()}: rank {peer} called "
                                     f"{text(their_meta)} but rank {self.rank} called {text(meta)}")
-
-    def _transports_of(self, requests):
-        return {self.routes[r.peer] for r in requests if not r.finished and r.peer >= 0}
 
     def _step_any(self, req: AnySourceRequest) -> bool:
         """Advance an any-source receive; True if it found its peer just now."""
