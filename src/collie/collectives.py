@@ -271,10 +271,17 @@ def _same_dtype(buffers: Sequence[Buffer], what: str) -> str:
     return buffers[0].dtype_name
 
 
+_VALID_OPS: set = set()  # (op, dtype name) pairs already checked
+
+
 def _reduce_prep(buf: Buffer, op, what: str) -> ReduceOp:
-    op = as_op(op)
-    check_op(op, buf.dtype_name)
-    return op
+    if (op, buf.dtype_name) in _VALID_OPS:
+        return op
+    checked = as_op(op)
+    check_op(checked, buf.dtype_name)
+    if checked is op:
+        _VALID_OPS.add((op, buf.dtype_name))
+    return checked
 
 
 # ---- the collectives ----

@@ -167,6 +167,7 @@ def execute(plan_: Plan, arrays: dict, reduce_kernel: Optional[Callable], networ
     array, all of one dtype). ``peers`` maps group ranks to global ranks;
     ``describe(step)`` names the call for error messages."""
     dtype = next(iter(arrays.values())).dtype
+    itemsize = dtype.itemsize
     if plan_.schedule.tmp_like is not None and "tmp" not in arrays:
         arrays = dict(arrays, tmp=np.empty(plan_.tmp_count, dtype=dtype))
     windows = None
@@ -175,10 +176,20 @@ def execute(plan_: Plan, arrays: dict, reduce_kernel: Optional[Callable], networ
         windows = {g: np.frombuffer(network.window(peers[g]), dtype=dtype, count=plan_.win_count)
                    for g in range(len(peers))}
         arrays = dict(arrays, win=windows[plan_.schedule.rank])
+    views: dict = {}  # buffer -> its bytes, made on first use (slicing a memoryview is cheap)
 
-    def combine(dst: memoryview, src: memoryview) -> None:
-        reduce_kernel(np.frombuffer(dst, dtype), np.frombuffer(src, dtype))
+    def span(buf: str, lo: int, hi: int) -> memoryview:
+        view = views.get(buf)
+        if view is None:
+            view = views[buf] = memoryview(arrays[buf].view(np.uint8))
+        return view[lo * itemsize:hi * itemsize]
 
+    combine = None
+    if reduce_kernel is not None:
+        def combine(dst: memoryview, src: memoryview) -> None:
+            reduce_kernel(np.frombuffer(dst, dtype), np.frombuffer(src, dtype))
+
+    post_recv, post_send = network.post_recv, network.post_send
     call = (tag, meta, peers)
     nsteps = len(plan_.steps)
     for k, steps in enumerate(plan_.slices):
@@ -197,23 +208,21 @@ def execute(plan_: Plan, arrays: dict, reduce_kernel: Optional[Callable], networ
                 if not msg.pieces:
                     dst = _EMPTY
                 elif len(msg.pieces) == 1:
-                    buf, lo, hi = msg.pieces[0]
-                    dst = _bytes(arrays[buf][lo:hi])
+                    dst = span(*msg.pieces[0])
                 else:
                     staging = np.empty(msg.count, dtype=dtype)
                     dst = _bytes(staging)
                     unpack.append((msg, staging))
-                requests.append(network.irecv(peers[msg.peer], tag, dst,
-                                              combine if msg.reduce and len(msg.pieces) == 1 else None, meta))
+                requests.append(post_recv(peers[msg.peer], tag, dst,
+                                          combine if msg.reduce and len(msg.pieces) == 1 else None, meta))
             for msg in step.sends:
                 if not msg.pieces:
                     data = _EMPTY
                 elif len(msg.pieces) == 1:
-                    buf, lo, hi = msg.pieces[0]
-                    data = _bytes(arrays[buf][lo:hi])
+                    data = span(*msg.pieces[0])
                 else:
                     data = _bytes(np.concatenate([arrays[b][lo:hi] for b, lo, hi in msg.pieces]))
-                requests.append(network.isend(peers[msg.peer], tag, data, meta))
+                requests.append(post_send(peers[msg.peer], tag, data, meta))
             network.wait(requests, timeout=timeout, describe=lambda: describe(k * nsteps + index), call=call)
             for msg, staging in unpack:
                 at = 0

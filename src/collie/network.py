@@ -202,6 +202,21 @@ class Network:
         """Bytes of every shared window the ranks of this host agree to use (0: none)."""
         return self.shm.window_capacity() if self.shm is not None else 0
 
+    # The engine's posting calls: its peers are valid by construction, so
+    # they skip isend/irecv's argument checks (the hot path of small calls).
+
+    def post_send(self, peer: int, tag: int, data: memoryview, meta: int) -> Request:
+        with self.lock:
+            if self._lost:
+                self._fail_lost()
+            return self.routes[peer].isend(peer, tag, data, meta)
+
+    def post_recv(self, peer: int, tag: int, dst: memoryview, combine, meta: int) -> Request:
+        with self.lock:
+            if self._lost:
+                self._fail_lost()
+            return self.routes[peer].irecv(peer, tag, dst, combine, meta)
+
     def send_control(self, peer: int, payload: bytes) -> None:
         if peer not in self._lost:
             try:

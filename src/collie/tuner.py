@@ -52,52 +52,63 @@ def _segments(nbytes: int, pieces: int, target: int) -> int:
 
 
 def default_choice(collective: str, nbytes: int, nranks: int, transport: str) -> Choice:
-    """The tuned default for one call."""
-    have = algorithms.ALGORITHMS[collective]
-    small = nbytes <= (32 * KiB if transport == "shm" else 64 * KiB)
-    seg_target = 1 * MiB if transport == "shm" else 4 * MiB
+    """The tuned default for one call.
 
-    def pick(name, segments=1, why=""):
-        return Choice(name, segments, why)
-
+    Crossovers measured with `collie bench --algo all` on a 2-core machine
+    (docs/performance.md): over shared memory, small messages want the
+    fewest steps, mid sizes the trees and rings, and large ones the shm
+    algorithm's one-sided reads (no ring copies, three barriers).
+    """
     if nranks == 1:
-        return pick("direct", 1, "one rank: local copies only")
+        return Choice("direct", 1, "one rank: local copies only")
+    shm = transport == "shm"
+    few = nranks <= 2
+    segs = _segments(nbytes, nranks, 1 * MiB if shm else 4 * MiB)
     if collective == "barrier":
         if nranks <= 4:
-            return pick("direct", 1, "few ranks: one step of zero-byte messages")
-        return pick("recursive_doubling", 1, "dissemination: log2(n) steps")
+            return Choice("direct", 1, "few ranks: one step of zero-byte messages")
+        return Choice("recursive_doubling", 1, "dissemination: log2(n) steps")
     if collective == "all_reduce":
-        if small and nranks <= 4:
-            return pick("direct", 1, "small message, few ranks: one step, latency-bound")
-        if small:
-            return pick("recursive_doubling", 1, "small message: log2(n) steps, latency-bound")
-        if nranks == 2:
-            return pick("ring", _segments(nbytes, 2, seg_target),
-                        "two ranks: ring sends half the data each way, pipelined")
-        return pick("ring", _segments(nbytes, nranks, seg_target),
-                    "large message: ring moves 2(n-1)/n of the data per rank, the least")
+        if nbytes < 128 * KiB and few:
+            return Choice("direct", 1, "small message, two ranks: one exchange")
+        if nbytes < 32 * KiB:
+            return Choice("tree", 1, "small message: 2 log2(n) steps, fewest wake-ups")
+        if nbytes < 256 * KiB and nranks <= 4:
+            return Choice("direct", 1, "small message, few ranks: n-1 exchanges, no forwarding")
+        if shm and nbytes >= 8 * MiB:
+            return Choice("shm", 1, "large message on one host: one-sided reads, three barriers")
+        if few:
+            return Choice("dbtree", segs, "two ranks, mid size: pipelined halves both ways")
+        if shm:
+            return Choice("tree", segs, "mid size, ranks sharing cores: pipelined tree, fewest hand-offs")
+        return Choice("ring", segs, "large message: ring moves 2(n-1)/n of the data per rank, the least")
     if collective in ("broadcast", "reduce"):
-        if small or nranks == 2:
-            return pick("tree" if nranks > 4 else "direct", 1,
-                        "small message or two ranks: fewest steps")
-        return pick("ring", _segments(nbytes, 1, seg_target),
-                    "large message: pipelined chain, every link busy")
+        if shm and nbytes >= 8 * MiB and not few:
+            return Choice("shm", 1, "large message, ranks sharing cores: every rank reads the root's window")
+        if few or nbytes < 64 * KiB:
+            return Choice("direct" if nranks <= 4 else "tree", 1, "few ranks or small message: fewest steps")
+        return Choice("tree", segs, "pipelined binomial tree")
     if collective in ("all_gather", "reduce_scatter"):
-        total = nbytes * (nranks if collective == "all_gather" else 1)
-        if total <= 64 * KiB and nranks <= 8:
-            return pick("direct", 1, "small message: one step")
-        if total <= 64 * KiB and "bruck" in have:
-            return pick("bruck", 1, "small message: log2(n) steps")
-        return pick("ring", 1, "large message: ring moves (n-1)/n of the data per rank")
+        total = nbytes  # all_gather: the whole output; reduce_scatter: the whole input
+        if shm and 8 * MiB <= total < 32 * MiB:
+            return Choice("shm", 1, "large message on one host: one-sided reads")
+        if total < 4 * MiB and nranks <= 4:
+            return Choice("direct", 1, "one step, no forwarding")
+        if total < 256 * KiB:
+            return Choice("recursive_doubling" if collective == "all_gather" else "rabenseifner", 1,
+                          "small message: log2(n) steps")
+        return Choice("ring", 1, "large message: ring moves (n-1)/n of the data per rank")
     if collective == "all_to_all":
-        if nranks <= 8 or small:
-            return pick("direct", 1, "everyone sends to everyone in one step")
-        return pick("pairwise", 1, "many ranks: one peer per step keeps every link busy")
+        if shm and nbytes >= 8 * MiB and nranks <= 2:
+            return Choice("shm", 1, "large message on one host: one-sided reads")
+        if nranks <= 8:
+            return Choice("direct", 1, "everyone sends to everyone in one step")
+        return Choice("pairwise", 1, "many ranks: one peer per step keeps every link busy")
     if collective in ("gather", "scatter"):
-        if nranks <= 8 or not small:
-            return pick("direct", 1, "root exchanges with every rank at once")
-        return pick("tree", 1, "small message, many ranks: log2(n) steps")
-    return pick(sorted(have)[0], 1, "only choice")
+        if nranks <= 8 or nbytes >= 64 * KiB:
+            return Choice("direct", 1, "root exchanges with every rank at once")
+        return Choice("tree", 1, "small message, many ranks: log2(n) steps")
+    return Choice("direct", 1, "the default")
 
 
 class Tuner:
@@ -119,6 +130,8 @@ class Tuner:
             raise ValueError(f"{collective} cannot use algorithm {algorithm!r} for this call "
                              f"({exclude[algorithm]}); choose one of {', '.join(sorted(have))}")
         default = default_choice(collective, nbytes, nranks, transport)
+        if default.algorithm not in have:  # excluded for this call (uneven blocks...)
+            default = Choice("direct", 1, f"{default.algorithm} cannot run this call; direct can")
         if algorithm is not None:
             if algorithm not in have:
                 raise ValueError(f"{collective} has no algorithm {algorithm!r}; "
