@@ -42,7 +42,7 @@ from datetime import timedelta
 from typing import Iterable, Iterator, Mapping, Union
 from urllib.parse import parse_qs, urlsplit
 
-from .auth import handshake, token_from_env
+from .auth import handshake, recv_exact, token_from_env
 from .errors import AuthError, CollieError, CollieTimeout, PeerError
 
 __all__ = [
@@ -249,18 +249,6 @@ def _is_ip(host: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("the server closed the connection")
-        got += k
-    return bytes(buf)
 
 
 class _Parked:
@@ -706,8 +694,8 @@ class TCPStore(Store):
             try:
                 self._sock.settimeout(limit)
                 self._sock.sendall(_LEN.pack(len(body)) + body)
-                (n,) = _LEN.unpack(_recv_exact(self._sock, _LEN.size))
-                response = _recv_exact(self._sock, n)
+                (n,) = _LEN.unpack(recv_exact(self._sock, _LEN.size))
+                response = recv_exact(self._sock, n)
             except socket.timeout as exc:
                 self._broken = f"the store at {self._where} stopped answering (nothing within {limit:g}s)"
                 raise CollieTimeout(self._broken) from exc

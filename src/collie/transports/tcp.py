@@ -755,32 +755,6 @@ def _format_address(host: str, port: int) -> str:
 
 # -------------------------------------------------------------- benchmark
 
-class _FileStore:
-    """A store in a directory, for the benchmark below only (jobs use
-    collie.rendezvous): files appear atomically by rename."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def set(self, key: str, value: bytes) -> None:
-        name = os.path.join(self.path, key.replace("/", "%"))
-        with open(f"{name}.{os.getpid()}.tmp", "wb") as f:
-            f.write(value)
-        os.replace(f"{name}.{os.getpid()}.tmp", name)
-
-    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
-        name = os.path.join(self.path, key.replace("/", "%"))
-        deadline = time.monotonic() + (60.0 if timeout is None else timeout)
-        while True:
-            try:
-                with open(name, "rb") as f:
-                    return f.read()
-            except FileNotFoundError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"key {key!r} not set within {timeout} s") from None
-                time.sleep(0.002)
-
-
 def _wait(request: Request, doorbell) -> None:
     while not request.finished:
         doorbell.wait(1.0)
@@ -791,8 +765,10 @@ def _wait(request: Request, doorbell) -> None:
 def _bench_collie(rank: int, path: str, iters: int, nbytes: int, reps: int) -> dict:
     from .doorbell import Doorbell
 
+    from ..rendezvous import FileStore
+
     bell = Doorbell.private()
-    t = TcpTransport(rank, 2, _FileStore(path), "bench", bell, 30.0, None,
+    t = TcpTransport(rank, 2, FileStore(os.path.join(path, "store"), timeout=30.0), "bench", bell, 30.0, None,
                      lambda peer, exc: None, lambda peer, payload: None)
     other = 1 - rank
     small = memoryview(bytearray(8))
