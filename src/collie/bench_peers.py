@@ -163,8 +163,8 @@ def _gloo_rank(rank: int, cfg: Config, out: str) -> None:
 
 def run_gloo(n: int, cfg: Config, out: str) -> None:
     """The loop on ``n`` Gloo ranks started here; rank 0 writes rows to ``out``."""
-    from .bench import spawn_and_join
-    spawn_and_join(_gloo_rank, (cfg, out), n)
+    from .launch import spawn
+    spawn(_gloo_rank, args=(cfg, out), nprocs=n)
 
 
 def main(argv: list) -> int:

@@ -1,0 +1,64 @@
+"""The tuner: defaults, forcing by argument or COLLIE_ALGO, COLLIE_DEBUG=INFO."""
+
+import pytest
+
+from collie import algorithms
+from collie.tuner import Tuner, default_choice
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def test_every_default_is_a_registered_algorithm():
+    for collective in algorithms.ALGORITHMS:
+        for n in (1, 2, 3, 4, 8, 64):
+            for nbytes in (0, 8, 64 * KiB, MiB, 64 * MiB):
+                for transport in ("shm", "tcp"):
+                    choice = default_choice(collective, nbytes, n, transport)
+                    assert choice.algorithm in algorithms.algorithms_for(collective), (collective, n, nbytes)
+                    if transport == "tcp":
+                        assert choice.algorithm != "shm"
+
+
+def test_collie_algo_everywhere_applies_where_it_exists():
+    t = Tuner({"COLLIE_ALGO": "ring"})
+    assert t.choose("all_reduce", 8, 4, "shm").algorithm == "ring"
+    assert t.choose("broadcast", 8, 4, "shm").algorithm == "ring"
+    # all_to_all has no ring: the table decides
+    assert t.choose("all_to_all", 8, 4, "shm") == default_choice("all_to_all", 8, 4, "shm")
+
+
+def test_collie_algo_per_collective():
+    t = Tuner({"COLLIE_ALGO": "all_reduce:rabenseifner, broadcast:tree"})
+    assert t.choose("all_reduce", MiB, 4, "tcp").algorithm == "rabenseifner"
+    assert t.choose("broadcast", MiB, 4, "tcp").algorithm == "tree"
+    assert t.choose("all_gather", MiB, 4, "tcp") == default_choice("all_gather", MiB, 4, "tcp")
+
+
+def test_forcing_an_unknown_or_inapplicable_algorithm_is_an_error():
+    with pytest.raises(ValueError, match="all_reduce has no algorithm 'nope'"):
+        Tuner({}).choose("all_reduce", 8, 4, "shm", algorithm="nope")
+    with pytest.raises(ValueError, match="not all on one host"):
+        Tuner({}).choose("all_reduce", 8, 4, "tcp", algorithm="shm",
+                         exclude={"shm": "its ranks are not all on one host"})
+    with pytest.raises(ValueError, match="unknown collective"):
+        Tuner({"COLLIE_ALGO": "allreduce:ring"})
+    with pytest.raises(ValueError, match="COLLIE_ALGO forces all_to_all:ring"):
+        Tuner({"COLLIE_ALGO": "all_to_all:ring"}).choose("all_to_all", 8, 4, "shm")
+
+
+def test_an_excluded_default_falls_back():
+    t = Tuner({})
+    excluded = {"shm": "it needs equal block sizes on every rank"}
+    assert t.choose("all_to_all", 64 * MiB, 2, "shm", exclude=excluded).algorithm == "direct"
+
+
+def test_debug_info_says_what_and_why_once_per_size_band(capsys):
+    t = Tuner({"COLLIE_DEBUG": "INFO"})
+    t.choose("all_reduce", 8, 4, "shm", rank=0)
+    t.choose("all_reduce", 9, 4, "shm", rank=0)          # same band: said once
+    t.choose("all_reduce", 64 * MiB, 4, "shm", rank=0)
+    t.choose("all_reduce", 8, 4, "shm", rank=1)          # only rank 0 speaks
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("collie INFO tuner: all_reduce 8 bytes on 4 ranks over shm:")
+    assert "shm" in lines[1] and "67108864 bytes" in lines[1]
