@@ -35,8 +35,10 @@ order on both sides.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from ..schedule import COLLECTIVES, Chunk, Recv, Schedule, Send
 
@@ -149,7 +151,9 @@ def build(collective: str, algorithm: str, nranks: int, rank: int, root: int = 0
     return _build(collective, algorithm, nranks, rank, root, segments)
 
 
-@functools.lru_cache(maxsize=1 << 14)
+# A process runs few call shapes; a sweep over many (the verifier, the
+# simulator) should not keep them all.
+@functools.lru_cache(maxsize=1024)
 def _build(collective, algorithm, nranks, rank, root, segments):
     return ALGORITHMS[collective][algorithm](nranks, rank, root, segments)
 
@@ -165,33 +169,35 @@ def make_schedule(collective: str, algorithm: str, nranks: int, rank: int, root:
                   tmp_like: str | None = None) -> Schedule:
     """A Schedule whose steps are ``events`` grouped by time.
 
-    Within a step, local ops (Copy, Reduce) come first, then sends and
+    Within a step, local ops (Copy, Reduce, Read) come first, then sends and
     receives, each in the order they were given: a builder that emits the
     messages of one time in a canonical order (the same on the sending and the
     receiving side) gets matching messages in posting order. Times with no
     op make no step.
     """
-    ordered = sorted(events, key=lambda e: (e[0], isinstance(e[1], (Send, Recv))))
-    steps: list[tuple] = []
-    last = None
-    for time, op in ordered:
-        if time != last:
-            steps.append([])
-            last = time
-        steps[-1].append(op)
+    by_time: dict = {}  # time -> (local ops, sends and receives)
+    for time, op in events:
+        ops = by_time.get(time)
+        if ops is None:
+            ops = by_time[time] = ([], [])
+        ops[type(op) is Send or type(op) is Recv].append(op)
+    steps = tuple(tuple(local + comm) for _, (local, comm) in sorted(by_time.items()))
     return Schedule(collective=collective, algorithm=algorithm, nranks=nranks, rank=rank,
-                    steps=tuple(tuple(step) for step in steps), parts=parts, root=root,
-                    tmp_like=tmp_like)
+                    steps=steps, parts=parts, root=root, tmp_like=tmp_like)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def block(buf: str, index: int, parts: int = 1) -> tuple[Chunk, ...]:
-    """Every part of block ``index`` of ``buf``, in memory order."""
+    """Every part of block ``index`` of ``buf``, in memory order (shared:
+    schedules of many ranks name the same chunks)."""
     return tuple(Chunk(buf, index, p) for p in range(parts))
 
 
 def blocks(buf: str, indices: Iterable[int], parts: int = 1) -> tuple[Chunk, ...]:
     """Every part of the given blocks of ``buf``, block by block."""
-    return tuple(Chunk(buf, b, p) for b in indices for p in range(parts))
+    if parts == 1:
+        return tuple([block(buf, b)[0] for b in indices])
+    return tuple(itertools.chain.from_iterable(block(buf, b, parts) for b in indices))
 
 
 def log2_ceil(n: int) -> int:
@@ -199,27 +205,44 @@ def log2_ceil(n: int) -> int:
     return (n - 1).bit_length()
 
 
-def fold(nranks: int):
-    """Fold ``nranks`` onto the largest power of two ``p`` <= nranks.
+class Fold(NamedTuple):
+    """``nranks`` folded onto ``p``, the largest power of two <= nranks, as
+    recursive doubling and Rabenseifner do for any number of ranks: the first
+    2*extra ranks pair up, the even one of each pair handing its data to the
+    odd one, which stands for both among the p *active* ranks."""
 
-    Returns (p, extra, active, rank_of): the first 2*extra ranks pair up, the
-    even one of each pair handing its data to the odd one, which stands for
-    both; ``active(rank)`` is the rank's id among the p standing ranks (None
-    for the folded even ranks), ``rank_of(id)`` the inverse. This is how
-    recursive doubling and Rabenseifner handle any number of ranks.
-    """
-    p = 1 << (nranks.bit_length() - 1)
-    extra = nranks - p
+    p: int
+    extra: int
 
-    def active(rank: int):
-        if rank < 2 * extra:
+    @property
+    def steps(self) -> int:
+        """log2(p): the steps of a halving or doubling over the active ranks."""
+        return self.p.bit_length() - 1
+
+    def folded(self, rank: int) -> bool:
+        """Whether rank is one of the pairs (odd: stands for both, even: waits)."""
+        return rank < 2 * self.extra
+
+    def active(self, rank: int) -> int | None:
+        """The rank's id among the p active ranks (None for a waiting one)."""
+        if rank < 2 * self.extra:
             return rank // 2 if rank % 2 else None
-        return rank - extra
+        return rank - self.extra
 
-    def rank_of(ident: int) -> int:
-        return 2 * ident + 1 if ident < extra else ident + extra
+    def rank_of(self, ident: int) -> int:
+        """The rank with active id ``ident``."""
+        return 2 * ident + 1 if ident < self.extra else ident + self.extra
 
-    return p, extra, active, rank_of
+    def stood_for(self, lo: int, hi: int) -> range:
+        """The ranks that active ids lo..hi-1 stand for: a contiguous range."""
+        first = self.rank_of(lo) - (1 if lo < self.extra else 0)
+        return range(first, self.rank_of(hi - 1) + 1)
+
+
+def fold(nranks: int) -> Fold:
+    """Fold ``nranks`` onto the largest power of two <= nranks (see Fold)."""
+    p = 1 << (nranks.bit_length() - 1)
+    return Fold(p, nranks - p)
 
 
 # Importing the families registers them (the order is the listing order).

@@ -25,7 +25,7 @@ algorithm is registered with uniform_blocks=True.
 n ranks, K = ceil(log2 n), S = bytes of "out" (all_gather: of all of it;
 all_to_all: of this rank's "out"):
 
-  collective   steps   bytes sent per rank
+  collective   rounds  bytes sent per rank
   all_gather   K       S (n-1)/n
   all_to_all   K       about S/2 * K (each block moves once per set bit of delta)
 

@@ -1,4 +1,4 @@
-"""Double binary tree (NCCL 2.4): two binary trees over the same ranks, each
+r"""Double binary tree (NCCL 2.4): two binary trees over the same ranks, each
 carrying half of the data, built so that a rank is interior in at most one of
 them. A binary tree has depth log2(n), like a binomial one, but a rank
 forwards to at most two children, so with pipelining each link carries about
@@ -28,7 +28,7 @@ both trees (built over the other n-1 ranks) and move half h down or up tree h.
 n ranks, D = depth of the trees (about log2 n), s = segments, S = bytes of
 "out":
 
-  collective   steps             bytes sent per rank
+  collective   rounds            bytes sent per rank
   all_reduce   about 2D + s      about 2S for interior ranks, S for leaves
                (up then down)    (S/2 up and S/2 down per child and parent)
   broadcast    about D + s       root S; interior ranks S (S/2 to each child)
@@ -105,7 +105,19 @@ def inorder_tree(m: int, stagger: bool = False) -> Tree:
     return Tree(root, tuple(parent), tuple(children), tuple(depth), tuple(time))
 
 
+def _position(h: int, member: int, m: int) -> int:
+    """Position (1..m) of member 0..m-1 in tree 1 (h=0) or tree 2 (h=1),
+    which is tree 1 shifted by one position."""
+    return member + 1 if h == 0 else (member + 1) % m + 1
+
+
+def _member(h: int, position: int, m: int) -> int:
+    """The member at ``position`` of tree h (inverse of _position)."""
+    return position - 1 if h == 0 else (position - 2) % m
+
+
 def _part(h: int, g: int, s: int) -> tuple:
+    """Part g of half h: half h of the buffer travels through tree h."""
     return (Chunk("out", 0, h * s + g),)
 
 
@@ -113,13 +125,14 @@ def _part(h: int, g: int, s: int) -> tuple:
 def all_reduce(nranks, rank, root, segments):
     n, s = nranks, segments
     tree = inorder_tree(n)
-    # Tree h: rank r is at position pos[h](r); rank_at[h] inverts it.
-    pos = (lambda r: r + 1, lambda r: (r + 1) % n + 1)
-    rank_at = (lambda p: p - 1, lambda p: (p - 2) % n)
+
+    def rank_at(h, p):
+        return _member(h, p, n)
+
     events = []
     uses_tmp = False
     for h in (0, 1) if n > 1 else ():
-        x = pos[h](rank)
+        x = _position(h, rank, n)
         up, kids = tree.parent[x], tree.children[x]
         top = tree.time[tree.root]
         for g in range(s):
@@ -129,73 +142,83 @@ def all_reduce(nranks, rank, root, segments):
             # "tmp" and is added before this rank forwards the part.
             for i, c in enumerate(kids):
                 dst, combine = (part, True) if i == 0 else (tmp, False)
-                events.append((tree.time[c] + g, Recv(rank_at[h](c), dst, reduce=combine)))
+                events.append((tree.time[c] + g, Recv(rank_at(h, c), dst, reduce=combine)))
             ready = tree.time[x] + g
             if len(kids) == 2:
                 uses_tmp = True
                 events.append((ready, Reduce(tmp, part)))
             if up:
-                events.append((ready, Send(rank_at[h](up), part)))
+                events.append((ready, Send(rank_at(h, up), part)))
             # Broadcast down from the tree's root, one level per step.
             down = top + g + tree.depth[x]
             if up:
-                events.append((down - 1, Recv(rank_at[h](up), part)))
+                events.append((down - 1, Recv(rank_at(h, up), part)))
             for c in kids:
-                events.append((down, Send(rank_at[h](c), part)))
+                events.append((down, Send(rank_at(h, c), part)))
     return make_schedule("all_reduce", NAME, n, rank, root, events, parts=2 * s,
                          tmp_like="out" if uses_tmp else None)
 
 
-def _rooted(nranks, rank, root):
-    """The trees over the n-1 ranks other than the root, which sits above
-    both roots. Returns (tree, (pos, rank_at) per tree, v) with v the rank
-    relative to the root; positions are relative ranks 1..n-1, shifted by
-    one in tree 2."""
-    m = nranks - 1
-    v = (rank - root) % nranks
-    pos = (lambda u: u, lambda u: u % m + 1)
-    rank_at = (lambda p: (p + root) % nranks, lambda p: ((p - 2) % m + 1 + root) % nranks)
-    return m, v, pos, rank_at
+class _Rooted(NamedTuple):
+    """broadcast and reduce: the trees are built over the m = n-1 ranks
+    other than the root (members root+1, root+2, ...), and the root sits
+    above both tree roots."""
+
+    n: int
+    root: int
+
+    @property
+    def m(self) -> int:
+        return self.n - 1
+
+    def position(self, h: int, rank: int) -> int:
+        return _position(h, (rank - self.root) % self.n - 1, self.m)
+
+    def rank_at(self, h: int, position: int) -> int:
+        """The rank at a position of tree h; position 0 (above the tree's
+        root) is the root of the call."""
+        if position == 0:
+            return self.root
+        return (_member(h, position, self.m) + 1 + self.root) % self.n
 
 
 @register("broadcast", NAME, pipelined=True)
 def broadcast(nranks, rank, root, segments):
     s = segments
-    m, v, pos, rank_at = _rooted(nranks, rank, root)
+    trees = _Rooted(nranks, root)
     events = []
-    if m:
-        tree = inorder_tree(m)
+    if trees.m:
+        tree = inorder_tree(trees.m)
         for h in (0, 1):
             for g in range(s):
                 part = _part(h, g, s)
-                if v == 0:
-                    events.append((g, Send(rank_at[h](tree.root), part)))
+                if rank == root:
+                    events.append((g, Send(trees.rank_at(h, tree.root), part)))
                     continue
-                x = pos[h](v)
-                up = rank_at[h](tree.parent[x]) if tree.parent[x] else root
+                x = trees.position(h, rank)
                 down = g + tree.depth[x] + 1  # the root of the tree is at depth 1
-                events.append((down - 1, Recv(up, part)))
+                events.append((down - 1, Recv(trees.rank_at(h, tree.parent[x]), part)))
                 for c in tree.children[x]:
-                    events.append((down, Send(rank_at[h](c), part)))
+                    events.append((down, Send(trees.rank_at(h, c), part)))
     return make_schedule("broadcast", NAME, nranks, rank, root, events, parts=2 * s)
 
 
 @register("reduce", NAME, pipelined=True)
 def reduce(nranks, rank, root, segments):
     s = segments
-    m, v, pos, rank_at = _rooted(nranks, rank, root)
+    trees = _Rooted(nranks, root)
     events = []
     uses_tmp = False
-    if m:
-        tree = inorder_tree(m, stagger=True)
+    if trees.m:
+        tree = inorder_tree(trees.m, stagger=True)
         for h in (0, 1):
             for g in range(s):
                 part = _part(h, g, s)
-                if v == 0:
+                if rank == root:
                     top = tree.root
-                    events.append((tree.time[top] + g, Recv(rank_at[h](top), part, reduce=True)))
+                    events.append((tree.time[top] + g, Recv(trees.rank_at(h, top), part, reduce=True)))
                     continue
-                x = pos[h](v)
+                x = trees.position(h, rank)
                 kids = tree.children[x]
                 acc = part
                 if kids:  # add the children's parts to a copy of our own
@@ -204,8 +227,7 @@ def reduce(nranks, rank, root, segments):
                     first = min(tree.time[c] for c in kids) + g
                     events.append((first, Copy(part, acc)))
                 for c in kids:
-                    events.append((tree.time[c] + g, Recv(rank_at[h](c), acc, reduce=True)))
-                up = rank_at[h](tree.parent[x]) if tree.parent[x] else root
-                events.append((tree.time[x] + g, Send(up, acc)))
+                    events.append((tree.time[c] + g, Recv(trees.rank_at(h, c), acc, reduce=True)))
+                events.append((tree.time[x] + g, Send(trees.rank_at(h, tree.parent[x]), acc)))
     return make_schedule("reduce", NAME, nranks, rank, root, events, parts=2 * s,
                          tmp_like="out" if uses_tmp else None)

@@ -15,7 +15,7 @@ n-1 incoming messages one per step; each step is still one hop.
 
 n ranks, S = bytes of a rank's "out" (all_gather, gather: of its "in"):
 
-  collective       steps            bytes sent per rank
+  collective       rounds           bytes sent per rank
   broadcast        1                root (n-1)S, others 0
   reduce           n-1 (root)       non-root S, root 0
   gather, scatter  1                non-root S, root (n-1)S received/sent

@@ -27,7 +27,7 @@ and the odd rank of a pair sends its partner's finished block at the end.
 n ranks, p, e as above, L = log2 p, S = bytes of "out" (reduce_scatter: of
 "in"):
 
-  collective      steps             bytes sent per rank
+  collective      rounds            bytes sent per rank
   all_reduce      2L (+2 if e > 0)  2 S (p-1)/p (+S for a folded pair)
   reduce_scatter  L (+2 if e > 0)   S (p-1)/p (+S for a folded pair)
 
@@ -44,9 +44,9 @@ NAME = "rabenseifner"
 
 @register("all_reduce", NAME)
 def all_reduce(nranks, rank, root, segments):
-    p, extra, active, rank_of = fold(nranks)
-    steps = p.bit_length() - 1
-    me = active(rank)
+    f = fold(nranks)
+    p, steps = f.p, f.steps
+    me = f.active(rank)
     whole = block("out", 0, p)
 
     def parts(lo, hi):
@@ -57,13 +57,13 @@ def all_reduce(nranks, rank, root, segments):
         events.append((0, Send(rank + 1, whole)))
         events.append((2 * steps + 1, Recv(rank + 1, whole)))
         return make_schedule("all_reduce", NAME, nranks, rank, root, events, parts=p)
-    if rank < 2 * extra:
+    if f.folded(rank):
         events.append((0, Recv(rank - 1, whole, reduce=True)))
         events.append((2 * steps + 1, Send(rank - 1, whole)))
     lo, hi = 0, p
     for k in range(steps):  # recursive halving: keep the half we belong to
         d = p >> (k + 1)
-        peer = rank_of(me ^ d)
+        peer = f.rank_of(me ^ d)
         mid = lo + d
         if me & d:
             keep, give, lo = (mid, hi), (lo, mid), mid
@@ -73,7 +73,7 @@ def all_reduce(nranks, rank, root, segments):
         events.append((1 + k, Recv(peer, parts(*keep), reduce=True)))
     for k in range(steps):  # recursive doubling: swap finished ranges
         d = 1 << k
-        peer = rank_of(me ^ d)
+        peer = f.rank_of(me ^ d)
         theirs = (me ^ d) & ~(d - 1)
         events.append((1 + steps + k, Send(peer, parts(lo, hi))))
         events.append((1 + steps + k, Recv(peer, parts(theirs, theirs + d))))
@@ -84,14 +84,9 @@ def all_reduce(nranks, rank, root, segments):
 @register("reduce_scatter", NAME)
 def reduce_scatter(nranks, rank, root, segments):
     n = nranks
-    p, extra, active, rank_of = fold(n)
-    steps = p.bit_length() - 1
-    me = active(rank)
-
-    def stood_for(lo: int, hi: int) -> range:
-        """Blocks of the ranks that active ids lo..hi-1 stand for."""
-        first = rank_of(lo) - (1 if lo < extra else 0)
-        return range(first, rank_of(hi - 1) + 1)
+    f = fold(n)
+    p, steps = f.p, f.steps
+    me = f.active(rank)
 
     # Where the partial sum of each block is: "in" until this rank first
     # adds something to it, then "tmp", except its own block, kept in "out".
@@ -118,19 +113,19 @@ def reduce_scatter(nranks, rank, root, segments):
         events.append((0, Send(rank + 1, blocks("in", range(n)))))
         events.append((steps + 1, Recv(rank + 1, block("out", 0))))
         return make_schedule("reduce_scatter", NAME, n, rank, root, events)
-    if rank < 2 * extra:
+    if f.folded(rank):
         add_into(0, rank - 1, range(n))
         events.append((steps + 1, Send(rank - 1, (where[rank - 1],))))
     lo, hi = 0, p
     for k in range(steps):
         d = p >> (k + 1)
-        peer = rank_of(me ^ d)
+        peer = f.rank_of(me ^ d)
         mid = lo + d
         if me & d:
             keep, give, lo = (mid, hi), (lo, mid), mid
         else:
             keep, give, hi = (lo, mid), (mid, hi), mid
-        events.append((1 + k, Send(peer, tuple(where[b] for b in stood_for(*give)))))
-        add_into(1 + k, peer, stood_for(*keep))
+        events.append((1 + k, Send(peer, tuple(where[b] for b in f.stood_for(*give)))))
+        add_into(1 + k, peer, f.stood_for(*keep))
     return make_schedule("reduce_scatter", NAME, n, rank, root, events,
                          tmp_like="in" if n > 2 else None)

@@ -20,7 +20,7 @@ rank has heard, directly or not, from every rank.
 n ranks, p and e as above, L = log2 p, S = bytes of "out" (all_gather: of
 all of "out"):
 
-  collective   steps                     bytes sent per rank
+  collective   rounds                    bytes sent per rank
   all_reduce   L (+2 if e > 0)           L*S (+S for a folded pair)
   all_gather   L (+2 if e > 0)           S (n-1)/n when n = p (step k sends
                                          2^k blocks); a folded pair also
@@ -38,20 +38,20 @@ NAME = "recursive_doubling"
 
 @register("all_reduce", NAME)
 def all_reduce(nranks, rank, root, segments):
-    p, extra, active, rank_of = fold(nranks)
-    steps = p.bit_length() - 1
-    me = active(rank)
+    f = fold(nranks)
+    steps = f.steps
+    me = f.active(rank)
     out, tmp = block("out", 0), block("tmp", 0)
     events = []
     if me is None:  # folded: hand the data over, wait for the result
         events.append((0, Send(rank + 1, out)))
         events.append((steps + 1, Recv(rank + 1, out)))
     else:
-        if rank < 2 * extra:
+        if f.folded(rank):
             events.append((0, Recv(rank - 1, out, reduce=True)))
             events.append((steps + 1, Send(rank - 1, out)))
         for k in range(steps):
-            peer = rank_of(me ^ (1 << k))
+            peer = f.rank_of(me ^ (1 << k))
             # Send what we had before the step while adding in the partner's.
             events.append((k + 1, Copy(out, tmp)))
             events.append((k + 1, Send(peer, tmp)))
@@ -63,31 +63,25 @@ def all_reduce(nranks, rank, root, segments):
 @register("all_gather", NAME)
 def all_gather(nranks, rank, root, segments):
     n = nranks
-    p, extra, active, rank_of = fold(n)
-    steps = p.bit_length() - 1
-    me = active(rank)
-
-    def stood_for(lo: int, hi: int) -> range:
-        """The ranks that active ids lo..hi-1 stand for: a contiguous range."""
-        first = rank_of(lo) - (1 if lo < extra else 0)
-        return range(first, rank_of(hi - 1) + 1)
-
+    f = fold(n)
+    steps = f.steps
+    me = f.active(rank)
     # Our own block goes to "out" in the first step this rank takes part in.
-    events = [(0 if rank < 2 * extra else 1, Copy(block("in", 0), block("out", rank)))]
+    events = [(0 if f.folded(rank) else 1, Copy(block("in", 0), block("out", rank)))]
     if me is None:
         events.append((0, Send(rank + 1, block("in", 0))))
         events.append((steps + 1, Recv(rank + 1, blocks("out", [q for q in range(n) if q != rank]))))
     else:
-        if rank < 2 * extra:
+        if f.folded(rank):
             events.append((0, Recv(rank - 1, block("out", rank - 1))))
             events.append((steps + 1, Send(rank - 1, blocks("out", [q for q in range(n) if q != rank - 1]))))
         for k in range(steps):
             size = 1 << k
             mine = me & ~(size - 1)  # the aligned group of ids we hold
             theirs = mine ^ size
-            peer = rank_of(me ^ size)
-            events.append((k + 1, Send(peer, blocks("out", stood_for(mine, mine + size)))))
-            events.append((k + 1, Recv(peer, blocks("out", stood_for(theirs, theirs + size)))))
+            peer = f.rank_of(me ^ size)
+            events.append((k + 1, Send(peer, blocks("out", f.stood_for(mine, mine + size)))))
+            events.append((k + 1, Recv(peer, blocks("out", f.stood_for(theirs, theirs + size)))))
     return make_schedule("all_gather", NAME, n, rank, root, events)
 
 

@@ -33,7 +33,7 @@ rank has everything after n-2+s steps instead of (n-1)*s.
 n ranks, S = bytes of "out" (all_gather: of all of "out"; reduce_scatter: of
 "in"), s = segments:
 
-  collective       steps               bytes sent per rank
+  collective       rounds              bytes sent per rank
   all_reduce       2(n-1) + s-1        2 S (n-1)/n
   all_gather       n-1 + s-1           S (n-1)/n
   reduce_scatter   n-1 + s-1           S (n-1)/n
@@ -44,55 +44,61 @@ n ranks, S = bytes of "out" (all_gather: of all of "out"; reduce_scatter: of
 
 from __future__ import annotations
 
-from ..schedule import Chunk, Copy, Recv, Send
+from ..schedule import Chunk, Copy, Recv, Schedule, Send
 from . import block, make_schedule, register
 
 NAME = "ring"
 
 
-def _in_flight(s: int, time: int, first: int, last: int):
-    """(segment, ring step) for the segments whose ring step at ``time`` is
-    in [first, last): segment g takes ring step t at time g + t."""
-    return [(g, time - g) for g in range(max(0, time - last + 1), min(s, time - first + 1))]
+def _in_flight(s: int, time: int, first: int, last: int) -> range:
+    """Segments whose ring step at ``time`` is in [first, last): segment g
+    takes ring step t at time g + t."""
+    return range(max(0, time - last + 1), min(s, time - first + 1))
 
 
 @register("all_reduce", NAME, pipelined=True)
 def all_reduce(nranks, rank, root, segments):
     n, s = nranks, segments
     nxt, prv = (rank + 1) % n, (rank - 1) % n
-
-    # Part c of segment g is out part g*n + c: each segment is a contiguous
-    # slice of the buffer, cut into n chunks.
+    # Chunk c of segment g is out part g*n + c: each segment is a contiguous
+    # slice of the buffer, cut into n chunks. At time T segment g is at ring
+    # step t = T - g.
     part = [Chunk("out", 0, q) for q in range(n * s)]
-    events = []
+    steps = []
     for time in range(2 * (n - 1) + s - 1 if n > 1 else 0):
+        step = []
         # Reduce-scatter step t: send chunk r-t, add chunk r-t-1 from the left.
         scatter = _in_flight(s, time, 0, n - 1)
         if scatter:
-            events.append((time, Send(nxt, tuple(part[g * n + (rank - t) % n] for g, t in scatter))))
-            events.append((time, Recv(prv, tuple(part[g * n + (rank - t - 1) % n] for g, t in scatter),
-                                      reduce=True)))
+            step.append(Send(nxt, tuple([part[g * n + (rank - time + g) % n] for g in scatter])))
+            step.append(Recv(prv, tuple([part[g * n + (rank - time + g - 1) % n] for g in scatter]),
+                             reduce=True))
         # All-gather step u = t-(n-1): forward finished chunk r+1-u, receive r-u.
         gather = _in_flight(s, time, n - 1, 2 * (n - 1))
         if gather:
-            events.append((time, Send(nxt, tuple(part[g * n + (rank + n - t) % n] for g, t in gather))))
-            events.append((time, Recv(prv, tuple(part[g * n + (rank + n - 1 - t) % n] for g, t in gather))))
-    return make_schedule("all_reduce", NAME, n, rank, root, events, parts=n * s)
+            step.append(Send(nxt, tuple([part[g * n + (rank + n - time + g) % n] for g in gather])))
+            step.append(Recv(prv, tuple([part[g * n + (rank + n - 1 - time + g) % n] for g in gather])))
+        steps.append(tuple(step))
+    return Schedule("all_reduce", NAME, n, rank, tuple(steps), parts=n * s, root=root)
 
 
 @register("all_gather", NAME, pipelined=True)
 def all_gather(nranks, rank, root, segments):
     n, s = nranks, segments
     nxt, prv = (rank + 1) % n, (rank - 1) % n
-    events = [(0, Copy(block("in", 0, s), block("out", rank, s)))]
+    steps = []
     for time in range(n - 1 + s - 1 if n > 1 else 0):
         flight = _in_flight(s, time, 0, n - 1)
         # The first hop sends straight from "in"; later hops forward what
-        # the previous step received.
-        events.append((time, Send(nxt, tuple(
-            Chunk("in", 0, g) if t == 0 else Chunk("out", (rank - t) % n, g) for g, t in flight))))
-        events.append((time, Recv(prv, tuple(Chunk("out", (rank - t - 1) % n, g) for g, t in flight))))
-    return make_schedule("all_gather", NAME, n, rank, root, events, parts=s)
+        # the previous step received (block r-t at ring step t = time-g).
+        sent = tuple([Chunk("in", 0, g) if time == g else Chunk("out", (rank - time + g) % n, g)
+                      for g in flight])
+        got = tuple([Chunk("out", (rank - time + g - 1) % n, g) for g in flight])
+        steps.append((Send(nxt, sent), Recv(prv, got)))
+    # Our own block goes to "out" as a local op of the first step.
+    copy = (Copy(block("in", 0, s), block("out", rank, s)),)
+    steps[:1] = [copy + (steps[0] if steps else ())]
+    return Schedule("all_gather", NAME, n, rank, tuple(steps), parts=s, root=root)
 
 
 @register("reduce_scatter", NAME, pipelined=True)
@@ -102,20 +108,19 @@ def reduce_scatter(nranks, rank, root, segments):
     # "tmp" (laid out like "in"), except the last, which lands in "out".
     n, s = nranks, segments
     nxt, prv = (rank + 1) % n, (rank - 1) % n
-    events = []
+    steps = []
     if n == 1:
-        events.append((0, Copy(block("in", 0, s), block("out", 0, s))))
+        steps.append((Copy(block("in", 0, s), block("out", 0, s)),))
     for time in range(n - 1 + s - 1 if n > 1 else 0):
         flight = _in_flight(s, time, 0, n - 1)
-        events.append((time, Send(nxt, tuple(
-            Chunk("in" if t == 0 else "tmp", (rank - t - 1) % n, g) for g, t in flight))))
-        # Start each arriving partial sum from our own contribution.
-        got = [(g, (rank - t - 2) % n) for g, t in flight]
-        into = tuple(Chunk("out", 0, g) if b == rank else Chunk("tmp", b, g) for g, b in got)
-        events.append((time, Copy(tuple(Chunk("in", b, g) for g, b in got), into)))
-        events.append((time, Recv(prv, into, reduce=True)))
-    return make_schedule("reduce_scatter", NAME, n, rank, root, events, parts=s,
-                         tmp_like="in" if n > 2 else None)
+        sent = tuple([Chunk("in" if time == g else "tmp", (rank - time + g - 1) % n, g) for g in flight])
+        # Start each arriving partial sum (block r-t-2) from our own "in".
+        got = [((rank - time + g - 2) % n, g) for g in flight]
+        into = tuple([Chunk("out", 0, g) if b == rank else Chunk("tmp", b, g) for b, g in got])
+        steps.append((Copy(tuple([Chunk("in", b, g) for b, g in got]), into),
+                      Send(nxt, sent), Recv(prv, into, reduce=True)))
+    return Schedule("reduce_scatter", NAME, n, rank, tuple(steps), parts=s, root=root,
+                    tmp_like="in" if n > 2 else None)
 
 
 @register("broadcast", NAME, pipelined=True)

@@ -19,12 +19,12 @@ all_reduce and barrier are a reduce to rank 0 then a broadcast.
 n ranks, K = ceil(log2 n), S = bytes of "out" (gather/scatter: of one
 rank's block):
 
-  collective   steps            bytes sent per rank
+  collective   rounds           bytes sent per rank
   broadcast    K                root K*S; others S * children
   reduce       K                S (every rank but the root)
   gather       K                subtree(v) * S to the parent
   scatter      K                root (n-1)S; others (subtree - 1)S
-  all_reduce   2K               up to 2*K*S (rank 0)
+  all_reduce   2K               up to K*S (rank 0, in the broadcast)
   barrier      2K               zero-byte messages
 
 ``segments`` is ignored: pipelining does not shorten a binomial tree, since
