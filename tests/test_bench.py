@@ -140,9 +140,12 @@ def test_vs_gloo_checks_clean(tmp_path):
 
 
 def test_plot_without_matplotlib_is_one_clear_line(tmp_path):
-    if importlib.util.find_spec("matplotlib") is not None:
-        pytest.skip("matplotlib is installed")
-    done = _bench("--plot", str(tmp_path / "p.png"), timeout=30)
+    # Hide matplotlib, installed or not, behind a package that fails to import.
+    fake = tmp_path / "hide" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    path = os.pathsep.join([str(tmp_path / "hide"), os.environ.get("PYTHONPATH", "")])
+    done = _bench("--plot", str(tmp_path / "p.png"), env={"PYTHONPATH": path}, timeout=30)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "collie bench: --plot needs matplotlib, which is not installed: pip install matplotlib"]

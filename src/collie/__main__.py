@@ -15,6 +15,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("collie.launch:main", "start N ranks of a script on this host (like torchrun/mpiexec)"),
     "bench": ("collie.bench:main", "measure every collective's bandwidth, like nccl-tests (--vs mpi4py,gloo)"),
+    "verify": ("collie.verify:main", "prove every algorithm's schedules right for 1..64 ranks, symbolically"),
 }
 
 

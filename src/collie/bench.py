@@ -633,7 +633,11 @@ def write_json(path: str, rows: list) -> None:
 
 
 def plot_available() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def write_plot(path: str, rows: list) -> None:

@@ -10,11 +10,17 @@ schedule is two stages:
    array (sent and received in place, no staging copy). Plans are cached,
    so a collective called repeatedly with the same sizes plans once.
 
-2. execute(): for each step, run the local copies and reductions, post every
-   receive (first, so that data finds its destination waiting), then every
-   send, and wait for all of them. Receives that reduce combine the incoming
-   bytes into the destination piece by piece as they arrive, straight from
-   where the transport holds them.
+2. execute(): for each step, run the local copies, reductions and Reads
+   (from a peer's shared window), post every receive (first, so that data
+   finds its destination waiting), then every send, and wait for all of
+   them. Receives that reduce combine the incoming bytes into the
+   destination piece by piece as they arrive, straight from where the
+   transport holds them.
+
+A schedule with a shared window ("win", the shm algorithm) whose call needs
+more window than the host's windows hold runs in slices: slice k covers part
+k of every block, and each slice is a whole run of the schedule (which ends
+with every reader's "done", so the next slice may rewrite the windows).
 """
 
 from __future__ import annotations

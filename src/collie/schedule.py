@@ -38,8 +38,9 @@ A Read is one-sided: it copies from a peer's "win" without the peer taking
 part, so the schedule must order it with messages, typically zero-byte
 ones: the peer writes its window, then sends; the reader receives, then
 reads in a later step, then sends; the peer receives before it writes that
-part of its window again. The verifier checks that every Read is ordered so
-(a race on a window is a verification failure).
+part of its window again, and before its call ends (the next call, or the
+next slice of this one, writes the window again). The verifier checks that
+every Read is ordered so (a race on a window is a verification failure).
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
             return Choice("tree", 1, "small message: 2 log2(n) steps, fewest wake-ups")
         if nbytes < 256 * KiB and nranks <= 4:
             return Choice("direct", 1, "small message, few ranks: n-1 exchanges, no forwarding")
-        if shm and nbytes >= 8 * MiB:
+        if shm and nbytes >= (8 * MiB if few else 1 * MiB):
             return Choice("shm", 1, "large message on one host: one-sided reads, three barriers")
         if few:
             return Choice("dbtree", segs, "two ranks, mid size: pipelined halves both ways")
@@ -83,14 +83,14 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
             return Choice("tree", segs, "mid size, ranks sharing cores: pipelined tree, fewest hand-offs")
         return Choice("ring", segs, "large message: ring moves 2(n-1)/n of the data per rank, the least")
     if collective in ("broadcast", "reduce"):
-        if shm and nbytes >= 8 * MiB and not few:
+        if collective == "broadcast" and shm and nbytes >= 8 * MiB and not few:
             return Choice("shm", 1, "large message, ranks sharing cores: every rank reads the root's window")
-        if few or nbytes < 64 * KiB:
+        if (few and nbytes < 32 * MiB) or nbytes < 64 * KiB:
             return Choice("direct" if nranks <= 4 else "tree", 1, "few ranks or small message: fewest steps")
         return Choice("tree", segs, "pipelined binomial tree")
     if collective in ("all_gather", "reduce_scatter"):
         total = nbytes  # all_gather: the whole output; reduce_scatter: the whole input
-        if shm and 8 * MiB <= total < 32 * MiB:
+        if shm and (8 * MiB <= total < 32 * MiB if few else total >= 4 * MiB):
             return Choice("shm", 1, "large message on one host: one-sided reads")
         if total < 4 * MiB and nranks <= 4:
             return Choice("direct", 1, "one step, no forwarding")
@@ -99,7 +99,7 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
                           "small message: log2(n) steps")
         return Choice("ring", 1, "large message: ring moves (n-1)/n of the data per rank")
     if collective == "all_to_all":
-        if shm and nbytes >= 8 * MiB and nranks <= 2:
+        if shm and 8 * MiB <= nbytes < 32 * MiB and few:
             return Choice("shm", 1, "large message on one host: one-sided reads")
         if nranks <= 8:
             return Choice("direct", 1, "everyone sends to everyone in one step")
