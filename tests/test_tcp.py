@@ -283,7 +283,8 @@ def _combine_raises(r: Rank):
     r.wait_for(lambda: posted.finished and queued.finished)
     assert isinstance(posted.error, ZeroDivisionError) and isinstance(queued.error, ZeroDivisionError)
     r.wait(req)  # the connection is fine
-    assert bytes(dst) == b"fine" and not r.lost
+    died = [lost for lost in r.lost if "left" not in lost[2]]  # rank 0 may have left by now
+    assert bytes(dst) == b"fine" and not died
     return True
 
 

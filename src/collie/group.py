@@ -4,7 +4,7 @@ A ProcessGroup is an ordered subset of the world's ranks. Group ranks are
 positions in that order; the public API takes and returns *global* ranks
 (src=, dst=, the ranks of new_group), as torch.distributed does.
 
-Groups never interfere: every message carries a tag whose top 16 bits are
+Groups never interfere: every message carries a tag whose top 15 bits (below the sign bit) are
 the group's *context*, so messages of one group are never matched by another
 group's receives. The members of a new group agree on its context the way
 MPI does: each rank knows the next number it has not used, and the group
@@ -27,7 +27,7 @@ from .errors import CollieError
 TAG_BITS = 47                     # bits for a user tag or a collective's sequence number
 MAX_TAG = (1 << TAG_BITS) - 1
 _COLLECTIVE_BIT = 1 << TAG_BITS   # set in tags of collectives, clear in point-to-point tags
-MAX_CONTEXTS = 1 << 16
+MAX_CONTEXTS = 1 << 15  # context << 48 must fit a signed 64-bit tag
 
 
 class ProcessGroup:
@@ -135,7 +135,7 @@ def _agree_context(parent: ProcessGroup, count: int, extra=()) -> tuple[int, lis
     all_gather_into_tensor(every, mine, group=parent)
     rows = every.reshape(parent.size, mine.size)
     base = int(rows[:, 0].max())
-    if base + count > MAX_CONTEXTS:
+    if base + count > MAX_CONTEXTS - 1:  # the last one is for leaving
         raise CollieError(f"too many groups: at most {MAX_CONTEXTS - 1} can be created")
     w.next_context = base + count
     return base, rows[:, 1:].tolist()
@@ -290,6 +290,10 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         if group in _world.groups:
             _world.groups.remove(group)
         return
+    if _world.background is not None:  # the async_op=True calls finish first
+        _world.background.drain()
+        _world.background.stop()
+    _leave_together(_world)
     w, _world = _world, None
     try:
         w.network.close()
@@ -299,6 +303,30 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
                 w.store.close()
             except Exception:
                 pass
+
+
+LEAVE_TIMEOUT = 2.0
+_LEAVE_CONTEXT = MAX_CONTEXTS - 1  # never given to a user group (see _agree_context)
+
+
+def _leave_together(w: _World) -> None:
+    """Leave in order, as far as the peers allow: meet every rank, let rank 0
+    close the store it serves, meet again. A rank that leaves has then seen
+    the old store gone, so that an init right after (on the same port) can
+    only reach the new one. The meetings use a context of their own, so they
+    never match a collective a peer is still in; a peer that died, or that
+    is busy elsewhere, costs at most LEAVE_TIMEOUT: leaving never fails."""
+    from .collectives import barrier
+    if w.group.size == 1:
+        return
+    leave = ProcessGroup(w.network, w.group.ranks, _LEAVE_CONTEXT, LEAVE_TIMEOUT, "leave")
+    try:
+        barrier(group=leave)
+        if leave.rank == 0 and w.owns_store:
+            w.store.close()
+        barrier(group=leave)
+    except CollieError:
+        pass
 
 
 def _close_at_exit() -> None:
