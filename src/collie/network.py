@@ -284,6 +284,11 @@ class Network:
         ``call`` = (tag, meta, peers) identifies a collective: if it is stuck
         for ANNOUNCE_AFTER seconds, the peers are told which call this is.
         """
+        for req in requests:  # the fast path: already done (a small send on shm, say)
+            if not req.done:
+                break
+        else:
+            return
         requests = list(requests)
         timeout = self.timeout if timeout is None else timeout
         start = time.monotonic()
