@@ -190,10 +190,8 @@ def execute(plan_: Plan, arrays: dict, reduce_kernel: Optional[Callable], networ
             view = views[buf] = memoryview(arrays[buf].view(np.uint8))
         return view[lo * itemsize:hi * itemsize]
 
-    combine = None
-    if reduce_kernel is not None:
-        def combine(dst: memoryview, src: memoryview) -> None:
-            reduce_kernel(np.frombuffer(dst, dtype), np.frombuffer(src, dtype))
+    def combine(dst: memoryview, src: memoryview) -> None:
+        reduce_kernel(np.frombuffer(dst, dtype), np.frombuffer(src, dtype))
 
     post_recv, post_send = network.post_recv, network.post_send
     call = (tag, meta, peers)

@@ -58,15 +58,13 @@ on the doorbell can delay them by up to sys.getswitchinterval(). The receiver
 thread is also why a small message costs about three times what it costs on
 a bare socket: the kernel wakes the receiver, which wakes the waiting thread.
 
-Run ``python -m collie.transports.tcp`` for a ping-pong and bandwidth
-benchmark against a plain pair of sockets.
+``collie pingpong`` measures it against a plain pair of sockets.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import select
 import socket
 import struct
@@ -81,7 +79,7 @@ from ..auth import handshake, recv_exact
 from ..errors import CollieError, CollieTimeout, PeerError
 from .base import Combine, MessageMismatch, Request, Transport
 
-__all__ = ["TcpTransport", "HEADER", "DATA", "CONTROL", "BYE", "bench_pingpong"]
+__all__ = ["TcpTransport", "HEADER", "DATA", "CONTROL", "BYE"]
 
 _log = logging.getLogger(__name__)
 
@@ -751,149 +749,3 @@ def _listen_address(master_addr: str) -> tuple:
 
 def _format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-# -------------------------------------------------------------- benchmark
-
-def _wait(request: Request, doorbell) -> None:
-    while not request.finished:
-        doorbell.wait(1.0)
-    if request.error is not None:
-        raise request.error
-
-
-def _bench_collie(rank: int, path: str, iters: int, nbytes: int, reps: int) -> dict:
-    from .doorbell import Doorbell
-
-    from ..rendezvous import FileStore
-
-    bell = Doorbell.private()
-    t = TcpTransport(rank, 2, FileStore(os.path.join(path, "store"), timeout=30.0), "bench", bell, 30.0, None,
-                     lambda peer, exc: None, lambda peer, payload: None)
-    other = 1 - rank
-    small = memoryview(bytearray(8))
-    big = memoryview(np.ones(nbytes, np.uint8))
-    result = {}
-    try:
-        for phase, count in (("warm", 200), ("run", iters)):
-            start = time.perf_counter()
-            for _ in range(count):
-                if rank == 0:
-                    _wait(t.isend(other, 1, small), bell)
-                    _wait(t.irecv(other, 2, small), bell)
-                else:
-                    _wait(t.irecv(other, 1, small), bell)
-                    _wait(t.isend(other, 2, small), bell)
-            result["rtt_us"] = (time.perf_counter() - start) / count * 1e6
-        start = time.perf_counter()
-        for _ in range(reps):  # the receive is posted first: data goes straight into place
-            if rank == 0:
-                _wait(t.irecv(other, 3, small), bell)
-                _wait(t.isend(other, 4, big), bell)
-            else:
-                r = t.irecv(other, 4, big)
-                _wait(t.isend(other, 3, small), bell)
-                _wait(r, bell)
-        _wait(t.isend(other, 5, small), bell)  # final round trip: all data arrived
-        _wait(t.irecv(other, 5, small), bell)
-        result["gbps"] = nbytes * reps / (time.perf_counter() - start) / 1e9
-    finally:
-        t.close()
-    return result
-
-
-def _bench_sockets(rank: int, sock: socket.socket, iters: int, nbytes: int, reps: int) -> dict:
-    def recv_exactly(view: memoryview) -> None:
-        got = 0
-        while got < len(view):
-            got += sock.recv_into(view[got:])
-
-    small = memoryview(bytearray(8))
-    big = memoryview(np.ones(nbytes, np.uint8))
-    result = {}
-    for count in (200, iters):
-        start = time.perf_counter()
-        for _ in range(count):
-            if rank == 0:
-                sock.sendall(small)
-                recv_exactly(small)
-            else:
-                recv_exactly(small)
-                sock.sendall(small)
-        result["rtt_us"] = (time.perf_counter() - start) / count * 1e6
-    start = time.perf_counter()
-    for _ in range(reps):
-        if rank == 0:
-            recv_exactly(small)
-            sock.sendall(big)
-        else:
-            sock.sendall(small)
-            recv_exactly(big)
-    if rank == 0:
-        sock.sendall(small)
-        recv_exactly(small)
-    else:
-        recv_exactly(small)
-        sock.sendall(small)
-    result["gbps"] = nbytes * reps / (time.perf_counter() - start) / 1e9
-    return result
-
-
-def _bench_child(rank: int, kind: str, arg, iters: int, nbytes: int, reps: int, results) -> None:
-    if kind == "collie":
-        out = _bench_collie(rank, arg, iters, nbytes, reps)
-    else:
-        if kind == "tcp socket pair" and rank == 0:
-            sock = arg[0].accept()[0]
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        elif kind == "tcp socket pair":
-            sock = socket.create_connection(arg[0].getsockname())
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        else:
-            sock = arg[rank]
-        out = _bench_sockets(rank, sock, iters, nbytes, reps)
-    if rank == 0:
-        results.put(out)
-
-
-def bench_pingpong(iters: int = 5000, nbytes: int = 64 << 20, reps: int = 20) -> dict:
-    """Round trip of 8 bytes and bandwidth of ``nbytes`` messages between two
-    processes: collie's TCP transport next to plain sockets, in one run
-    (figures on a shared machine only mean something side by side).
-    Returns {name: {"rtt_us": ..., "gbps": ...}}."""
-    import multiprocessing
-    import tempfile
-
-    ctx = multiprocessing.get_context("fork")
-    results = ctx.Queue()
-    out = {}
-    with tempfile.TemporaryDirectory() as path:
-        listener = socket.create_server(("127.0.0.1", 0))
-        unix_pair = socket.socketpair()
-        args = {"collie": path, "tcp socket pair": (listener,), "unix socketpair": unix_pair}
-        try:
-            for kind, arg in args.items():
-                procs = [ctx.Process(target=_bench_child,
-                                     args=(rank, kind, arg, iters, nbytes, reps, results))
-                         for rank in range(2)]
-                for proc in procs:
-                    proc.start()
-                try:
-                    out[kind] = results.get(timeout=300)
-                finally:
-                    for proc in procs:
-                        proc.join(10)
-                        if proc.is_alive():
-                            proc.kill()
-                            proc.join(10)
-        finally:
-            listener.close()
-            for sock in unix_pair:
-                sock.close()
-    return out
-
-
-if __name__ == "__main__":
-    for name, figures in bench_pingpong().items():
-        print(f"{name:18s} round trip 8 B: {figures['rtt_us']:7.1f} us   "
-              f"64 MiB messages: {figures['gbps']:6.2f} GB/s")
