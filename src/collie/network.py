@@ -88,7 +88,6 @@ class Network:
         self._failed_seen: set[int] = set()
         self._abort: Optional[tuple[int, str, str]] = None  # (peer, error kind, message)
         self._states: dict[int, tuple[int, int]] = {}        # peer -> (tag, meta) it is stuck in
-        self.on_control: Optional[Callable[[int, bytes], None]] = None
         self.meta_text: Optional[Callable[[int], str]] = None  # decodes meta words for errors
         self._closed = False
 
@@ -145,8 +144,6 @@ class Network:
             if self._abort is None:
                 kind, _, message = payload[len(b"abort:"):].decode(errors="replace").partition("\0")
                 self._abort = (peer, kind, message)
-        elif self.on_control is not None:
-            self.on_control(peer, payload)
         self.doorbell.ring()
 
     # ---- posting ----
