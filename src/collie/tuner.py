@@ -99,8 +99,8 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
                           "small message: log2(n) steps")
         return Choice("ring", 1, "large message: ring moves (n-1)/n of the data per rank")
     if collective == "all_to_all":
-        if shm and 8 * MiB <= nbytes < 32 * MiB and few:
-            return Choice("shm", 1, "large message on one host: one-sided reads")
+        # No size here: with uneven splits every rank sees another size, and
+        # all ranks must choose the same algorithm (the call passes 0).
         if nranks <= 8:
             return Choice("direct", 1, "everyone sends to everyone in one step")
         return Choice("pairwise", 1, "many ranks: one peer per step keeps every link busy")
