@@ -13,7 +13,6 @@ left, and checks that no collie-<job>-* entry is left in /dev/shm.
 
 from __future__ import annotations
 
-import fcntl
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -25,6 +24,8 @@ import traceback
 import uuid
 
 import numpy as np
+
+from collie.rendezvous import FileStore as _LibraryFileStore
 import pytest
 
 from collie.errors import CollieError, PeerError
@@ -41,41 +42,10 @@ S = shm.DEFAULT_SLOT_BYTES
 
 # ---- helpers ----
 
-class FileStore:
-    """set/get/add over a directory: writes by atomic rename, add under flock."""
-
-    def __init__(self, root: str):
-        self.root = root
-
-    def _path(self, key: str) -> str:
-        return os.path.join(self.root, key.replace("/", "%"))
-
-    def set(self, key: str, value: bytes) -> None:
-        tmp = f"{self._path(key)}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(value)
-        os.replace(tmp, self._path(key))
-
-    def check(self, key: str) -> bool:
-        return os.path.exists(self._path(key))
-
-    def get(self, key: str, timeout: float | None = None) -> bytes:
-        deadline = time.monotonic() + (30.0 if timeout is None else timeout)
-        while True:
-            try:
-                with open(self._path(key), "rb") as f:
-                    return f.read()
-            except FileNotFoundError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"store key {key!r} did not appear") from None
-                time.sleep(0.001)
-
-    def add(self, key: str, amount: int) -> int:
-        with open(os.path.join(self.root, ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            value = int(self.get(key, 0)) if self.check(key) else 0
-            self.set(key, str(value + amount).encode())
-            return value + amount
+def FileStore(root: str):
+    """The library's file store, kept in directory ``root`` (the ranks are forked)."""
+    os.makedirs(root, exist_ok=True)
+    return _LibraryFileStore(os.path.join(root, "store"), timeout=30.0)
 
 
 class DictStore:

@@ -19,6 +19,8 @@ import time
 import traceback
 
 import numpy as np
+
+from collie.rendezvous import FileStore
 import pytest
 
 from collie.errors import CollieError, PeerError
@@ -30,31 +32,10 @@ from collie.transports.tcp import HEADER, TcpTransport
 MiB = 1 << 20
 
 
-class DirStore:
-    """A key-value store in a directory; values appear atomically by rename."""
-
-    def __init__(self, path):
-        self.path = str(path)
-
-    def _name(self, key: str) -> str:
-        return os.path.join(self.path, key.replace("/", "%"))
-
-    def set(self, key: str, value: bytes) -> None:
-        tmp = f"{self._name(key)}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(value)
-        os.replace(tmp, self._name(key))
-
-    def get(self, key: str, timeout=None) -> bytes:
-        deadline = time.monotonic() + (30 if timeout is None else timeout)
-        while True:
-            try:
-                with open(self._name(key), "rb") as f:
-                    return f.read()
-            except FileNotFoundError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"store key {key!r} not set") from None
-                time.sleep(0.001)
+def DirStore(path: str):
+    """The library's file store, kept in directory ``path`` (the ranks are forked)."""
+    os.makedirs(path, exist_ok=True)
+    return FileStore(os.path.join(path, "store"), timeout=30.0)
 
 
 class Rank:
