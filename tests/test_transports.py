@@ -79,7 +79,6 @@ def test_combine_reduces_in_place(backend):
 
 
 def _mismatch_body(rank, size):
-    from collie.transports.base import MessageMismatch
     net = _net()
     if rank == 0:
         reqs = [net.isend(1, 4, memoryview(np.zeros(100, np.uint8)), meta=7),
