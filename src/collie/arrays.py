@@ -102,7 +102,7 @@ class Buffer:
 
     def bytes(self) -> memoryview:
         """The whole buffer as a flat, writable-if-possible byte view."""
-        return memoryview(self.flat.view(np.uint8)) if self.flat.size else memoryview(b"")
+        return memoryview(self.flat).cast("B")
 
     def finish(self) -> None:
         """Copy results back into a non-contiguous original."""
@@ -111,7 +111,5 @@ class Buffer:
 
 
 def byte_view(arr: np.ndarray) -> memoryview:
-    """A flat byte memoryview of a contiguous array (empty arrays included)."""
-    if arr.size == 0:
-        return memoryview(bytearray(0))
-    return memoryview(arr.reshape(-1).view(np.uint8))
+    """A flat byte memoryview of a C-contiguous array (empty arrays included)."""
+    return memoryview(arr).cast("B")

@@ -27,6 +27,9 @@ _OBJECT_TAG = MAX_TAG  # object lists travel on their own tag, apart from arrays
 def _peer(g: ProcessGroup, rank: Optional[int], group_rank: Optional[int], role: str,
           what: str, allow_any: bool = False) -> Optional[int]:
     """The peer's global rank, validated for ``g``."""
+    if type(rank) is int and group_rank is None and g.rank >= 0 and rank in g._index \
+            and rank != g.network.rank:
+        return rank  # the common case, checked at once
     g.require_member(what)
     if rank is not None and group_rank is not None:
         raise ValueError(f"{what}: give {role} or group_{role}, not both")
@@ -52,15 +55,26 @@ def _describe(g: ProcessGroup, what: str, peer, tag: int):
                    f"(group {g.name}, tag {tag}, point-to-point call #{n})"
 
 
+def _post_send(tensor, dst, group, tag, group_dst, what):
+    g = resolve(group)
+    peer = _peer(g, dst, group_dst, "dst", what)
+    buf = Buffer(tensor, writable=False, what=f"{what} tensor")
+    return g, peer, buf, g.network.isend(peer, g.p2p_tag(tag), buf.bytes())
+
+
+def _post_recv(tensor, src, group, tag, group_src, what):
+    g = resolve(group)
+    peer = _peer(g, src, group_src, "src", what, allow_any=True)
+    buf = Buffer(tensor, writable=True, what=f"{what} tensor")
+    req = g.network.irecv(peer, g.p2p_tag(tag), buf.bytes(), candidates=g.ranks if peer is None else None)
+    return g, peer, buf, req
+
+
 def isend(tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
           group_dst: Optional[int] = None) -> Work:
     """Start sending ``tensor`` to ``dst``; the tensor must not change until
     the returned Work completes."""
-    g = resolve(group)
-    peer = _peer(g, dst, group_dst, "dst", "isend")
-    buf = Buffer(tensor, writable=False, what="isend tensor")
-    t = g.p2p_tag(tag)
-    req = g.network.isend(peer, t, buf.bytes())
+    g, peer, buf, req = _post_send(tensor, dst, group, tag, group_dst, "isend")
     return Work(g.network, [req], _describe(g, "send to", peer, tag), keep=buf, timeout=g.timeout)
 
 
@@ -68,11 +82,7 @@ def irecv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = Non
           group_src: Optional[int] = None) -> Work:
     """Start receiving into ``tensor`` from ``src`` (any rank of the group
     when None). The Work's result() is the sender's global rank."""
-    g = resolve(group)
-    peer = _peer(g, src, group_src, "src", "irecv", allow_any=True)
-    buf = Buffer(tensor, writable=True, what="irecv tensor")
-    t = g.p2p_tag(tag)
-    req = g.network.irecv(peer, t, buf.bytes(), candidates=g.ranks if peer is None else None)
+    g, peer, buf, req = _post_recv(tensor, src, group, tag, group_src, "irecv")
 
     def done():
         buf.finish()
@@ -82,17 +92,25 @@ def irecv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = Non
                 timeout=g.timeout)
 
 
+# The blocking calls post and wait without making a Work: the same requests
+# and the same waiting loop, with less to build on the hot path.
+
 def send(tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
          group_dst: Optional[int] = None) -> None:
     """Send ``tensor`` to ``dst`` and return once it may be reused."""
-    isend(tensor, dst, group, tag, group_dst).wait()
+    g, peer, buf, req = _post_send(tensor, dst, group, tag, group_dst, "send")
+    if not req.done:
+        g.network.wait((req,), timeout=g.timeout, describe=_describe(g, "send to", peer, tag))
 
 
 def recv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
          group_src: Optional[int] = None) -> int:
     """Receive into ``tensor`` from ``src`` (any rank when None); returns the
     sender's global rank."""
-    return irecv(tensor, src, group, tag, group_src).result()
+    g, peer, buf, req = _post_recv(tensor, src, group, tag, group_src, "recv")
+    g.network.wait((req,), timeout=g.timeout, describe=_describe(g, "receive from", peer, tag))
+    buf.finish()
+    return req.peer
 
 
 class P2POp:
