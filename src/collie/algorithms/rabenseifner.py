@@ -42,6 +42,22 @@ from . import block, blocks, fold, make_schedule, register
 NAME = "rabenseifner"
 
 
+def _halving(f, me: int):
+    """Recursive halving among the p standing ranks: at step k, the peer and
+    the ranges (of p parts) this rank keeps and gives away. Yields
+    (k, peer, keep, give); the kept range halves every step and ends as
+    [me, me + 1)."""
+    lo, hi = 0, f.p
+    for k in range(f.steps):
+        d = f.p >> (k + 1)
+        mid = lo + d
+        if me & d:
+            keep, give, lo = (mid, hi), (lo, mid), mid
+        else:
+            keep, give, hi = (lo, mid), (mid, hi), mid
+        yield k, f.rank_of(me ^ d), keep, give
+
+
 @register("all_reduce", NAME)
 def all_reduce(nranks, rank, root, segments):
     f = fold(nranks)
@@ -60,17 +76,10 @@ def all_reduce(nranks, rank, root, segments):
     if f.folded(rank):
         events.append((0, Recv(rank - 1, whole, reduce=True)))
         events.append((2 * steps + 1, Send(rank - 1, whole)))
-    lo, hi = 0, p
-    for k in range(steps):  # recursive halving: keep the half we belong to
-        d = p >> (k + 1)
-        peer = f.rank_of(me ^ d)
-        mid = lo + d
-        if me & d:
-            keep, give, lo = (mid, hi), (lo, mid), mid
-        else:
-            keep, give, hi = (lo, mid), (mid, hi), mid
+    for k, peer, keep, give in _halving(f, me):  # keep the half we belong to
         events.append((1 + k, Send(peer, parts(*give))))
         events.append((1 + k, Recv(peer, parts(*keep), reduce=True)))
+    lo, hi = me, me + 1
     for k in range(steps):  # recursive doubling: swap finished ranges
         d = 1 << k
         peer = f.rank_of(me ^ d)
@@ -85,7 +94,7 @@ def all_reduce(nranks, rank, root, segments):
 def reduce_scatter(nranks, rank, root, segments):
     n = nranks
     f = fold(n)
-    p, steps = f.p, f.steps
+    steps = f.steps
     me = f.active(rank)
 
     # Where the partial sum of each block is: "in" until this rank first
@@ -116,15 +125,7 @@ def reduce_scatter(nranks, rank, root, segments):
     if f.folded(rank):
         add_into(0, rank - 1, range(n))
         events.append((steps + 1, Send(rank - 1, (where[rank - 1],))))
-    lo, hi = 0, p
-    for k in range(steps):
-        d = p >> (k + 1)
-        peer = f.rank_of(me ^ d)
-        mid = lo + d
-        if me & d:
-            keep, give, lo = (mid, hi), (lo, mid), mid
-        else:
-            keep, give, hi = (lo, mid), (mid, hi), mid
+    for k, peer, keep, give in _halving(f, me):
         events.append((1 + k, Send(peer, tuple(where[b] for b in f.stood_for(*give)))))
         add_into(1 + k, peer, f.stood_for(*keep))
     return make_schedule("reduce_scatter", NAME, n, rank, root, events,
