@@ -21,6 +21,9 @@ import socket
 import time
 import traceback
 import uuid
+import zlib
+
+import numpy as np
 
 _ctx = mp.get_context("fork")
 
@@ -128,3 +131,16 @@ def shm_leftovers(job: str | None = None) -> list[str]:
         return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
     except FileNotFoundError:
         return []
+
+
+def small_ints(seed: str, count: int, dtype: str) -> np.ndarray:
+    """Deterministic small integers (1..3; 0/1 for bool; complex parts too)
+    of ``dtype``, so that sums and products are exact in any order. The seed
+    is hashed with crc32, not hash(), so any process computes the same data."""
+    rng = np.random.default_rng(zlib.crc32(seed.encode()))
+    if dtype == "bool":
+        return rng.integers(0, 2, count).astype(bool)
+    values = rng.integers(1, 4, count)
+    if np.dtype(dtype).kind == "c":
+        return (values + 1j * rng.integers(0, 3, count)).astype(dtype)
+    return values.astype(dtype)

@@ -10,21 +10,15 @@ of cases it got wrong; the test shows them all.
 import numpy as np
 import pytest
 
-from harness import run_ranks
+from harness import run_ranks, small_ints
 
 SIZES = [0, 1, 7, 1003]            # zero, one, odd, not divisible by any world size
 DTYPES = ["float32", "int64", "uint8", "complex64", "bool", "float16"]
 
 
 def _data(case: str, rank: int, count: int, dtype: str) -> np.ndarray:
-    """Small integers, so sums and products are exact whatever the order."""
-    rng = np.random.default_rng(abs(hash((case, rank))) % (2 ** 32))
-    if dtype == "bool":
-        return rng.integers(0, 2, count).astype(bool)
-    values = rng.integers(1, 4, count)
-    if np.dtype(dtype).kind == "c":
-        return (values + 1j * rng.integers(0, 3, count)).astype(dtype)
-    return values.astype(dtype)
+    """Rank ``rank``'s input for ``case``: small integers, exact in any order."""
+    return small_ints(f"{case}/{rank}", count, dtype)
 
 
 def _ops_for(dtype: str):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from harness import run_ranks
+from harness import run_ranks, small_ints
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,13 +23,7 @@ def _expected_error(op: str, kind: str):
 
 
 def _inputs(dtype: str, rank: int, count: int = 37) -> np.ndarray:
-    rng = np.random.default_rng(rank + 7)
-    if dtype == "bool":
-        return rng.integers(0, 2, count).astype(bool)
-    values = rng.integers(1, 4, count)
-    if np.dtype(dtype).kind == "c":
-        return (values + 1j * rng.integers(0, 2, count)).astype(dtype)
-    return values.astype(dtype)
+    return small_ints(f"dtypes/{rank}", count, dtype)
 
 
 def _reference(op: str, arrays, n: int):
