@@ -1305,25 +1305,25 @@ class Intracomm(Comm):
             _store(dst, work)
             r.finish()
 
+    def _allreduce_buffers(self, name: str, sendbuf, recvbuf, op: Op):
+        """What Allreduce and Iallreduce share: the group, the checked op,
+        the receive buffer, its section and the array reduced in place."""
+        g = self._g(name)
+        op = _buffer_op(op, name)
+        r = _Buf(recvbuf, f"{name} recvbuf", writable=True)
+        dst = r.section()
+        src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, f"{name} sendbuf", writable=False).section()
+        return g, op, r, dst, _work(op, src, dst, name)
+
     def Allreduce(self, sendbuf, recvbuf, op: Op = SUM) -> None:
         """Reduce every rank's sendbuf into every rank's recvbuf."""
-        g = self._g("Allreduce")
-        op = _buffer_op(op, "Allreduce")
-        r = _Buf(recvbuf, "Allreduce recvbuf", writable=True)
-        dst = r.section()
-        src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, "Allreduce sendbuf", writable=False).section()
-        work = _work(op, src, dst, "Allreduce")
+        g, op, r, dst, work = self._allreduce_buffers("Allreduce", sendbuf, recvbuf, op)
         _coll.all_reduce(work, op=op._collie, group=g)
         _store(dst, work)
         r.finish()
 
     def Iallreduce(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
-        g = self._g("Iallreduce")
-        op = _buffer_op(op, "Iallreduce")
-        r = _Buf(recvbuf, "Iallreduce recvbuf", writable=True)
-        dst = r.section()
-        src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, "Iallreduce sendbuf", writable=False).section()
-        work = _work(op, src, dst, "Iallreduce")
+        g, op, r, dst, work = self._allreduce_buffers("Iallreduce", sendbuf, recvbuf, op)
 
         def after():
             _store(dst, work)
