@@ -199,8 +199,9 @@ class Network:
         """Bytes of every shared window the ranks of this host agree to use (0: none)."""
         return self.shm.window_capacity() if self.shm is not None else 0
 
-    # The engine's posting calls: its peers are valid by construction, so
-    # they skip isend/irecv's argument checks (the hot path of small calls).
+    # Posting for callers that already checked the peer (the engine's peers
+    # are valid by construction, p2p checks against the group): no second
+    # argument check on the hot path of small calls.
 
     def post_send(self, peer: int, tag: int, data: memoryview, meta: int) -> Request:
         with self.lock:

@@ -59,14 +59,18 @@ def _post_send(tensor, dst, group, tag, group_dst, what):
     g = resolve(group)
     peer = _peer(g, dst, group_dst, "dst", what)
     buf = Buffer(tensor, writable=False, what=f"{what} tensor")
-    return g, peer, buf, g.network.isend(peer, g.p2p_tag(tag), buf.bytes())
+    # _peer checked the peer: post without the Network's second check
+    return g, peer, buf, g.network.post_send(peer, g.p2p_tag(tag), buf.bytes(), 0)
 
 
 def _post_recv(tensor, src, group, tag, group_src, what):
     g = resolve(group)
     peer = _peer(g, src, group_src, "src", what, allow_any=True)
     buf = Buffer(tensor, writable=True, what=f"{what} tensor")
-    req = g.network.irecv(peer, g.p2p_tag(tag), buf.bytes(), candidates=g.ranks if peer is None else None)
+    if peer is None:  # any source: the Network resolves it
+        req = g.network.irecv(None, g.p2p_tag(tag), buf.bytes(), candidates=g.ranks)
+    else:
+        req = g.network.post_recv(peer, g.p2p_tag(tag), buf.bytes(), None, None)
     return g, peer, buf, req
 
 
