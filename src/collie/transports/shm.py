@@ -607,6 +607,8 @@ class ShmTransport(Transport):
                 if queue and nbytes <= size:
                     # The fast path: a whole message for a waiting receive.
                     req = queue.popleft()
+                    if not queue:
+                        del inb.posted[tag]  # tags are mostly used once: keep the dict small
                     inb.nposted -= 1
                     if not self._mismatch(req, nbytes, meta):
                         src = ring.payload[k] if nbytes == size else ring.payload[k][:nbytes]
@@ -653,6 +655,8 @@ class ShmTransport(Transport):
         queue = inb.posted.get(tag)
         if queue:
             req = queue.popleft()
+            if not queue:
+                del inb.posted[tag]
             inb.nposted -= 1
             if self._mismatch(req, nbytes, meta):
                 return _Message(tag, meta, nbytes)  # read and dropped

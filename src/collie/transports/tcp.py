@@ -455,6 +455,8 @@ class TcpTransport(Transport):
         with p.lock:
             queue = p.posted.get(tag)
             r = queue.popleft() if queue else None
+            if queue is not None and not queue:
+                del p.posted[tag]  # tags are mostly used once: keep the dict small
             if r is None:
                 msg = _Message(nbytes, meta)
                 p.unexpected.setdefault(tag, deque()).append(msg)
@@ -574,6 +576,8 @@ class TcpTransport(Transport):
         with p.lock:
             queue = p.unexpected.get(tag)
             msg = queue.popleft() if queue else None
+            if queue is not None and not queue:
+                del p.unexpected[tag]
             if msg is None:
                 if p.error is not None:
                     r.error = p.error
