@@ -420,7 +420,7 @@ def test_sigkill_of_a_rank_leaves_nothing(tmp_path, memfd):
         send = t.isend(2, 1, mv(payload(rank, 2, nbytes)))
 
         def notice_death():
-            if store.check("dead/2") and not recv.finished:
+            if store.check("dead/2") and not (recv.finished and send.finished):
                 t.fail_peer(2, PeerError("rank 2 died", 2))
 
         wait_all(t, [recv, send], on_idle=notice_death)
@@ -571,12 +571,14 @@ def test_geometry_from_environment(local, monkeypatch):
     assert isinstance(reqs[0], Request)
 
 
+@pytest.mark.parametrize("cma_bytes", [0, 64], ids=["ring", "single-copy"])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_orders_of_tags_sizes_and_receives(local, seed):
+def test_random_orders_of_tags_sizes_and_receives(local, seed, cma_bytes):
     """Messages of random tags and sizes; receives posted in a random order
-    that keeps each tag's order, a few at a time, with probes in between."""
+    that keeps each tag's order, a few at a time, with probes in between.
+    With cma_bytes=64, messages of 64 bytes or more go single copy."""
     rng = np.random.default_rng(seed)
-    a, b = local(2, slots=int(rng.integers(1, 4)), slot_bytes=64)
+    a, b = local(2, slots=int(rng.integers(1, 4)), slot_bytes=64, cma_bytes=cma_bytes)
     tags = rng.integers(1, 4, 40)
     sizes = rng.choice([0, 1, 63, 64, 65, 200, 1000], 40)
     sends = [a.isend(1, int(tag), mv(payload(0, 1, int(n), salt=i)))
@@ -601,8 +603,9 @@ def test_random_orders_of_tags_sizes_and_receives(local, seed):
         assert np.array_equal(got[i], payload(0, 1, int(sizes[i]), salt=i)), i
 
 
-def test_combine_that_raises_fails_only_its_receive(local):
-    a, b = local(2, slots=2, slot_bytes=64)
+@pytest.mark.parametrize("cma_bytes", [0, 64], ids=["ring", "single-copy"])
+def test_combine_that_raises_fails_only_its_receive(local, cma_bytes):
+    a, b = local(2, slots=2, slot_bytes=64, cma_bytes=cma_bytes)
 
     def broken(dst, src):
         raise TypeError("cannot combine")
@@ -616,3 +619,81 @@ def test_combine_that_raises_fails_only_its_receive(local):
     check_ok(sends + [r3])
     assert isinstance(r1.error, TypeError) and isinstance(r2.error, TypeError)
     assert np.array_equal(got, payload(0, 1, 5))
+
+
+# ---- single copy (process_vm_readv) ----
+
+def test_single_copy_between_processes(tmp_path):
+    """Messages from cma_bytes up are read straight from the sender's memory:
+    whole, in chunks for a combining receive, and a mismatch spares the sender."""
+    count = 3 * shm._CMA_CHUNK // 8 + 5  # float64: a combine over several chunks
+
+    def body(t, rank, n):
+        peers = [p for p in range(n) if p != rank]
+        assert t.single_copy_peers() == peers
+        sizes = [4095, 4096, 1 << 20]  # below the threshold (the ring), at it, above it
+        mine = np.arange(count, dtype=np.float64) * (rank + 1)
+        sends = [t.isend(p, 1, mv(payload(rank, p, nb))) for p in peers for nb in sizes]
+        sends += [t.isend(p, 2, mv(mine)) for p in peers]
+        sends += [t.isend(p, 3, mv(payload(rank, p, 5000)), meta=7) for p in peers]
+        got = {(p, nb): np.zeros(nb, np.uint8) for p in peers for nb in sizes}
+        recvs = [t.irecv(p, 1, mv(got[p, nb])) for p in peers for nb in sizes]
+        acc = mine.copy()
+
+        def add(dst, src):
+            d = np.frombuffer(dst, np.float64)
+            np.add(d, np.frombuffer(src, np.float64), out=d)
+
+        recvs += [t.irecv(p, 2, mv(acc), combine=add) for p in peers]
+        untouched = np.full(5000, 9, np.uint8)
+        bad = [t.irecv(p, 3, mv(untouched), meta=8) for p in peers]
+        wait_all(t, sends + recvs + bad)
+        check_ok(sends + recvs)
+        assert all(isinstance(r.error, MessageMismatch) for r in bad) and (untouched == 9).all()
+        for (p, nb), arr in got.items():
+            assert np.array_equal(arr, payload(p, rank, nb)), (p, nb)
+        return bool(np.array_equal(acc, np.arange(count) * sum(range(1, n + 1))))
+
+    assert run_ranks(body, 3, tmp_path, cma_bytes=4096, **SMALL)[0] == [True] * 3
+
+
+def test_single_copy_sends_in_flight_are_capped_by_the_acknowledgement_words(local):
+    a, b = local(2, slots=2, slot_bytes=64, cma_bytes=1)
+    n = 3 * shm._ACKS
+    data = [payload(0, 1, 8, salt=i) for i in range(n)]
+    sends = [a.isend(1, i, mv(data[i])) for i in range(n)]  # one tag each
+    got = [np.zeros(8, np.uint8) for _ in range(n)]
+    recvs = []
+    for i in reversed(range(n)):  # the last first: every other one is set aside, then acknowledged out of order
+        recvs.append(b.irecv(0, i, mv(got[i])))
+        a.progress()
+        b.progress()
+        assert len(a._out[1].pending) <= shm._ACKS
+    drive([a, b], sends + recvs)
+    check_ok(sends + recvs)
+    assert all(np.array_equal(got[i], data[i]) for i in range(n))
+    assert not a._out[1].pending and not b._in[0].posted
+
+
+def test_single_copy_send_fails_with_its_peer(local):
+    a, b = local(2, cma_bytes=64)
+    send = a.isend(1, 1, mv(payload(0, 1, 1000)))
+    a.progress()
+    assert a._out[1].pending and not send.finished  # announced, waiting for rank 1 to read it
+    err = PeerError("rank 1 died", 1)
+    a.fail_peer(1, err)
+    assert send.error is err and not a._out[1].pending
+
+
+def test_single_copy_can_be_turned_off(local, monkeypatch):
+    monkeypatch.setenv("COLLIE_SHM_CMA_BYTES", "0")
+    a, b = local(2)
+    assert a.single_copy_peers() == [] and b.single_copy_peers() == []
+    data, got = payload(0, 1, 1 << 20), np.zeros(1 << 20, np.uint8)
+    reqs = [a.isend(1, 0, mv(data)), b.irecv(0, 0, mv(got))]
+    drive([a, b], reqs)
+    check_ok(reqs)
+    assert np.array_equal(got, data)
+    monkeypatch.setenv("COLLIE_SHM_CMA_BYTES", "-1")
+    with pytest.raises(ValueError, match="COLLIE_SHM_CMA_BYTES"):
+        local(2)

@@ -15,6 +15,7 @@ A ring is a single-producer single-consumer queue of fixed-size slots::
     +64   tail  int64, slots the reader has emptied (only the reader stores it)
     +128  one 64-byte header per slot: tag, meta, message nbytes,
           fragment offset, fragment nbytes
+    then  64 acknowledgement words (int64) for single-copy messages
     page  the slots' payloads, ``slot_bytes`` each
 
 Slot ``k`` holds fragment number ``k % slots``; head - tail is the number of
@@ -23,6 +24,17 @@ full slots. A message is cut into fragments of at most ``slot_bytes`` bytes
 of 64, into the message); a zero-byte message is one empty fragment. The
 slots are the flow control: a writer whose ring is full keeps the rest of its
 sends queued and writes them from progress() once the reader has made room.
+
+Single copy. A message of at least ``cma_bytes`` (COLLIE_SHM_CMA_BYTES,
+default 64 KiB; 0: never) does not go through the slots when the reader can
+read this process's memory (checked at setup, see cma.py): the writer puts
+one slot in the ring saying where the message is (fragment offset -1, the
+payload: address and a rendezvous id) and keeps the send pending; the reader
+copies the bytes straight from the writer's memory into the receive's buffer
+(process_vm_readv), stores the id in the ring's acknowledgement word
+``id % 64``, and rings the writer, whose send is then done. One copy instead
+of two, and no slot space for the body. Like MPI's rendezvous protocol, such
+a send completes only once a receive has taken it.
 
 Memory ordering. head and tail are read and stored through NumPy int64 views
 of the mapping; aligned 8-byte loads and stores are atomic on x86-64. The
@@ -52,6 +64,7 @@ touched only as rings fill.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -62,18 +75,24 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import CollieError
+from ..errors import CollieError, PeerError
+from . import cma
 from .base import Combine, MessageMismatch, Request, Transport
 from .doorbell import Doorbell
 
 DEFAULT_SLOTS = 8
 DEFAULT_SLOT_BYTES = 256 * 1024
 DEFAULT_WINDOW_BYTES = 64 << 20
+DEFAULT_CMA_BYTES = 64 * 1024
 
 _PAGE = mmap.PAGESIZE
 _LINE = 64
 _HEADER = struct.Struct("<qQqqq")  # tag, meta, message nbytes, fragment offset, fragment nbytes
 _MASK64 = (1 << 64) - 1
+_RDV = -1                         # fragment offset of a single-copy message's only slot
+_RDV_BODY = struct.Struct("<qq")  # its payload: the bytes' address in the writer, rendezvous id
+_ACKS = 64                        # acknowledgement words per ring: single-copy sends in flight
+_CMA_CHUNK = 256 * 1024           # a combining receive reads this much at a time, then combines
 
 # A full memory barrier. Acquiring an uncontended lock is an atomic
 # read-modify-write, which on x86 is lock-prefixed and so a full barrier; the
@@ -100,8 +119,12 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, not {value!r}") from None
 
 
+def _ring_header_bytes(slots: int) -> int:
+    return _align(2 * _LINE + slots * _LINE + _ACKS * 8, _PAGE)
+
+
 def _ring_bytes(slots: int, slot_bytes: int) -> int:
-    return _align(2 * _LINE + slots * _LINE, _PAGE) + _align(slots * slot_bytes, _PAGE)
+    return _ring_header_bytes(slots) + _align(slots * slot_bytes, _PAGE)
 
 
 def _open_memfd(pid: int, fd: int) -> int:
@@ -148,7 +171,8 @@ class _Ring:
         self.head = np.frombuffer(mm, np.int64, 1, base)
         self.tail = np.frombuffer(mm, np.int64, 1, base + _LINE)
         self.headers = base + 2 * _LINE  # offset of slot 0's header in mm
-        payloads = base + _align(2 * _LINE + slots * _LINE, _PAGE)
+        self.acks = np.frombuffer(mm, np.int64, _ACKS, self.headers + slots * _LINE)
+        payloads = base + _ring_header_bytes(slots)
         self.offsets = [payloads + k * slot_bytes for k in range(slots)]
         view = memoryview(mm)
         self.payload = [view[o:o + slot_bytes] for o in self.offsets]
@@ -159,11 +183,11 @@ class _Ring:
         for v in self.payload:
             v.release()
         self.payload = []
-        self.head = self.tail = self.mm = None
+        self.head = self.tail = self.acks = self.mm = None
 
 
 class _Send(Request):
-    __slots__ = ("data", "meta", "offset")
+    __slots__ = ("data", "meta", "offset")  # offset: bytes written so far
 
     def __init__(self, peer: int, tag: int, data: memoryview, meta: int):
         # Request.__init__'s fields, set here to spare a call on the fast path.
@@ -185,14 +209,15 @@ class _Message:
     """A message being read out of a ring. Its fragments go to ``req``, or
     to ``buf`` (an unexpected message), or nowhere (after a mismatch)."""
 
-    __slots__ = ("tag", "meta", "nbytes", "got", "req", "buf", "claimed")
+    __slots__ = ("tag", "meta", "nbytes", "got", "req", "buf", "claimed", "rdv")
 
-    def __init__(self, tag, meta, nbytes, req=None, buf=None):
+    def __init__(self, tag, meta, nbytes, req=None, buf=None, rdv=None):
         self.tag, self.meta, self.nbytes = tag, meta, nbytes
         self.got = 0
         self.req: Optional[_Recv] = req
         self.buf: Optional[bytearray] = buf
         self.claimed: Optional[_Recv] = None  # a receive waiting to take this unexpected message
+        self.rdv: Optional[tuple] = rdv        # (address, id): a single-copy message, still in the writer
 
 
 class _Out:
@@ -204,6 +229,9 @@ class _Out:
         self.head = ring.head.item(0)
         self.tail = ring.tail.item(0)  # last tail seen; re-read when the ring looks full
         self.queue: deque[_Send] = deque()
+        self.cma_bytes = 1 << 62  # sends of at least this size go single copy (set in setup)
+        self.next_id = 0          # the last rendezvous id used
+        self.pending: dict[int, _Send] = {}  # rendezvous id -> single-copy send not yet read
         self.busy = False  # listed in ShmTransport._out_busy: progress() pushes its queue
         self.error: Optional[BaseException] = None
 
@@ -216,6 +244,7 @@ class _In:
         self.ring = ring
         self.tail = 0
         self.bell: Optional[Doorbell] = None  # the peer's (the writer's) doorbell
+        self.pid = 0                          # the peer's process, for single-copy reads
         self.posted: dict[int, deque[_Recv]] = {}
         self.nposted = 0
         self.current: Optional[_Message] = None  # message whose fragments are being read
@@ -291,7 +320,7 @@ class ShmTransport(Transport):
 
     def __init__(self, rank: int, peers: list[int], store, job_id: str, timeout: float, *,
                  memfd: Optional[bool] = None, slots: Optional[int] = None,
-                 slot_bytes: Optional[int] = None):
+                 slot_bytes: Optional[int] = None, cma_bytes: Optional[int] = None):
         if not job_id or "/" in job_id or "\0" in job_id:
             raise ValueError(f"job_id must be a non-empty name without '/', not {job_id!r}")
         self.rank = rank
@@ -306,6 +335,12 @@ class ShmTransport(Transport):
             raise ValueError(f"COLLIE_SHM_SLOT_BYTES must be a positive multiple of 64, "
                              f"not {self.slot_bytes}")
         self.window_bytes = _align(_env_int("COLLIE_SHM_WINDOW_BYTES", DEFAULT_WINDOW_BYTES), _PAGE)
+        self.cma_bytes = (_env_int("COLLIE_SHM_CMA_BYTES", DEFAULT_CMA_BYTES)
+                          if cma_bytes is None else cma_bytes)
+        if self.cma_bytes < 0:
+            raise ValueError(f"COLLIE_SHM_CMA_BYTES must be 0 (off) or a size in bytes, not {self.cma_bytes}")
+        self._probe = cma.Probe()  # peers read it to learn whether single copy works
+        self._scratch: Optional[memoryview] = None  # where combining single-copy receives read to
         self._windows: dict[int, memoryview] = {}  # rank -> its window, mapped here
         if memfd is None:
             memfd = os.environ.get("COLLIE_SHM_MEMFD", "1") != "0" and hasattr(os, "memfd_create")
@@ -354,7 +389,7 @@ class ShmTransport(Transport):
             self._in[peer] = _In(peer, _Ring(seg.mm, base, self.slots, self.slot_bytes))
         self._info = dict(seg.info(), slots=self.slots, slot_bytes=self.slot_bytes,
                           npeers=len(self.peers), rings=rings, window=window_at,
-                          window_bytes=self.window_bytes)
+                          window_bytes=self.window_bytes, cma=self._probe.info())
         old = self._windows.pop(self.rank, None)
         if old is not None:
             old.release()
@@ -423,6 +458,22 @@ class ShmTransport(Transport):
             ring = _Ring(mm, info["rings"][str(self.rank)], info["slots"], info["slot_bytes"])
             self._out[peer] = _Out(ring, Doorbell(mm, 0, create=False))
             self._in[peer].bell = self._out[peer].bell
+            self._in[peer].pid = info["cma"]["pid"]
+        self._setup_single_copy(store, infos, timeout)
+
+    def _setup_single_copy(self, store, infos: dict, timeout: float) -> None:
+        """Find the peers that can read this process's memory: each rank tries
+        to read every peer's probe and publishes whom it can read. A peer
+        with single copy off publishes nobody, so nobody sends it that way."""
+        readable = [p for p in self.peers if self.cma_bytes and cma.works_with(infos[p]["cma"])]
+        store.set(self._key(self.rank, "cma"), json.dumps(readable).encode())
+        for peer in self.peers:
+            if self.cma_bytes and self.rank in json.loads(store.get(self._key(peer, "cma"), timeout=timeout)):
+                self._out[peer].cma_bytes = self.cma_bytes
+
+    def single_copy_peers(self) -> list[int]:
+        """The peers that read what this rank sends them straight from its memory."""
+        return [p for p, out in self._out.items() if out.cma_bytes < (1 << 62)]
 
     # ---- windows ----
 
@@ -455,7 +506,8 @@ class ShmTransport(Transport):
         req = _Send(peer, tag, data, meta & _MASK64)
         if out.error is not None:
             req.error = out.error
-        elif not out.queue and req.nbytes <= out.ring.slot_bytes and out.head - out.tail < out.ring.slots:
+        elif (not out.queue and req.nbytes <= out.ring.slot_bytes and req.nbytes < out.cma_bytes
+              and out.head - out.tail < out.ring.slots):
             # The fast path: the whole message fits in a free slot.
             _put(out, tag, req.meta, req.nbytes, 0, data)
             out.bell.ring()
@@ -464,7 +516,7 @@ class ShmTransport(Transport):
         else:
             out.queue.append(req)
             self._push(out)
-            if out.queue and not out.busy:
+            if (out.queue or out.pending) and not out.busy:
                 out.busy = True
                 self._out_busy.append(out)
         return req
@@ -536,7 +588,9 @@ class ShmTransport(Transport):
             for out in self._out_busy:
                 if out.queue and self._push(out):
                     moved = True
-                if not out.queue:
+                if out.pending and self._acknowledged(out):
+                    moved = True
+                if not out.queue and not out.pending:
                     out.busy = False
                     prune = True
             if prune:
@@ -571,6 +625,16 @@ class ShmTransport(Transport):
                     if out.head - out.tail >= slots:
                         break
                 send = queue[0]
+                if send.nbytes >= out.cma_bytes:
+                    if out.pending and out.next_id + 1 - next(iter(out.pending)) >= _ACKS:
+                        break  # its acknowledgement word is still taken
+                    out.next_id += 1
+                    _put(out, send.tag, send.meta, send.nbytes, _RDV,
+                         _RDV_BODY.pack(cma.address(send.data), out.next_id))
+                    queue.popleft()
+                    out.pending[out.next_id] = send  # done once the reader acknowledges
+                    wrote = True
+                    continue
                 n = min(size, send.nbytes - send.offset)
                 piece = send.data if n == send.nbytes else send.data[send.offset:send.offset + n]
                 _put(out, send.tag, send.meta, send.nbytes, send.offset, piece)
@@ -602,8 +666,23 @@ class ShmTransport(Transport):
             k = tail % slots
             msg = inb.current
             if msg is None:
-                tag, meta, nbytes, _, _ = _HEADER.unpack_from(ring.mm, ring.headers + k * _LINE)
+                tag, meta, nbytes, offset, _ = _HEADER.unpack_from(ring.mm, ring.headers + k * _LINE)
                 queue = inb.posted.get(tag)
+                if offset == _RDV:
+                    rdv = _RDV_BODY.unpack_from(ring.mm, ring.offsets[k])
+                    if queue:
+                        req = queue.popleft()
+                        if not queue:
+                            del inb.posted[tag]
+                        inb.nposted -= 1
+                        self._read_single_copy(inb, req, nbytes, meta, rdv)
+                    elif inb.nposted or inb.stash:  # in the way of another tag: set it aside
+                        inb.unexpected.append(_Message(tag, meta, nbytes, rdv=rdv))
+                    else:
+                        break
+                    tail += 1
+                    ring.tail[0] = tail
+                    continue
                 if queue and nbytes <= size:
                     # The fast path: a whole message for a waiting receive.
                     req = queue.popleft()
@@ -669,6 +748,55 @@ class ShmTransport(Transport):
             return msg
         return None
 
+    def _read_single_copy(self, inb: _In, req: _Recv, nbytes: int, meta: int, rdv: tuple) -> None:
+        """Take a single-copy message: read its bytes from the writer's memory
+        into ``req`` (unless it mismatches), then acknowledge it, so that the
+        writer's send completes (it fails only if the read itself failed)."""
+        address, rid = rdv
+        ok = True
+        if not self._mismatch(req, nbytes, meta):
+            try:
+                if req.combine is None:
+                    cma.read(inb.pid, req.dst, address)
+                    req.done = True
+                else:
+                    if self._scratch is None:
+                        self._scratch = memoryview(np.empty(_CMA_CHUNK, np.uint8))
+                    for at in range(0, nbytes, _CMA_CHUNK):
+                        piece = self._scratch[:min(_CMA_CHUNK, nbytes - at)]
+                        cma.read(inb.pid, piece, address + at)
+                        if not _deliver(req, at, piece):
+                            break  # combine failed: req.error says why
+                    else:
+                        req.done = True
+            except OSError as exc:
+                ok = False
+                if exc.errno == errno.ESRCH:
+                    req.error = PeerError(f"rank {inb.peer} died (its process is gone while rank "
+                                          f"{self.rank} was receiving from it)", inb.peer)
+                else:
+                    req.error = CollieError(f"rank {self.rank}: could not read a {nbytes}-byte message "
+                                            f"from the memory of rank {inb.peer}: {exc}")
+        inb.ring.acks[rid % _ACKS] = rid if ok else -rid
+        inb.bell.ring()  # the writer may be asleep, waiting for this
+
+    def _acknowledged(self, out: _Out) -> bool:
+        """Complete the single-copy sends whose readers have acknowledged them."""
+        acks = out.ring.acks
+        moved = False
+        for rid in list(out.pending):
+            got = acks.item(rid % _ACKS)
+            if got == rid or got == -rid:
+                send = out.pending.pop(rid)
+                send.data = None
+                if got == rid:
+                    send.done = True
+                else:
+                    send.error = CollieError(f"rank {send.peer} could not read this {send.nbytes}-byte "
+                                             f"message from the memory of rank {self.rank}")
+                moved = True
+        return moved
+
     def _mismatch(self, req: _Recv, nbytes: int, meta: int) -> bool:
         if nbytes != req.nbytes or (req.meta is not None and req.meta != meta):
             req.error = MessageMismatch(req.peer, req.tag, nbytes, meta, req.nbytes, req.meta)
@@ -681,6 +809,9 @@ class ShmTransport(Transport):
             req = msg.claimed
             inb.unexpected.remove(msg)
             buf, msg.buf, msg.claimed = msg.buf, None, None
+            if msg.rdv is not None:
+                self._read_single_copy(inb, req, msg.nbytes, msg.meta, msg.rdv)
+                continue
             if self._mismatch(req, msg.nbytes, msg.meta):
                 continue  # the rest of the message, if any, is dropped
             if msg.got:
@@ -700,10 +831,11 @@ class ShmTransport(Transport):
         out, inb = self._out.get(peer), self._in.get(peer)
         if out is not None:
             out.error = error
-            for send in out.queue:
+            for send in list(out.queue) + list(out.pending.values()):
                 send.error = error
                 send.data = None
             out.queue.clear()
+            out.pending.clear()
         if inb is not None:
             inb.error = error
             for queue in inb.posted.values():
