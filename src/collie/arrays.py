@@ -72,7 +72,7 @@ class Buffer:
     back (only for arrays collie writes to).
     """
 
-    __slots__ = ("original", "flat", "dtype_name", "_writeback")
+    __slots__ = ("original", "flat", "dtype_name", "count", "nbytes", "_writeback")
 
     def __init__(self, obj, *, writable: bool, what: str = "tensor"):
         arr, logical = (obj, None) if type(obj) is np.ndarray else to_numpy(obj, what)
@@ -85,20 +85,16 @@ class Buffer:
             raise ValueError(f"{what} is read-only, but collie must write into it")
         self.original = arr
         self.dtype_name = name
-        if flags.c_contiguous:
-            self.flat = arr.reshape(-1)
-            self._writeback = False
-        else:
+        self._writeback = False
+        if not flags.c_contiguous:
             self.flat = np.ascontiguousarray(arr).reshape(-1)
             self._writeback = writable
-
-    @property
-    def nbytes(self) -> int:
-        return self.flat.nbytes
-
-    @property
-    def count(self) -> int:
-        return self.flat.size
+        elif arr.ndim == 1:
+            self.flat = arr  # already flat: no view to make (the common case of small calls)
+        else:
+            self.flat = arr.reshape(-1)
+        self.count = self.flat.size    # elements
+        self.nbytes = self.flat.nbytes
 
     def bytes(self) -> memoryview:
         """The whole buffer as a flat, writable-if-possible byte view."""

@@ -190,9 +190,9 @@ class _Prepared(NamedTuple):
     """What a call's shape alone decides: computed once, reused by every
     call of that shape on that group (the hot path of repeated calls)."""
     choice: object
-    plan: engine.Plan
+    program: engine.Program   # the plan, bound to the dtype, op and group
     meta: int
-    reduce_kernel: object
+    nsteps: int               # steps of the whole call, for error messages
 
 
 def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op, root: int, count: int,
@@ -207,11 +207,12 @@ def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op,
         exclude["shm"] = "its ranks are not all on one host"  # windows reach one host only
     choice = tuner().choose(name, nbytes, g.size, transport, algorithm, g.rank, exclude)
     schedule = algorithms.build(name, choice.algorithm, g.size, g.rank, root, choice.segments)
-    itemsize = 2 if dtype_name == "bfloat16" else np.dtype(dtype_name).itemsize
-    window = g.network.window_capacity() // itemsize if schedule.win_like is not None else 0
-    return _Prepared(choice, engine.plan(schedule, block_sizes, window),
-                     pack_meta(name, dtype_name, op, root, count),
-                     kernel(op, dtype_name) if op is not None else None)
+    dtype = np.dtype(np.uint16) if dtype_name == "bfloat16" else np.dtype(dtype_name)  # bfloat16: its bits
+    window = g.network.window_capacity() // dtype.itemsize if schedule.win_like is not None else 0
+    plan = engine.plan(schedule, block_sizes, window)
+    program = engine.bind(plan, dtype, kernel(op, dtype_name) if op is not None else None, g.ranks)
+    return _Prepared(choice, program, pack_meta(name, dtype_name, op, root, count),
+                     len(plan.steps) * len(plan.slices))
 
 
 _PREPARED_PER_GROUP = 512
@@ -229,33 +230,33 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
         if len(cache) >= _PREPARED_PER_GROUP:
             cache.clear()
         prepared = cache[key] = _prepare(g, name, block_sizes, dtype_name, op, root, count, nbytes, algorithm)
-    plan, meta, reduce_kernel = prepared.plan, prepared.meta, prepared.reduce_kernel
     seq = g.seq
     g.seq += 1
-    tag = g.collective_tag(seq)
-    network = g.network
-
-    def describe(step: int) -> str:
-        return (f"{name} (call #{seq} on group {g.name}, algorithm {prepared.choice.algorithm}, "
-                f"step {step + 1} of {len(plan.steps) * len(plan.slices)})")
-
-    def body():
-        try:
-            engine.execute(plan, arrays, reduce_kernel, network, g.ranks, tag, meta, describe, g.timeout)
-        except (MismatchError, PeerError) as exc:
-            # Tell the group the root cause, so that ranks waiting on this one
-            # report the dead peer or the mismatch, not just "rank r left".
-            network.abort(g.ranks, type(exc).__name__, str(exc))
-            raise
-        return after() if after is not None else None
-
     if async_op:
-        return _background().submit(body, g.timeout)
+        return _background().submit(lambda: _execute(g, name, prepared, arrays, seq, after), g.timeout)
     background = world().background
     if background is not None:
         background.drain()
-    body()
+    _execute(g, name, prepared, arrays, seq, after)
     return None
+
+
+def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq: int, after):
+    """Run call number ``seq`` of the group, then ``after``."""
+    def describe(step: int) -> str:
+        return (f"{name} (call #{seq} on group {g.name}, algorithm {prepared.choice.algorithm}, "
+                f"step {step + 1} of {prepared.nsteps})")
+
+    network = g.network
+    try:
+        engine.execute(prepared.program, arrays, network, g.collective_tag(seq), prepared.meta,
+                       describe, g.timeout)
+    except (MismatchError, PeerError) as exc:
+        # Tell the group the root cause, so that ranks waiting on this one
+        # report the dead peer or the mismatch, not just "rank r left".
+        network.abort(g.ranks, type(exc).__name__, str(exc))
+        raise
+    return after() if after is not None else None
 
 
 def _member(group, what: str) -> ProcessGroup:
@@ -316,10 +317,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     if op.name == "PREMUL_SUM":
         scale(buf.flat, op.factor, buf.dtype_name)
 
-    def after():
-        if op.name == "AVG":
-            scale(buf.flat, 1.0 / g.size, buf.dtype_name)
+    def avg_after():
+        scale(buf.flat, 1.0 / g.size, buf.dtype_name)
         buf.finish()
+
+    after = avg_after if op.name == "AVG" else buf.finish
 
     return _run(g, "all_reduce", {"out": buf.flat}, {"out": (buf.count,)}, dtype_name=buf.dtype_name,
                 op=op, count=buf.count, nbytes=buf.nbytes, algorithm=algorithm, async_op=async_op,

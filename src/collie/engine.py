@@ -2,15 +2,20 @@
 
 It is the only code that turns schedules into messages, so every algorithm
 runs through it and behaves the same way on every transport. Running a
-schedule is two stages:
+schedule is three stages:
 
-1. plan(): bind the schedule to concrete block sizes and item size, turning
+1. plan(): fit the schedule to concrete block sizes (in elements), turning
    every chunk into an element range and merging the ranges of a message
    that are contiguous, so that most messages are one slice of the user's
    array (sent and received in place, no staging copy). Plans are cached,
    so a collective called repeatedly with the same sizes plans once.
 
-2. execute(): for each step, run the local copies, reductions and Reads
+2. bind(): fix the plan to one call shape on one group (dtype, reduce op,
+   global ranks): byte ranges, peers and the combine function of every
+   message, computed once, so that a repeated call does little more than
+   slice its arrays and post its messages. The caller caches the Program.
+
+3. execute(): for each step, run the local copies, reductions and Reads
    (from a peer's shared window), post every receive (first, so that data
    finds its destination waiting), then every send, and wait for all of
    them. Receives that reduce combine the incoming bytes into the
@@ -162,78 +167,171 @@ def plan(schedule: Schedule, block_sizes: dict, window: int = 0) -> Plan:
 
 _EMPTY = memoryview(bytearray(0))
 
+# A call's scratch ("tmp") up to this size is kept for the next call of the
+# same shape instead of being allocated again (small calls are dominated by
+# such fixed costs; large scratch is freed, as before).
+SPARE_BYTES = 64 * 1024
 
-def _bytes(arr: np.ndarray) -> memoryview:
-    return memoryview(arr.view(np.uint8))
+
+class BoundMessage(NamedTuple):
+    """A planned message with what execute() needs precomputed: the peer's
+    global rank and, when the message is one piece, its buffer and byte
+    range. ``staged`` holds a message of several pieces, which goes through
+    a contiguous staging copy; ``buf`` None and ``staged`` None: empty."""
+    peer: int
+    buf: Optional[str]
+    lo: int            # bytes
+    hi: int
+    combine: Optional[Callable]  # a receive that reduces: merges arriving bytes in place
+    staged: Optional[PlannedMessage]
 
 
-def execute(plan_: Plan, arrays: dict, reduce_kernel: Optional[Callable], network, peers,
-            tag: int, meta: int, describe: Callable[[int], str], timeout: float) -> None:
-    """Run a planned schedule on ``arrays`` (buffer name -> flat contiguous
-    array, all of one dtype). ``peers`` maps group ranks to global ranks;
-    ``describe(step)`` names the call for error messages."""
-    dtype = next(iter(arrays.values())).dtype
-    itemsize = dtype.itemsize
-    if plan_.schedule.tmp_like is not None and "tmp" not in arrays:
-        arrays = dict(arrays, tmp=np.empty(plan_.tmp_count, dtype=dtype))
-    windows = None
-    if plan_.schedule.win_like is not None:
-        # This rank's and its peers' windows, viewed with the call's dtype.
-        windows = {g: np.frombuffer(network.window(peers[g]), dtype=dtype, count=plan_.win_count)
-                   for g in range(len(peers))}
-        arrays = dict(arrays, win=windows[plan_.schedule.rank])
-    views: dict = {}  # buffer -> its bytes, made on first use (slicing a memoryview is cheap)
+class BoundStep(NamedTuple):
+    index: int         # the step's number in the whole call (for error messages)
+    local: tuple       # (kind, peer, ((src piece, dst piece), ...)): pieces in bytes for
+                       # COPY, in elements for the others
+    recvs: tuple       # BoundMessage
+    sends: tuple       # BoundMessage
 
-    def span(buf: str, lo: int, hi: int) -> memoryview:
-        view = views.get(buf)
-        if view is None:
-            view = views[buf] = memoryview(arrays[buf].view(np.uint8))
-        return view[lo * itemsize:hi * itemsize]
+
+class Program(NamedTuple):
+    """A Plan bound to one call shape on one group: the dtype, the reduce
+    kernel and the group's global ranks. It holds everything execute()
+    needs that does not depend on the arrays, so that a repeated call only
+    slices its arrays and posts its messages (built once per call shape by
+    the caller, which caches it)."""
+    plan: Plan
+    dtype: np.dtype
+    reduce_kernel: Optional[Callable]
+    peers: tuple       # group rank -> global rank
+    steps: tuple       # BoundStep, every slice's steps in order
+    viewed: tuple      # buffers that messages or copies address as bytes
+    spare: list        # (array, its bytes): scratch "tmp" of earlier calls, ready for reuse
+
+
+def _combiner(reduce_kernel: Callable, dtype: np.dtype) -> Callable:
+    """combine(dst, src) for the transports: both are bytes of the call's dtype."""
+    ufunc = getattr(reduce_kernel, "ufunc", None)
+    if ufunc is not None:  # the kernel is one ufunc call: make it here, one Python call less
+        def combine(dst: memoryview, src: memoryview) -> None:
+            out = np.frombuffer(dst, dtype)
+            ufunc(out, np.frombuffer(src, dtype), out=out)
+        return combine
 
     def combine(dst: memoryview, src: memoryview) -> None:
         reduce_kernel(np.frombuffer(dst, dtype), np.frombuffer(src, dtype))
+    return combine
+
+
+def bind(plan_: Plan, dtype: np.dtype, reduce_kernel: Optional[Callable], peers) -> Program:
+    """Precompute, for ``plan_`` run on arrays of ``dtype`` by a group whose
+    ranks are ``peers``, every byte range, peer and combine function."""
+    itemsize = dtype.itemsize
+    combine = _combiner(reduce_kernel, dtype) if reduce_kernel is not None else None
+    viewed: set = set()
+
+    def bound(msg: PlannedMessage) -> BoundMessage:
+        if len(msg.pieces) == 1:
+            buf, lo, hi = msg.pieces[0]
+            viewed.add(buf)
+            return BoundMessage(peers[msg.peer], buf, lo * itemsize, hi * itemsize,
+                                combine if msg.reduce else None, None)
+        return BoundMessage(peers[msg.peer], None, 0, 0, None, msg if msg.pieces else None)
+
+    steps = []
+    nsteps = len(plan_.steps)
+    for k, planned in enumerate(plan_.slices):
+        for index, step in enumerate(planned):
+            local = []
+            for kind, peer, src, dst in step.local:
+                if kind == COPY:  # a byte copy: the same for every dtype, and cheaper
+                    viewed.update(buf for buf, _, _ in src + dst)
+                    pairs = tuple(((sb, slo * itemsize, shi * itemsize), (db, dlo * itemsize, dhi * itemsize))
+                                  for (sb, slo, shi), (db, dlo, dhi) in zip(src, dst))
+                else:
+                    pairs = tuple(zip(src, dst))
+                local.append((kind, peer, pairs))
+            steps.append(BoundStep(k * nsteps + index, tuple(local),
+                                   tuple(bound(m) for m in step.recvs), tuple(bound(m) for m in step.sends)))
+    return Program(plan_, dtype, reduce_kernel, tuple(peers), tuple(steps), tuple(sorted(viewed)), [])
+
+
+def _bytes(arr: np.ndarray) -> memoryview:
+    return memoryview(arr).cast("B")
+
+
+def execute(program: Program, arrays: dict, network, tag: int, meta: int,
+            describe: Callable[[int], str], timeout: float) -> None:
+    """Run a bound plan on ``arrays`` (buffer name -> flat contiguous
+    array, all of the program's dtype). ``describe(step)`` names the call
+    for error messages."""
+    plan_, dtype, reduce_kernel, peers = program.plan, program.dtype, program.reduce_kernel, program.peers
+    schedule = plan_.schedule
+    spare = None
+    if schedule.tmp_like is not None and "tmp" not in arrays:
+        try:
+            spare = program.spare.pop()  # atomic: safe if two threads run this program
+        except IndexError:
+            tmp = np.empty(plan_.tmp_count, dtype=dtype)
+            spare = (tmp, _bytes(tmp))
+        arrays = dict(arrays, tmp=spare[0])
+    windows = None
+    if schedule.win_like is not None:
+        # This rank's and its peers' windows, viewed with the call's dtype.
+        windows = {g: np.frombuffer(network.window(peers[g]), dtype=dtype, count=plan_.win_count)
+                   for g in range(len(peers))}
+        arrays = dict(arrays, win=windows[schedule.rank])
+    views = {}  # buffer -> its bytes
+    for buf in program.viewed:
+        views[buf] = spare[1] if buf == "tmp" else _bytes(arrays[buf])
 
     post_recv, post_send = network.post_recv, network.post_send
     call = (tag, meta, peers)
-    nsteps = len(plan_.steps)
-    for k, steps in enumerate(plan_.slices):
-        for index, step in enumerate(steps):
-            for kind, peer, src, dst in step.local:
-                source = arrays if kind < READ else {"win": windows[peer]}
-                for (sb, slo, shi), (db, dlo, dhi) in zip(src, dst):
-                    if kind == COPY or kind == READ:
-                        np.copyto(arrays[db][dlo:dhi], source[sb][slo:shi])
-                    else:
-                        reduce_kernel(arrays[db][dlo:dhi], source[sb][slo:shi])
-            if not step.recvs and not step.sends:
+    for index, local, recvs, sends in program.steps:
+        for kind, peer, pairs in local:
+            if kind == COPY:
+                for (sb, slo, shi), (db, dlo, dhi) in pairs:
+                    views[db][dlo:dhi] = views[sb][slo:shi]
                 continue
-            requests, unpack = [], []
-            for msg in step.recvs:
-                if not msg.pieces:
-                    dst = _EMPTY
-                elif len(msg.pieces) == 1:
-                    dst = span(*msg.pieces[0])
+            source = arrays if kind < READ else {"win": windows[peer]}
+            for (sb, slo, shi), (db, dlo, dhi) in pairs:
+                if kind == READ:
+                    np.copyto(arrays[db][dlo:dhi], source[sb][slo:shi])
                 else:
-                    staging = np.empty(msg.count, dtype=dtype)
-                    dst = _bytes(staging)
-                    unpack.append((msg, staging))
-                requests.append(post_recv(peers[msg.peer], tag, dst,
-                                          combine if msg.reduce and len(msg.pieces) == 1 else None, meta))
-            for msg in step.sends:
-                if not msg.pieces:
-                    data = _EMPTY
-                elif len(msg.pieces) == 1:
-                    data = span(*msg.pieces[0])
-                else:
-                    data = _bytes(np.concatenate([arrays[b][lo:hi] for b, lo, hi in msg.pieces]))
-                requests.append(post_send(peers[msg.peer], tag, data, meta))
-            network.wait(requests, timeout=timeout, describe=lambda: describe(k * nsteps + index), call=call)
-            for msg, staging in unpack:
+                    reduce_kernel(arrays[db][dlo:dhi], source[sb][slo:shi])
+        if not recvs and not sends:
+            continue
+        requests, unpack = [], None
+        for peer, buf, lo, hi, combine, staged in recvs:
+            if buf is not None:
+                dst = views[buf][lo:hi]
+            elif staged is None:
+                dst = _EMPTY
+            else:
+                staging = np.empty(staged.count, dtype=dtype)
+                dst = _bytes(staging)
+                unpack = unpack or []
+                unpack.append((staged, staging))
+            requests.append(post_recv(peer, tag, dst, combine, meta))
+        for peer, buf, lo, hi, _, staged in sends:
+            if buf is not None:
+                data = views[buf][lo:hi]
+            elif staged is None:
+                data = _EMPTY
+            else:
+                data = _bytes(np.concatenate([arrays[b][lo:hi] for b, lo, hi in staged.pieces]))
+            requests.append(post_send(peer, tag, data, meta))
+        network.wait(requests, timeout=timeout, describe=lambda: describe(index), call=call)
+        if unpack:
+            for planned, staging in unpack:
                 at = 0
-                for buf, lo, hi in msg.pieces:
+                for buf, lo, hi in planned.pieces:
                     piece = staging[at:at + hi - lo]
                     at += hi - lo
-                    if msg.reduce:
+                    if planned.reduce:
                         reduce_kernel(arrays[buf][lo:hi], piece)
                     else:
                         np.copyto(arrays[buf][lo:hi], piece)
+    if spare is not None and spare[0].nbytes <= SPARE_BYTES:
+        # Every request of the call is done: no transport touches tmp any more.
+        program.spare.append(spare)

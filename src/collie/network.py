@@ -125,6 +125,7 @@ class Network:
         self.routes: list[Optional[Transport]] = [
             self.shm if p in shm_peers else (self.tcp if p != rank else None) for p in range(size)]
         self.transports: tuple[Transport, ...] = tuple(t for t in (self.shm, self.tcp) if t is not None)
+        self._progress = tuple(t.progress for t in self.transports)  # looked up once: progress() runs often
         self.backend_of = ["self" if p == rank else self.routes[p].name for p in range(size)]
 
     def _exchange_hosts(self, store, job_id: str) -> list[str]:
@@ -268,8 +269,8 @@ class Network:
             if self._lost:
                 self._fail_lost()
             moved = False
-            for t in self.transports:
-                if t.progress():
+            for progress in self._progress:
+                if progress():
                     moved = True
             return moved
 
@@ -282,27 +283,37 @@ class Network:
         ``call`` = (tag, meta, peers) identifies a collective: if it is stuck
         for ANNOUNCE_AFTER seconds, the peers are told which call this is.
         """
-        for req in requests:  # the fast path: already done (a small send on shm, say)
+        # The fast paths of small calls: already done (a small send on shm,
+        # say), or done after one pass of progress (the peer's message was
+        # waiting in its ring), without setting up the waiting loop.
+        for req in requests:
             if not req.done:
                 break
         else:
             return
-        requests = list(requests)
-        timeout = self.timeout if timeout is None else timeout
+        if self.progress():
+            for req in requests:
+                if not req.done:
+                    break
+            else:
+                return
+        self._wait(requests, self.timeout if timeout is None else timeout, describe, call)
+
+    def _wait(self, requests, timeout: float, describe: Callable[[], str], call) -> None:
+        """wait()'s loop: progress, spin a little, then sleep on the doorbell."""
+        every = requests = list(requests)
+        anys = [r for r in requests if isinstance(r, AnySourceRequest)]
         start = time.monotonic()
         spin_until = start + self._spin
         announced = call is None
-        # Spin only when every peer is reached through shared memory: TCP
-        # requests complete on receiver threads, which need the GIL a
-        # spinning thread holds.
-        spin = self.shm is not None and all(
-            r.peer >= 0 and self.routes[r.peer] is self.shm for r in requests)
+        spin = None  # decided the first time nothing moved (most waits end before)
         while True:
             moved = self.progress()
+            for req in anys:
+                if self._step_any(req):
+                    moved = True  # a receive was just posted: give it a pass of progress
             open_ = []
             for req in requests:
-                if isinstance(req, AnySourceRequest) and self._step_any(req):
-                    moved = True  # a receive was just posted: give it a pass of progress
                 if req.error is not None:
                     self._raise_abort(describe)  # the root cause, if a peer told us one
                     raise self._explain(req, describe) from req.error
@@ -311,7 +322,8 @@ class Network:
             if not open_:
                 return
             requests = open_
-            self._raise_abort(describe)
+            if self._abort is not None:
+                self._raise_abort(describe)
             now = time.monotonic()
             if not announced and now - start >= ANNOUNCE_AFTER:
                 announced = True
@@ -331,6 +343,12 @@ class Network:
                     f"rank {self.rank}: {describe()} timed out after {timeout:g}s waiting for "
                     f"rank(s) {waiting or 'any'} (pending: "
                     f"{', '.join(repr(r) for r in requests if not r.done)})", tuple(waiting))
+            if spin is None:
+                # Spin only when every peer is reached through shared memory:
+                # TCP requests complete on receiver threads, which need the
+                # GIL a spinning thread holds.
+                spin = self.shm is not None and all(
+                    r.peer >= 0 and self.routes[r.peer] is self.shm for r in every)
             if spin and now < spin_until:
                 if self._crowded:
                     os.sched_yield()  # more ranks than cores: let the peer we wait for run

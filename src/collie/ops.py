@@ -25,7 +25,7 @@ __all__ = ["ReduceOp", "kernel", "check_op"]
 class ReduceOp:
     """A reduction. Compare with ReduceOp.SUM etc.; PREMUL_SUM(f) makes one."""
 
-    __slots__ = ("name", "code", "factor")
+    __slots__ = ("name", "code", "factor", "_hash")
 
     SUM: "ReduceOp"
     PRODUCT: "ReduceOp"
@@ -38,6 +38,7 @@ class ReduceOp:
 
     def __init__(self, name: str, code: int, factor=None):
         self.name, self.code, self.factor = name, code, factor
+        self._hash = hash((code, factor))  # ops key the per-call caches: hash once
 
     @staticmethod
     def PREMUL_SUM(factor) -> "ReduceOp":  # noqa: N802 - torch's spelling
@@ -52,7 +53,7 @@ class ReduceOp:
         return isinstance(other, ReduceOp) and (self.code, self.factor) == (other.code, other.factor)
 
     def __hash__(self) -> int:
-        return hash((self.code, self.factor))
+        return self._hash
 
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}" + (f"({self.factor})" if self.name == "PREMUL_SUM" else "")
@@ -100,7 +101,8 @@ def _f32_to_bf16(values: np.ndarray, out: np.ndarray) -> None:
 
 
 def kernel(op: ReduceOp, dtype_name: str) -> Callable[[np.ndarray, np.ndarray], None]:
-    """``f(dst, src)``: dst = dst op src, elementwise, in place."""
+    """``f(dst, src)``: dst = dst op src, elementwise, in place. When that is
+    one ufunc call, ``f.ufunc`` is the ufunc."""
     ufunc = _UFUNC[op.name]
     if dtype_name == BFLOAT16:
         def bf16(dst, src):
@@ -112,7 +114,11 @@ def kernel(op: ReduceOp, dtype_name: str) -> Callable[[np.ndarray, np.ndarray], 
         return lambda dst, src: np.logical_or(dst, src, out=dst)
     if dtype_name == "bool" and op.name == "PRODUCT":
         return lambda dst, src: np.logical_and(dst, src, out=dst)
-    return lambda dst, src: ufunc(dst, src, out=dst)
+
+    def plain(dst, src):
+        ufunc(dst, src, out=dst)
+    plain.ufunc = ufunc  # callers on a hot path (the engine's combine) may call it directly
+    return plain
 
 
 def scale(arr: np.ndarray, factor, dtype_name: str) -> None:

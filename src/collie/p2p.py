@@ -60,7 +60,7 @@ def _post_send(tensor, dst, group, tag, group_dst, what):
     peer = _peer(g, dst, group_dst, "dst", what)
     buf = Buffer(tensor, writable=False, what=f"{what} tensor")
     # _peer checked the peer: post without the Network's second check
-    return g, peer, buf, g.network.post_send(peer, g.p2p_tag(tag), buf.bytes(), 0)
+    return g, peer, buf, g.network.post_send(peer, g.p2p_tag(tag), memoryview(buf.flat).cast("B"), 0)
 
 
 def _post_recv(tensor, src, group, tag, group_src, what):
@@ -70,7 +70,7 @@ def _post_recv(tensor, src, group, tag, group_src, what):
     if peer is None:  # any source: the Network resolves it
         req = g.network.irecv(None, g.p2p_tag(tag), buf.bytes(), candidates=g.ranks)
     else:
-        req = g.network.post_recv(peer, g.p2p_tag(tag), buf.bytes(), None, None)
+        req = g.network.post_recv(peer, g.p2p_tag(tag), memoryview(buf.flat).cast("B"), None, None)
     return g, peer, buf, req
 
 
@@ -138,16 +138,18 @@ def batch_isend_irecv(p2p_op_list: list) -> list:
     and no transport blocks while posting, so no pairing of two batches can
     deadlock.
     """
-    if not isinstance(p2p_op_list, (list, tuple)) or not all(isinstance(p, P2POp) for p in p2p_op_list):
+    if not isinstance(p2p_op_list, (list, tuple)):
         raise TypeError("batch_isend_irecv takes a list of P2POp")
+    for p in p2p_op_list:  # all checked before anything is posted
+        if not isinstance(p, P2POp):
+            raise TypeError("batch_isend_irecv takes a list of P2POp")
     works: list = [None] * len(p2p_op_list)
-    order = sorted(range(len(p2p_op_list)), key=lambda i: p2p_op_list[i].op is isend)
-    for i in order:
-        p = p2p_op_list[i]
+    for i, p in enumerate(p2p_op_list):
+        if p.op is irecv:
+            works[i] = irecv(p.tensor, p.peer, p.group, p.tag, group_src=p.group_peer)
+    for i, p in enumerate(p2p_op_list):
         if p.op is isend:
             works[i] = isend(p.tensor, p.peer, p.group, p.tag, group_dst=p.group_peer)
-        else:
-            works[i] = irecv(p.tensor, p.peer, p.group, p.tag, group_src=p.group_peer)
     return works
 
 

@@ -30,11 +30,12 @@ class Work:
     def wait(self, timeout=None) -> bool:
         """Block until complete; True on success, raises on failure."""
         if not self._finished:
-            if isinstance(timeout, timedelta):
+            if timeout is None:
+                timeout = self._timeout
+            elif isinstance(timeout, timedelta):
                 timeout = timeout.total_seconds()
             try:
-                self._network.wait(self._requests, timeout=timeout if timeout is not None else self._timeout,
-                                   describe=self._describe)
+                self._network.wait(self._requests, timeout=timeout, describe=self._describe)
                 if self._on_done is not None:
                     self._result = self._on_done()
             except BaseException as exc:
