@@ -26,7 +26,7 @@ slots are the flow control: a writer whose ring is full keeps the rest of its
 sends queued and writes them from progress() once the reader has made room.
 
 Single copy. A message of at least ``cma_bytes`` (COLLIE_SHM_CMA_BYTES,
-default 64 KiB; 0: never) does not go through the slots when the reader can
+default 256 KiB; 0: never) does not go through the slots when the reader can
 read this process's memory (checked at setup, see cma.py): the writer puts
 one slot in the ring saying where the message is (fragment offset -1, the
 payload: address and a rendezvous id) and keeps the send pending; the reader
@@ -83,7 +83,7 @@ from .doorbell import Doorbell
 DEFAULT_SLOTS = 8
 DEFAULT_SLOT_BYTES = 256 * 1024
 DEFAULT_WINDOW_BYTES = 64 << 20
-DEFAULT_CMA_BYTES = 64 * 1024
+DEFAULT_CMA_BYTES = 256 * 1024
 
 _PAGE = mmap.PAGESIZE
 _LINE = 64
