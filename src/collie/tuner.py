@@ -55,9 +55,11 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
     """The tuned default for one call.
 
     Crossovers measured with `collie bench --algo all` on a 2-core machine
-    (docs/performance.md): over shared memory, small messages want the
-    fewest steps, mid sizes the trees and rings, and large ones the shm
-    algorithm's one-sided reads (no ring copies, three barriers).
+    (docs/performance.md). Over shared memory, messages from 256 KiB go
+    single copy (the reader copies straight out of the sender's memory), so
+    the plain algorithms (direct, rabenseifner) win most large cases; the shm
+    algorithm's windows still pay off where many ranks share few cores and
+    each rank would otherwise wait on several hand-offs.
     """
     if nranks == 1:
         return Choice("direct", 1, "one rank: local copies only")
@@ -69,30 +71,40 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
             return Choice("direct", 1, "few ranks: one step of zero-byte messages")
         return Choice("recursive_doubling", 1, "dissemination: log2(n) steps")
     if collective == "all_reduce":
-        if nbytes < 128 * KiB and few:
-            return Choice("direct", 1, "small message, two ranks: one exchange")
-        if nbytes < 32 * KiB:
-            return Choice("tree", 1, "small message: 2 log2(n) steps, fewest wake-ups")
-        if nbytes < 256 * KiB and nranks <= 4:
-            return Choice("direct", 1, "small message, few ranks: n-1 exchanges, no forwarding")
-        if shm and nbytes >= (8 * MiB if few else 1 * MiB):
-            return Choice("shm", 1, "large message on one host: one-sided reads, three barriers")
         if few:
-            return Choice("dbtree", segs, "two ranks, mid size: pipelined halves both ways")
+            if nbytes < 128 * KiB:
+                return Choice("direct", 1, "small message, two ranks: one exchange")
+            if nbytes < 1 * MiB:
+                return Choice("ring", 1, "two ranks, mid size: halves both ways, two steps")
+            if shm and nbytes < 4 * MiB:
+                return Choice("shm", 1, "two ranks on one host: one-sided reads of the halves")
+            return Choice("rabenseifner", 1, "large message: reduce-scatter then all-gather, single copy")
+        if nbytes < 1 * MiB or not shm and nbytes < 32 * KiB:
+            return Choice("tree", segs, "small message, ranks sharing cores: fewest hand-offs")
+        if shm and nbytes < 16 * MiB:
+            return Choice("shm", 1, "mid size on one host: one-sided reads, three barriers")
         if shm:
-            return Choice("tree", segs, "mid size, ranks sharing cores: pipelined tree, fewest hand-offs")
+            return Choice("rabenseifner", 1, "large message: halving then doubling, log2(n) steps")
         return Choice("ring", segs, "large message: ring moves 2(n-1)/n of the data per rank, the least")
-    if collective in ("broadcast", "reduce"):
-        if collective == "broadcast" and shm and nbytes >= 8 * MiB and not few:
-            return Choice("shm", 1, "large message, ranks sharing cores: every rank reads the root's window")
-        if (few and nbytes < 32 * MiB) or nbytes < 64 * KiB:
+    if collective == "broadcast":
+        if nranks <= 4 or nbytes < 64 * KiB:
             return Choice("direct" if nranks <= 4 else "tree", 1, "few ranks or small message: fewest steps")
+        return Choice("tree", segs, "pipelined binomial tree")
+    if collective == "reduce":
+        if few and nbytes < 1 * MiB or nbytes < 64 * KiB:
+            return Choice("tree", 1, "small message: the root combines as contributions arrive")
+        if few and nbytes < 16 * MiB:
+            return Choice("direct", 1, "two ranks: one single-copy read, reduced in chunks")
         return Choice("tree", segs, "pipelined binomial tree")
     if collective in ("all_gather", "reduce_scatter"):
         total = nbytes  # all_gather: the whole output; reduce_scatter: the whole input
-        if shm and (8 * MiB <= total < 32 * MiB if few else total >= 4 * MiB):
-            return Choice("shm", 1, "large message on one host: one-sided reads")
-        if total < 4 * MiB and nranks <= 4:
+        if collective == "all_gather" and shm and not few and 8 * MiB <= total < 32 * MiB:
+            return Choice("shm", 1, "large message, ranks sharing cores: one-sided reads")
+        if collective == "reduce_scatter" and shm and not few and 1 * MiB <= total < 16 * MiB:
+            return Choice("shm", 1, "mid size, ranks sharing cores: one-sided reads")
+        if collective == "reduce_scatter" and not few and total < 1 * MiB:
+            return Choice("rabenseifner", 1, "small message: recursive halving, log2(n) steps")
+        if nranks <= 4:
             return Choice("direct", 1, "one step, no forwarding")
         if total < 256 * KiB:
             return Choice("recursive_doubling" if collective == "all_gather" else "rabenseifner", 1,
@@ -101,9 +113,9 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
     if collective == "all_to_all":
         # No size here: with uneven splits every rank sees another size, and
         # all ranks must choose the same algorithm (the call passes 0).
-        if nranks <= 8:
+        if 2 < nranks <= 8:
             return Choice("direct", 1, "everyone sends to everyone in one step")
-        return Choice("pairwise", 1, "many ranks: one peer per step keeps every link busy")
+        return Choice("pairwise", 1, "one peer per step keeps every link busy")
     if collective in ("gather", "scatter"):
         if nranks <= 8 or nbytes >= 64 * KiB:
             return Choice("direct", 1, "root exchanges with every rank at once")
