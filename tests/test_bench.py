@@ -218,3 +218,5 @@ def test_all_reduce_bound():
     assert algbw == pytest.approx(2.5e9) and busbw == pytest.approx(2.5e9)
     # More ranks than cores share the cores.
     assert bench.all_reduce_bound(8, 2, 10e9, 6e9)[0] == pytest.approx(2 * 10e9 / 32)
+    # Single copy: (3n-1)S = 5S bytes for 2 ranks -> algbw 4 GB/s.
+    assert bench.all_reduce_bound(2, 2, 10e9, 6e9, single_copy=True)[0] == pytest.approx(4e9)

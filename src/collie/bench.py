@@ -476,34 +476,53 @@ def memory_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> tuple[float, f
     return 2 * a.nbytes / copy, 3 * a.nbytes / add
 
 
-def all_reduce_bound(n: int, cores: int, copy_bw: float, add_bw: float) -> tuple[float, float]:
+def traffic_factor(n: int, single_copy: bool) -> int:
+    """Bytes an all_reduce of S bytes per rank must move, in units of S (see all_reduce_bound)."""
+    return 3 * n - 1 if single_copy else 4 * n
+
+
+def all_reduce_bound(n: int, cores: int, copy_bw: float, add_bw: float,
+                     single_copy: bool = False) -> tuple[float, float]:
     """(algbw, busbw) in bytes/s that no all_reduce of large buffers on ``n``
-    ranks over shared memory can beat on this machine.
+    ranks of one host can beat on this machine.
 
     Memory traffic (bytes read plus written) an all_reduce of S bytes per
     rank needs at least, counting per element of the result:
 
-    - n reads: every rank's input must be read once (it is private memory,
-      so only its owner can read it);
+    - n reads: every rank's input must be read once;
     - n writes: every rank's output buffer must be written;
-    - n writes to shared memory: every rank's contribution must leave its
-      process, and processes share nothing but the shared segments (no
-      kernel-assisted copies), so each rank writes at least one value;
-    - n reads from shared memory: every rank needs the others'
-      contributions, so each rank reads at least one shared value.
+    - to get the result to every rank: without kernel-assisted copies,
+      processes share nothing but shared segments, so every rank writes its
+      contribution there once and reads the others' from there once (2n
+      more: 4nS in all); with them (``single_copy``: process_vm_readv), a
+      rank can read another's memory directly, but the n-1 ranks that did
+      not compute an element must still read it (n-1 more: (3n-1)S).
 
-    That is 4nS bytes (the n-input reduction adds nothing: its operands are
-    the reads above). Ring and chain schedules move more, about 5nS. At
-    most min(n, cores) cores move it, each at most at the faster of the
+    The n-input reduction adds nothing: its operands are the reads above.
+    At most min(n, cores) cores move it, each at most at the faster of the
     measured single-core copy and add rates (more cores share, never
-    multiply, the DRAM bandwidth), so time >= 4nS / (p x rate): algbw <=
-    p x rate / (4n) and busbw <= algbw x 2(n-1)/n. Buffers that fit in the
-    cache can beat it; it is a bound for sizes well beyond the last-level
-    cache.
+    multiply, the DRAM bandwidth), so time >= traffic / (p x rate), and
+    busbw = algbw x 2(n-1)/n. Buffers that fit in the cache can beat it; it
+    is a bound for sizes well beyond the last-level cache.
     """
     p = min(n, max(cores, 1))
-    algbw = p * max(copy_bw, add_bw) / (4 * n)
+    algbw = p * max(copy_bw, add_bw) / traffic_factor(n, single_copy)
     return algbw, algbw * bus_factor("all_reduce", n)
+
+
+def collie_network():
+    from .group import resolve
+    return resolve(None).network
+
+
+def _single_copy(cfg: Config) -> bool:
+    """Before the ranks start: whether their shared-memory peers will read
+    each other's memory directly (the shm transport checks the same way, with
+    a real read). Forks: call it only while this process has no threads."""
+    from .transports import cma
+    if cfg.transport == "tcp" or os.environ.get("COLLIE_SHM_CMA_BYTES", "").strip() == "0":
+        return False
+    return cma.works_between_processes()
 
 
 def _cores() -> int:
@@ -537,7 +556,8 @@ _COLUMNS = (("size", 12), ("count", 12), ("type", 10), ("redop", 6), ("root", 5)
             ("algbw(GB/s)", 12), ("busbw(GB/s)", 12), ("#wrong", 7))
 
 
-def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple]) -> str:
+def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple],
+           single_copy: bool = False) -> str:
     """The lines above the tables: command, world, machine, date, method."""
     import collie
     cmd = " ".join(["collie bench", *argv])
@@ -554,10 +574,11 @@ def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple
     ]
     if mem is not None:
         copy_bw, add_bw = mem
-        algbw, busbw = all_reduce_bound(nranks, _cores(), copy_bw, add_bw)
+        algbw, busbw = all_reduce_bound(nranks, _cores(), copy_bw, add_bw, single_copy)
         lines.append(f"# memory: one core copies at {copy_bw / 1e9:.1f} GB/s and adds at {add_bw / 1e9:.1f} "
                      f"GB/s (np.copyto, np.add out=; 64 MiB; bytes read + written)")
-        lines.append(f"# bound: all_reduce over shared memory moves >= 4nS bytes; on "
+        moves = "(3n-1)S bytes (single copy)" if single_copy else "4nS bytes"
+        lines.append(f"# bound: all_reduce on one host moves >= {moves}; on "
                      f"{min(nranks, _cores())} cores: algbw <= {algbw / 1e9:.2f}, busbw <= {busbw / 1e9:.2f} "
                      f"GB/s beyond the cache (see collie.bench.all_reduce_bound)")
     return "\n".join(lines)
@@ -692,12 +713,14 @@ def rank_main(cfg: Config, argv: list, where: str, mem: Optional[tuple], peer_ro
     rows: list = []
     is_root = comm.rank == 0
     bound = None
+    shm = collie_network().shm
+    single_copy = bool(shm is not None and shm.single_copy_peers())  # what the transport found
     if mem is not None:
-        bound = all_reduce_bound(comm.size, _cores(), *mem)
+        bound = all_reduce_bound(comm.size, _cores(), *mem, single_copy=single_copy)
     progress = Progress(cfg.progress and is_root, cfg.tty)
     table = Table(peer_rows, bound, progress)
     if is_root and print_header:
-        print(header(argv, comm.size, where, cfg, mem), flush=True)
+        print(header(argv, comm.size, where, cfg, mem, single_copy), flush=True)
 
     def emit(row: dict) -> None:
         rows.append(row)
@@ -885,7 +908,7 @@ def main(argv: Optional[list] = None) -> int:
     if n < 1:
         p.error(f"-n must be at least 1, got {n}")
     mem = memory_bandwidth()
-    print(header(argv, n, "started here", cfg, mem), flush=True)
+    print(header(argv, n, "started here", cfg, mem, _single_copy(cfg)), flush=True)
     peer_rows: list = []
     for peer in peers:
         peer_rows += run_peer(peer, n, cfg)

@@ -86,3 +86,14 @@ def works_with(info: Optional[dict]) -> bool:
     except OSError:
         return False
     return got.tobytes().hex() == info["token"]
+
+
+def works_between_processes() -> bool:
+    """Whether a child process can read this one's memory (what the shm
+    transport checks per pair at setup), for tools that ask before ranks exist."""
+    probe = Probe()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if works_with(probe.info()) else 1)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
