@@ -87,14 +87,20 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
             return Choice("rabenseifner", 1, "large message: halving then doubling, log2(n) steps")
         return Choice("ring", segs, "large message: ring moves 2(n-1)/n of the data per rank, the least")
     if collective == "broadcast":
+        if few and 128 * KiB <= nbytes < 1 * MiB:
+            return Choice("dbtree", 1, "two ranks, mid size: two halves, one copied in while the other is copied out")
         if nranks <= 4 or nbytes < 64 * KiB:
             return Choice("direct" if nranks <= 4 else "tree", 1, "few ranks or small message: fewest steps")
         return Choice("tree", segs, "pipelined binomial tree")
     if collective == "reduce":
+        if few and 128 * KiB <= nbytes < 1 * MiB:
+            return Choice("dbtree", 1, "two ranks, mid size: two halves, one copied in while the other is reduced")
         if few and nbytes < 1 * MiB or nbytes < 64 * KiB:
             return Choice("tree", 1, "small message: the root combines as contributions arrive")
-        if few and nbytes < 16 * MiB:
+        if few:
             return Choice("direct", 1, "two ranks: one single-copy read, reduced in chunks")
+        if shm and nbytes >= 32 * MiB:
+            return Choice("dbtree", segs, "large message: two pipelined trees share the work of the inner ranks")
         return Choice("tree", segs, "pipelined binomial tree")
     if collective in ("all_gather", "reduce_scatter"):
         total = nbytes  # all_gather: the whole output; reduce_scatter: the whole input
