@@ -697,3 +697,21 @@ def test_single_copy_can_be_turned_off(local, monkeypatch):
     monkeypatch.setenv("COLLIE_SHM_CMA_BYTES", "-1")
     with pytest.raises(ValueError, match="COLLIE_SHM_CMA_BYTES"):
         local(2)
+
+
+def test_yama_scope_one_lets_same_user_processes_read(tmp_path, monkeypatch):
+    from collie.transports import cma
+    calls = []
+
+    class FakeLibc:
+        def prctl(self, option, arg, *rest):
+            calls.append((option, arg.value))
+            return 0
+
+    monkeypatch.setattr(cma.ctypes, "CDLL", lambda *a, **k: FakeLibc())
+    scope = tmp_path / "ptrace_scope"
+    for value, expect in (("0", False), ("2", False), ("1", True)):
+        scope.write_text(value + "\n")
+        assert cma.allow_readers(str(scope)) is expect
+    assert cma.allow_readers(str(tmp_path / "absent")) is False  # no Yama
+    assert calls == [(0x59616D61, (1 << 64) - 1)]  # PR_SET_PTRACER, PR_SET_PTRACER_ANY

@@ -9,6 +9,11 @@ where its bytes are, the receiver reads them and says when it is done).
 It needs the right to ptrace the other process, which a process of the same
 user has unless Yama's ptrace_scope (or a container's seccomp policy) says
 otherwise: ``works_with`` checks it on a real read before a pair relies on it.
+Under Yama's default on many distributions (ptrace_scope 1: only ancestors
+may read a process), ranks are siblings, so ``allow_readers`` lets other
+processes of the same user read this one (PR_SET_PTRACER_ANY), as MPI
+libraries' CMA transports do; scopes 2 and 3 stay closed, and those pairs
+keep the shared-memory rings.
 """
 
 from __future__ import annotations
@@ -40,6 +45,25 @@ def _function():
         fn.restype = ctypes.c_ssize_t
         _readv = fn
     return _readv
+
+
+_YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+_PR_SET_PTRACER = 0x59616D61
+_PR_SET_PTRACER_ANY = ctypes.c_ulong(-1).value
+
+
+def allow_readers(scope_path: str = _YAMA_SCOPE) -> bool:
+    """Under Yama ptrace_scope 1, let processes of our user read our memory
+    (they already could without Yama). True if a call was needed and made."""
+    try:
+        with open(scope_path) as f:
+            scope = f.read().strip()
+    except OSError:
+        return False  # no Yama: same-user reads are allowed
+    if scope != "1":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(_PR_SET_PTRACER, ctypes.c_ulong(_PR_SET_PTRACER_ANY), 0, 0, 0) == 0
 
 
 def address(buf) -> int:

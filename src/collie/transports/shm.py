@@ -339,6 +339,8 @@ class ShmTransport(Transport):
                           if cma_bytes is None else cma_bytes)
         if self.cma_bytes < 0:
             raise ValueError(f"COLLIE_SHM_CMA_BYTES must be 0 (off) or a size in bytes, not {self.cma_bytes}")
+        if self.cma_bytes:
+            cma.allow_readers()
         self._probe = cma.Probe()  # peers read it to learn whether single copy works
         self._scratch: Optional[memoryview] = None  # where combining single-copy receives read to
         self._windows: dict[int, memoryview] = {}  # rank -> its window, mapped here
