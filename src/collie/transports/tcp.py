@@ -361,8 +361,15 @@ class TcpTransport(Transport):
         except OSError as exc:
             raise PeerError(f"rank {self.rank} could not connect to rank {peer} at {address}: {exc} "
                             f"(rank {peer} failed during setup?)", peer) from exc
-        handshake(sock, token, server=False, what=f"rank {peer}")
-        sock.sendall(hello)
+        try:
+            handshake(sock, token, server=False, what=f"rank {peer}")
+            sock.sendall(hello)
+        except TimeoutError as exc:
+            raise CollieTimeout(f"rank {self.rank}: rank {peer} did not finish the handshake in time",
+                                (peer,)) from exc
+        except OSError as exc:  # reset or closed: it gave up on setup (another rank's bad token...)
+            raise PeerError(f"rank {peer} hung up on rank {self.rank} during the handshake: {exc} "
+                            f"(rank {peer} failed during setup?)", peer) from exc
 
     def _accept_higher(self, listener: socket.socket, job_id: str, token, deadline: float) -> None:
         expected = set(range(self.rank + 1, self.size))
@@ -404,11 +411,14 @@ class TcpTransport(Transport):
             _tune(sock)
             sock.settimeout(self._remaining(deadline, f"rank(s) {sorted(expected)} to connect",
                                             tuple(sorted(expected))))
-            handshake(sock, token, server=True, what=f"the rank connecting from {origin}")
             try:
+                handshake(sock, token, server=True, what=f"the rank connecting from {origin}")
                 peer, size, n = _HELLO.unpack(recv_exact(sock, _HELLO.size))
                 job = recv_exact(sock, n).decode(errors="replace")
-            except (OSError, ConnectionError) as exc:
+            except TimeoutError as exc:
+                raise CollieTimeout(f"rank {self.rank}: the rank connecting from {origin} did not finish "
+                                    f"the handshake in time", tuple(sorted(expected))) from exc
+            except OSError as exc:  # ConnectionError included; AuthError is not one
                 raise PeerError(f"rank {self.rank}: the rank connecting from {origin} hung up before "
                                 f"saying who it is: {exc}") from exc
             if job != job_id or size != self.size or peer not in expected:
