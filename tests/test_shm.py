@@ -715,3 +715,67 @@ def test_yama_scope_one_lets_same_user_processes_read(tmp_path, monkeypatch):
         assert cma.allow_readers(str(scope)) is expect
     assert cma.allow_readers(str(tmp_path / "absent")) is False  # no Yama
     assert calls == [(0x59616D61, (1 << 64) - 1)]  # PR_SET_PTRACER, PR_SET_PTRACER_ANY
+
+
+def test_large_one_way_messages_share_the_copy_with_the_waiting_sender(tmp_path):
+    """The reader offers the second half; a sender waiting on its send takes it."""
+    nbytes = 3 << 20
+
+    def body(t, rank, n):
+        for k in range(20):
+            if rank == 0:
+                send = t.isend(1, k, mv(payload(0, 1, nbytes, salt=k)))
+                wait_all(t, [send])
+                check_ok([send])
+            else:
+                got = np.zeros(nbytes, np.uint8)
+                recv = t.irecv(0, k, mv(got))
+                wait_all(t, [recv])
+                check_ok([recv])
+                assert np.array_equal(got, payload(0, 1, nbytes, salt=k)), k
+        _barrier(t, rank, n)
+        return t.shared_copies
+
+    helped, _ = run_ranks(body, 2, tmp_path, cma_bytes=256 << 10)[0], None
+    assert helped[0] > 0 and helped[1] == 0, helped
+
+
+@pytest.mark.parametrize("write_fails", [False, True], ids=["writer-copies", "writer-fails"])
+def test_shared_copy_when_the_writer_takes_the_offer(local, monkeypatch, write_fails):
+    from collie.transports import cma
+    a, b = local(2, cma_bytes=64)
+    data, got = payload(0, 1, 1000), np.zeros(1000, np.uint8)
+    send = a.isend(1, 1, mv(data))
+    read = cma.read
+
+    def reader_while_writer_runs(pid, dst, address):
+        a.progress()  # the writer looks while the reader copies its half
+        read(pid, dst, address)
+
+    monkeypatch.setattr(cma, "read", reader_while_writer_runs)
+    if write_fails:
+        def broken(*args):
+            raise OSError(14, "Bad address")
+        monkeypatch.setattr(cma, "write", broken)
+    recv = b.irecv(0, 1, mv(got))
+    b.progress()
+    assert len(b._in[0].shared) == 1 and not recv.finished  # the writer took the second half
+    drive([a, b], [send, recv])
+    check_ok([send, recv])
+    assert np.array_equal(got, data)
+    assert a.shared_copies == (0 if write_fails else 1)
+
+
+def test_shared_copy_fails_with_its_peer(local, monkeypatch):
+    from collie.transports import cma
+    a, b = local(2, cma_bytes=64)
+    send = a.isend(1, 1, mv(payload(0, 1, 1000)))
+    read = cma.read
+    monkeypatch.setattr(cma, "read", lambda pid, dst, address: (a.progress(), read(pid, dst, address)))
+    recv = b.irecv(0, 1, mv(np.zeros(1000, np.uint8)))
+    b.progress()
+    assert len(b._in[0].shared) == 1 and not recv.finished  # waiting for the writer's half
+    err = PeerError("rank 0 died", 0)
+    b.fail_peer(0, err)
+    assert recv.error is err and not b._in[0].shared
+    assert not send.finished and a._out[1].pending  # not acknowledged: rank 1 failed it

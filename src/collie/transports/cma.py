@@ -30,21 +30,21 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-_readv = None
+_functions: dict = {}
 
 
-def _function():
-    global _readv
-    if _readv is None:
+def _function(name: str = "process_vm_readv"):
+    fn = _functions.get(name)
+    if fn is None:
         libc = ctypes.CDLL(None, use_errno=True)
-        fn = getattr(libc, "process_vm_readv", None)
+        fn = getattr(libc, name, None)
         if fn is None:
-            raise OSError(errno.ENOSYS, "process_vm_readv is not available")
+            raise OSError(errno.ENOSYS, f"{name} is not available")
         fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p,
                        ctypes.c_ulong, ctypes.c_ulong]
         fn.restype = ctypes.c_ssize_t
-        _readv = fn
-    return _readv
+        _functions[name] = fn
+    return fn
 
 
 _YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
@@ -87,6 +87,24 @@ def read(pid: int, dst, src_address: int) -> None:
         if got <= 0:
             err = ctypes.get_errno() if got < 0 else errno.EFAULT
             raise OSError(err, f"process_vm_readv from pid {pid}: {os.strerror(err)}")
+        done += got
+
+
+def write(pid: int, dst_address: int, src) -> None:
+    """Copy all of ``src`` (a contiguous buffer of ours) to ``dst_address``
+    in process ``pid``. Raises OSError if it cannot all be written."""
+    fn = _function("process_vm_writev")
+    n = len(src)
+    at = address(src)
+    local, remote = _IoVec(), _IoVec()
+    done = 0
+    while done < n:
+        local.base, local.len = at + done, n - done
+        remote.base, remote.len = dst_address + done, n - done
+        got = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        if got <= 0:
+            err = ctypes.get_errno() if got < 0 else errno.EFAULT
+            raise OSError(err, f"process_vm_writev to pid {pid}: {os.strerror(err)}")
         done += got
 
 

@@ -16,6 +16,8 @@ A ring is a single-producer single-consumer queue of fixed-size slots::
     +128  one 64-byte header per slot: tag, meta, message nbytes,
           fragment offset, fragment nbytes
     then  64 acknowledgement words (int64) for single-copy messages
+    then  the shared-copy offer: rendezvous id, address, split, done word,
+          and a one-token semaphore (see "Single copy")
     page  the slots' payloads, ``slot_bytes`` each
 
 Slot ``k`` holds fragment number ``k % slots``; head - tail is the number of
@@ -35,6 +37,19 @@ copies the bytes straight from the writer's memory into the receive's buffer
 ``id % 64``, and rings the writer, whose send is then done. One copy instead
 of two, and no slot space for the body. Like MPI's rendezvous protocol, such
 a send completes only once a receive has taken it.
+
+A plain (non-combining) receive of at least twice that size shares the copy
+with the writer, whose core is otherwise idle waiting for the
+acknowledgement: the reader publishes an offer (its buffer's address and a
+split point) and posts a one-token semaphore, then reads the first part.
+The writer, in its progress(), takes the token if it is there and writes
+the second part into the reader's buffer (process_vm_writev), then stores
+the id in the done word (negative if it failed) and rings the reader. The
+reader, done with its part, tries to take the token back: if it can, the
+writer never started, and the reader reads the rest itself; if not, the
+writer is copying, and the receive completes once the done word says so.
+The semaphore's atomic take decides who copies, so neither side ever waits
+on the other to start, and a writer busy elsewhere only means no help.
 
 Memory ordering. head and tail are read and stored through NumPy int64 views
 of the mapping; aligned 8-byte loads and stores are atomic on x86-64. The
@@ -120,7 +135,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _ring_header_bytes(slots: int) -> int:
-    return _align(2 * _LINE + slots * _LINE + _ACKS * 8, _PAGE)
+    return _align(2 * _LINE + slots * _LINE + _ACKS * 8 + 2 * _LINE, _PAGE)
 
 
 def _ring_bytes(slots: int, slot_bytes: int) -> int:
@@ -172,6 +187,10 @@ class _Ring:
         self.tail = np.frombuffer(mm, np.int64, 1, base + _LINE)
         self.headers = base + 2 * _LINE  # offset of slot 0's header in mm
         self.acks = np.frombuffer(mm, np.int64, _ACKS, self.headers + slots * _LINE)
+        # The shared-copy offer: id, reader's address, split, done word; the token after it.
+        self.offer_at = self.headers + slots * _LINE + _ACKS * 8
+        self.offer = np.frombuffer(mm, np.int64, 4, self.offer_at)
+        self.token_at = self.offer_at + _LINE
         payloads = base + _ring_header_bytes(slots)
         self.offsets = [payloads + k * slot_bytes for k in range(slots)]
         view = memoryview(mm)
@@ -183,7 +202,7 @@ class _Ring:
         for v in self.payload:
             v.release()
         self.payload = []
-        self.head = self.tail = self.acks = self.mm = None
+        self.head = self.tail = self.acks = self.offer = self.mm = None
 
 
 class _Send(Request):
@@ -230,6 +249,8 @@ class _Out:
         self.tail = ring.tail.item(0)  # last tail seen; re-read when the ring looks full
         self.queue: deque[_Send] = deque()
         self.cma_bytes = 1 << 62  # sends of at least this size go single copy (set in setup)
+        self.pid = 0              # the peer's process, for shared copies into it
+        self.token: Optional[Doorbell] = None  # the peer's offers of a shared copy
         self.next_id = 0          # the last rendezvous id used
         self.pending: dict[int, _Send] = {}  # rendezvous id -> single-copy send not yet read
         self.busy = False  # listed in ShmTransport._out_busy: progress() pushes its queue
@@ -245,6 +266,8 @@ class _In:
         self.tail = 0
         self.bell: Optional[Doorbell] = None  # the peer's (the writer's) doorbell
         self.pid = 0                          # the peer's process, for single-copy reads
+        self.token: Optional[Doorbell] = None  # our offers of a shared copy to the writer
+        self.shared: list = []                # (receive, id, nbytes, address, split) the writer copies into
         self.posted: dict[int, deque[_Recv]] = {}
         self.nposted = 0
         self.current: Optional[_Message] = None  # message whose fragments are being read
@@ -343,6 +366,7 @@ class ShmTransport(Transport):
             cma.allow_readers()
         self._probe = cma.Probe()  # peers read it to learn whether single copy works
         self._scratch: Optional[memoryview] = None  # where combining single-copy receives read to
+        self.shared_copies = 0  # second halves this rank wrote into its readers (see "Single copy")
         self._windows: dict[int, memoryview] = {}  # rank -> its window, mapped here
         if memfd is None:
             memfd = os.environ.get("COLLIE_SHM_MEMFD", "1") != "0" and hasattr(os, "memfd_create")
@@ -388,7 +412,8 @@ class ShmTransport(Transport):
         for k, peer in enumerate(self.peers):
             base = _align(Doorbell.RESERVED, _PAGE) + k * ring
             rings[str(peer)] = base
-            self._in[peer] = _In(peer, _Ring(seg.mm, base, self.slots, self.slot_bytes))
+            inb = self._in[peer] = _In(peer, _Ring(seg.mm, base, self.slots, self.slot_bytes))
+            inb.token = Doorbell(seg.mm, inb.ring.token_at, create=True)
         self._info = dict(seg.info(), slots=self.slots, slot_bytes=self.slot_bytes,
                           npeers=len(self.peers), rings=rings, window=window_at,
                           window_bytes=self.window_bytes, cma=self._probe.info())
@@ -460,7 +485,8 @@ class ShmTransport(Transport):
             ring = _Ring(mm, info["rings"][str(self.rank)], info["slots"], info["slot_bytes"])
             self._out[peer] = _Out(ring, Doorbell(mm, 0, create=False))
             self._in[peer].bell = self._out[peer].bell
-            self._in[peer].pid = info["cma"]["pid"]
+            self._in[peer].pid = self._out[peer].pid = info["cma"]["pid"]
+            self._out[peer].token = Doorbell(mm, ring.token_at, create=False)
         self._setup_single_copy(store, infos, timeout)
 
     def _setup_single_copy(self, store, infos: dict, timeout: float) -> None:
@@ -590,7 +616,7 @@ class ShmTransport(Transport):
             for out in self._out_busy:
                 if out.queue and self._push(out):
                     moved = True
-                if out.pending and self._acknowledged(out):
+                if out.pending and (self._help(out) | self._acknowledged(out)):
                     moved = True
                 if not out.queue and not out.pending:
                     out.busy = False
@@ -602,9 +628,11 @@ class ShmTransport(Transport):
             for inb in self._in_busy:
                 if inb.claims and self._take_claims(inb):
                     moved = True
+                if inb.shared and self._shared_done(inb):
+                    moved = True
                 if self._pull(inb):
                     moved = True
-                if not (inb.nposted or inb.current or inb.claims or inb.stash):
+                if not (inb.nposted or inb.current or inb.claims or inb.stash or inb.shared):
                     inb.busy = False
                     prune = True
             if prune:
@@ -758,7 +786,10 @@ class ShmTransport(Transport):
         ok = True
         if not self._mismatch(req, nbytes, meta):
             try:
-                if req.combine is None:
+                if req.combine is None and nbytes >= 2 * self.cma_bytes and not inb.shared:
+                    if self._read_shared(inb, req, nbytes, address, rid):
+                        return  # the writer copies the rest; completed in _shared_done
+                elif req.combine is None:
                     cma.read(inb.pid, req.dst, address)
                     req.done = True
                 else:
@@ -781,6 +812,75 @@ class ShmTransport(Transport):
                                             f"from the memory of rank {inb.peer}: {exc}")
         inb.ring.acks[rid % _ACKS] = rid if ok else -rid
         inb.bell.ring()  # the writer may be asleep, waiting for this
+
+    def _read_shared(self, inb: _In, req: _Recv, nbytes: int, address: int, rid: int) -> bool:
+        """Offer the writer the second half of a message and read the first;
+        True if the writer took the offer (it is copying the rest), False if
+        this rank read everything itself (``req`` is then done)."""
+        split = nbytes // 2 // _LINE * _LINE
+        offer = inb.ring.offer
+        offer[1], offer[2], offer[3] = cma.address(req.dst), split, 0
+        offer[0] = rid
+        inb.token.ring()  # the offer is up (a full barrier: the words above are visible)
+        inb.bell.ring()   # and the writer, asleep waiting for its acknowledgement, should look
+        failed = None
+        try:
+            cma.read(inb.pid, req.dst[:split], address)
+        except OSError as exc:
+            failed = exc  # reported once the token is settled, so no copy outlives the receive
+        if inb.token.wait(0):  # took it back: the writer never started
+            if failed is not None:
+                raise failed
+            cma.read(inb.pid, req.dst[split:], address + split)
+            req.done = True
+            return False
+        inb.shared.append((req, rid, nbytes, address, split, failed))
+        self._mark_busy(inb)
+        return True
+
+    def _shared_done(self, inb: _In) -> bool:
+        """Complete the receives whose second half the writer has copied."""
+        done = inb.ring.offer.item(3)
+        moved = False
+        for entry in list(inb.shared):
+            req, rid, nbytes, address, split, failed = entry
+            if done != rid and done != -rid:
+                continue
+            inb.shared.remove(entry)
+            ok = True
+            try:
+                if failed is not None:
+                    raise failed
+                if done == -rid:  # the writer could not: read it here
+                    cma.read(inb.pid, req.dst[split:], address + split)
+                req.done = True
+            except OSError as exc:
+                ok = False
+                req.error = CollieError(f"rank {self.rank}: could not read a {nbytes}-byte message "
+                                        f"from the memory of rank {inb.peer}: {exc}")
+            inb.ring.acks[rid % _ACKS] = rid if ok else -rid
+            inb.bell.ring()
+            moved = True
+        return moved
+
+    def _help(self, out: _Out) -> bool:
+        """Take the reader's offer of a shared copy, if one is up for one of
+        our pending sends, and write its second half into the reader."""
+        offer = out.ring.offer
+        if offer.item(0) not in out.pending or not out.token.wait(0):
+            return False
+        rid, address, split = offer.item(0), offer.item(1), offer.item(2)  # read after the take
+        send = out.pending.get(rid)
+        try:
+            if send is None:
+                raise OSError(errno.EINVAL, "no such pending send")
+            cma.write(out.pid, address + split, send.data[split:])
+            offer[3] = rid
+            self.shared_copies += 1
+        except OSError:
+            offer[3] = -rid  # the reader copies it itself
+        out.bell.ring()  # wake the reader
+        return True
 
     def _acknowledged(self, out: _Out) -> bool:
         """Complete the single-copy sends whose readers have acknowledged them."""
@@ -851,6 +951,9 @@ class ShmTransport(Transport):
             for msg in inb.claims:
                 msg.claimed.error = error
             inb.claims.clear()
+            for entry in inb.shared:
+                entry[0].error = error
+            inb.shared.clear()
             inb.unexpected.clear()
             inb.stash = False
 
@@ -873,6 +976,11 @@ class ShmTransport(Transport):
             state.ring.drop()
         for out in self._out.values():
             out.bell.release()
+            if out.token is not None:
+                out.token.release()
+        for inb in self._in.values():
+            if inb.token is not None:
+                inb.token.release()
         self._out.clear()
         self._in.clear()
         for mm in self._maps.values():
