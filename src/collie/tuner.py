@@ -98,14 +98,16 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
         if few and nbytes < 1 * MiB or nbytes < 64 * KiB:
             return Choice("tree", 1, "small message: the root combines as contributions arrive")
         if few:
-            return Choice("direct", 1, "two ranks: one single-copy read, reduced in chunks")
+            return Choice("tree", segs, "two ranks, large message: pipelined segments, single copy each")
+        if nranks <= 4 and nbytes < 32 * MiB:
+            return Choice("direct", 1, "few ranks: the root combines every contribution as it arrives")
         if shm and nbytes >= 32 * MiB:
             return Choice("dbtree", segs, "large message: two pipelined trees share the work of the inner ranks")
         return Choice("tree", segs, "pipelined binomial tree")
     if collective in ("all_gather", "reduce_scatter"):
         total = nbytes  # all_gather: the whole output; reduce_scatter: the whole input
-        if collective == "all_gather" and shm and not few and 8 * MiB <= total < 32 * MiB:
-            return Choice("shm", 1, "large message, ranks sharing cores: one-sided reads")
+        if collective == "all_gather" and few and total >= 32 * MiB:
+            return Choice("bruck", 1, "two ranks, large message: one exchange, then one local rotation")
         if collective == "reduce_scatter" and shm and not few and 1 * MiB <= total < 16 * MiB:
             return Choice("shm", 1, "mid size, ranks sharing cores: one-sided reads")
         if collective == "reduce_scatter" and not few and total < 1 * MiB:
