@@ -220,3 +220,10 @@ def test_all_reduce_bound():
     assert bench.all_reduce_bound(8, 2, 10e9, 6e9)[0] == pytest.approx(2 * 10e9 / 32)
     # Single copy: (3n-1)S = 5S bytes for 2 ranks -> algbw 4 GB/s.
     assert bench.all_reduce_bound(2, 2, 10e9, 6e9, single_copy=True)[0] == pytest.approx(4e9)
+    # The fastest measured pattern sets the rate (reads alone, here).
+    assert bench.all_reduce_bound(2, 2, 10e9, 6e9, 15e9, single_copy=True)[0] == pytest.approx(6e9)
+
+
+def test_memory_bandwidth_measures_cores_at_once():
+    rates = bench.memory_bandwidth(1 << 20, repeats=2, cores=2)
+    assert len(rates) == 3 and all(r > 1e8 for r in rates)
