@@ -460,11 +460,11 @@ class CollieComm(DistComm):
 def memory_bandwidth(nbytes: int = 64 << 20, repeats: int = 5, cores: int = 1) -> tuple[float, float, float]:
     """(copy, add, read): bytes a core reads plus writes per second, best of
     ``repeats``, for np.copyto of ``nbytes`` (read S, write S), an in-place
-    np.add (read 2S, write S) and a reduction that only reads (read S),
-    measured with ``cores`` processes doing it
-    at once (the mean of theirs), since cores share the last-level cache and
-    DRAM, and a large last-level cache may hold the whole working set: the
-    rates are those of this size on this many cores, as the benchmark runs."""
+    np.add (read 2S, write S) and a reduction that only reads (read S).
+    ``cores`` processes measure at once (the mean of theirs is returned):
+    cores share the last-level cache and DRAM, and a large last-level cache
+    may hold the whole working set, so these are the rates of this size on
+    this many cores, as the benchmark runs it."""
     if cores > 1:
         return _memory_bandwidth_together(nbytes, repeats, cores)
     return _memory_bandwidth_one(nbytes, repeats)
@@ -546,7 +546,8 @@ def all_reduce_bound(n: int, cores: int, copy_bw: float, add_bw: float, read_bw:
     return algbw, algbw * bus_factor("all_reduce", n)
 
 
-def collie_network():
+def _network():
+    """This rank's Network (the world's)."""
     from .group import resolve
     return resolve(None).network
 
@@ -750,7 +751,7 @@ def rank_main(cfg: Config, argv: list, where: str, mem: Optional[tuple], peer_ro
     rows: list = []
     is_root = comm.rank == 0
     bound = None
-    shm = collie_network().shm
+    shm = _network().shm
     single_copy = bool(shm is not None and shm.single_copy_peers())  # what the transport found
     if mem is not None:
         bound = all_reduce_bound(comm.size, _cores(), *mem, single_copy=single_copy)
