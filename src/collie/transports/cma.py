@@ -33,7 +33,7 @@ class _IoVec(ctypes.Structure):
 _functions: dict = {}
 
 
-def _function(name: str = "process_vm_readv"):
+def _function(name: str):
     fn = _functions.get(name)
     if fn is None:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -71,41 +71,33 @@ def address(buf) -> int:
     return np.frombuffer(buf, np.uint8).ctypes.data if len(buf) else 0
 
 
+def _move(name: str, pid: int, local_at: int, remote_at: int, n: int) -> None:
+    """n bytes between our address ``local_at`` and ``remote_at`` in process
+    ``pid``, with process_vm_readv or _writev (which may move fewer per call)."""
+    fn = _function(name)
+    local, remote = _IoVec(), _IoVec()
+    done = 0
+    while done < n:
+        local.base, local.len = local_at + done, n - done
+        remote.base, remote.len = remote_at + done, n - done
+        got = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        if got <= 0:
+            err = ctypes.get_errno() if got < 0 else errno.EFAULT
+            raise OSError(err, f"{name} with pid {pid}: {os.strerror(err)}")
+        done += got
+
+
 def read(pid: int, dst, src_address: int) -> None:
     """Copy ``len(dst)`` bytes from ``src_address`` in process ``pid`` into
     ``dst`` (a writable contiguous buffer). Raises OSError if they cannot
     all be read (the process is gone, or we may not read it)."""
-    fn = _function()
-    n = len(dst)
-    at = address(dst)
-    local, remote = _IoVec(), _IoVec()
-    done = 0
-    while done < n:
-        local.base, local.len = at + done, n - done
-        remote.base, remote.len = src_address + done, n - done
-        got = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-        if got <= 0:
-            err = ctypes.get_errno() if got < 0 else errno.EFAULT
-            raise OSError(err, f"process_vm_readv from pid {pid}: {os.strerror(err)}")
-        done += got
+    _move("process_vm_readv", pid, address(dst), src_address, len(dst))
 
 
 def write(pid: int, dst_address: int, src) -> None:
     """Copy all of ``src`` (a contiguous buffer of ours) to ``dst_address``
     in process ``pid``. Raises OSError if it cannot all be written."""
-    fn = _function("process_vm_writev")
-    n = len(src)
-    at = address(src)
-    local, remote = _IoVec(), _IoVec()
-    done = 0
-    while done < n:
-        local.base, local.len = at + done, n - done
-        remote.base, remote.len = dst_address + done, n - done
-        got = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-        if got <= 0:
-            err = ctypes.get_errno() if got < 0 else errno.EFAULT
-            raise OSError(err, f"process_vm_writev to pid {pid}: {os.strerror(err)}")
-        done += got
+    _move("process_vm_writev", pid, address(src), dst_address, len(src))
 
 
 class Probe:
