@@ -267,7 +267,8 @@ class _In:
         self.bell: Optional[Doorbell] = None  # the peer's (the writer's) doorbell
         self.pid = 0                          # the peer's process, for single-copy reads
         self.token: Optional[Doorbell] = None  # our offers of a shared copy to the writer
-        self.shared: list = []                # (receive, id, nbytes, address, split) the writer copies into
+        self.shared: list = []                # (receive, id, nbytes, address, split, read error):
+                                              # receives whose second half the writer is copying
         self.posted: dict[int, deque[_Recv]] = {}
         self.nposted = 0
         self.current: Optional[_Message] = None  # message whose fragments are being read
