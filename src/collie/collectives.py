@@ -223,7 +223,11 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
          algorithm: Optional[str] = None, async_op: bool = False, after=None):
     """Run collective ``name`` on the laid-out ``arrays``; ``after`` runs on
     completion (copy-backs, AVG's division...)."""
-    key = (name, dtype_name, op, root, count, nbytes, algorithm, tuple(block_sizes.items()))
+    # The op enters as its code: a call's program and meta word depend on
+    # nothing else of it (PREMUL_SUM's factor is applied before the call),
+    # and an int hashes without calling Python code.
+    key = (name, dtype_name, None if op is None else op.code, root, count, nbytes, algorithm,
+           tuple(block_sizes.items()))
     cache = g.prepared
     prepared = cache.get(key)
     if prepared is None:
@@ -261,7 +265,8 @@ def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq:
 
 def _member(group, what: str) -> ProcessGroup:
     g = resolve(group)
-    g.require_member(what)
+    if g.rank < 0:
+        g.require_member(what)  # raises
     return g
 
 
@@ -272,16 +277,16 @@ def _same_dtype(buffers: Sequence[Buffer], what: str) -> str:
     return buffers[0].dtype_name
 
 
-_VALID_OPS: set = set()  # (op, dtype name) pairs already checked
+_VALID_OPS: set = set()  # (op code, dtype name) pairs already checked (which ops a dtype
+                         # takes depends on the op's kind alone, not on a PREMUL_SUM factor)
 
 
 def _reduce_prep(buf: Buffer, op, what: str) -> ReduceOp:
-    if (op, buf.dtype_name) in _VALID_OPS:
+    if op.__class__ is ReduceOp and (op.code, buf.dtype_name) in _VALID_OPS:
         return op
     checked = as_op(op)
     check_op(checked, buf.dtype_name)
-    if checked is op:
-        _VALID_OPS.add((op, buf.dtype_name))
+    _VALID_OPS.add((checked.code, buf.dtype_name))
     return checked
 
 
@@ -317,11 +322,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     if op.name == "PREMUL_SUM":
         scale(buf.flat, op.factor, buf.dtype_name)
 
-    def avg_after():
-        scale(buf.flat, 1.0 / g.size, buf.dtype_name)
-        buf.finish()
-
-    after = avg_after if op.name == "AVG" else buf.finish
+    if op.name == "AVG":
+        def after():
+            scale(buf.flat, 1.0 / g.size, buf.dtype_name)
+            buf.finish()
+    else:
+        after = buf.finish
 
     return _run(g, "all_reduce", {"out": buf.flat}, {"out": (buf.count,)}, dtype_name=buf.dtype_name,
                 op=op, count=buf.count, nbytes=buf.nbytes, algorithm=algorithm, async_op=async_op,

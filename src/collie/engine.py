@@ -64,6 +64,7 @@ class Plan(NamedTuple):
     slices: tuple      # tuple of steps (one tuple of PlannedStep per slice)
     tmp_count: int
     win_count: int     # elements of the window one slice uses
+    counts: dict       # buffer -> elements of the array execute() gets for it
 
     @property
     def steps(self) -> tuple:
@@ -158,7 +159,9 @@ def plan(schedule: Schedule, block_sizes: dict, window: int = 0) -> Plan:
             win_count = max(win_count, ranges["win"][-1][1] if ranges["win"] else 0)
         slices.append(_plan_steps(schedule, ranges))
     tmp_count = sum(block_sizes[schedule.tmp_like]) if schedule.tmp_like is not None else 0
-    result = Plan(schedule, tuple(slices), tmp_count, win_count)
+    counts = {name: sum(sizes) for name, sizes in block_sizes.items()}
+    counts.update(tmp=tmp_count, win=win_count)
+    result = Plan(schedule, tuple(slices), tmp_count, win_count, counts)
     _PLANS[key] = result
     if len(_PLANS) > _PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)
@@ -181,7 +184,7 @@ class BoundMessage(NamedTuple):
     peer: int
     buf: Optional[str]
     lo: int            # bytes
-    hi: int
+    hi: Optional[int]  # None: the whole buffer (lo is 0), which needs no slice
     combine: Optional[Callable]  # a receive that reduces: merges arriving bytes in place
     staged: Optional[PlannedMessage]
 
@@ -189,7 +192,7 @@ class BoundMessage(NamedTuple):
 class BoundStep(NamedTuple):
     index: int         # the step's number in the whole call (for error messages)
     local: tuple       # (kind, peer, ((src piece, dst piece), ...)): pieces in bytes for
-                       # COPY, in elements for the others
+                       # COPY (as BoundMessage's), in elements for the others
     recvs: tuple       # BoundMessage
     sends: tuple       # BoundMessage
 
@@ -215,7 +218,7 @@ def _combiner(reduce_kernel: Callable, dtype: np.dtype) -> Callable:
     if ufunc is not None:  # the kernel is one ufunc call: make it here, one Python call less
         def combine(dst: memoryview, src: memoryview) -> None:
             out = np.frombuffer(dst, dtype)
-            ufunc(out, np.frombuffer(src, dtype), out=out)
+            ufunc(out, np.frombuffer(src, dtype), out)  # out positionally: no keyword parsing
         return combine
 
     def combine(dst: memoryview, src: memoryview) -> None:
@@ -230,12 +233,15 @@ def bind(plan_: Plan, dtype: np.dtype, reduce_kernel: Optional[Callable], peers)
     combine = _combiner(reduce_kernel, dtype) if reduce_kernel is not None else None
     viewed: set = set()
 
+    def in_bytes(buf: str, lo: int, hi: int) -> tuple:
+        """A piece in bytes; its end None when it is the whole buffer (the
+        common case of small calls), so that execute() makes no slice of it."""
+        viewed.add(buf)
+        return buf, lo * itemsize, None if lo == 0 and hi == plan_.counts[buf] else hi * itemsize
+
     def bound(msg: PlannedMessage) -> BoundMessage:
         if len(msg.pieces) == 1:
-            buf, lo, hi = msg.pieces[0]
-            viewed.add(buf)
-            return BoundMessage(peers[msg.peer], buf, lo * itemsize, hi * itemsize,
-                                combine if msg.reduce else None, None)
+            return BoundMessage(peers[msg.peer], *in_bytes(*msg.pieces[0]), combine if msg.reduce else None, None)
         return BoundMessage(peers[msg.peer], None, 0, 0, None, msg if msg.pieces else None)
 
     steps = []
@@ -245,9 +251,7 @@ def bind(plan_: Plan, dtype: np.dtype, reduce_kernel: Optional[Callable], peers)
             local = []
             for kind, peer, src, dst in step.local:
                 if kind == COPY:  # a byte copy: the same for every dtype, and cheaper
-                    viewed.update(buf for buf, _, _ in src + dst)
-                    pairs = tuple(((sb, slo * itemsize, shi * itemsize), (db, dlo * itemsize, dhi * itemsize))
-                                  for (sb, slo, shi), (db, dlo, dhi) in zip(src, dst))
+                    pairs = tuple((in_bytes(*s), in_bytes(*d)) for s, d in zip(src, dst))
                 else:
                     pairs = tuple(zip(src, dst))
                 local.append((kind, peer, pairs))
@@ -283,15 +287,15 @@ def execute(program: Program, arrays: dict, network, tag: int, meta: int,
         arrays = dict(arrays, win=windows[schedule.rank])
     views = {}  # buffer -> its bytes
     for buf in program.viewed:
-        views[buf] = spare[1] if buf == "tmp" else _bytes(arrays[buf])
+        views[buf] = spare[1] if buf == "tmp" else memoryview(arrays[buf]).cast("B")
 
-    post_recv, post_send = network.post_recv, network.post_send
+    exchange = network.exchange
     call = (tag, meta, peers)
     for index, local, recvs, sends in program.steps:
         for kind, peer, pairs in local:
             if kind == COPY:
                 for (sb, slo, shi), (db, dlo, dhi) in pairs:
-                    views[db][dlo:dhi] = views[sb][slo:shi]
+                    views[db][dlo:dhi] = views[sb] if shi is None else views[sb][slo:shi]
                 continue
             source = arrays if kind < READ else {"win": windows[peer]}
             for (sb, slo, shi), (db, dlo, dhi) in pairs:
@@ -301,10 +305,10 @@ def execute(program: Program, arrays: dict, network, tag: int, meta: int,
                     reduce_kernel(arrays[db][dlo:dhi], source[sb][slo:shi])
         if not recvs and not sends:
             continue
-        requests, unpack = [], None
+        posted_recvs, posted_sends, unpack = [], [], None
         for peer, buf, lo, hi, combine, staged in recvs:
             if buf is not None:
-                dst = views[buf][lo:hi]
+                dst = views[buf] if hi is None else views[buf][lo:hi]
             elif staged is None:
                 dst = _EMPTY
             else:
@@ -312,16 +316,16 @@ def execute(program: Program, arrays: dict, network, tag: int, meta: int,
                 dst = _bytes(staging)
                 unpack = unpack or []
                 unpack.append((staged, staging))
-            requests.append(post_recv(peer, tag, dst, combine, meta))
+            posted_recvs.append((peer, dst, combine))
         for peer, buf, lo, hi, _, staged in sends:
             if buf is not None:
-                data = views[buf][lo:hi]
+                data = views[buf] if hi is None else views[buf][lo:hi]
             elif staged is None:
                 data = _EMPTY
             else:
                 data = _bytes(np.concatenate([arrays[b][lo:hi] for b, lo, hi in staged.pieces]))
-            requests.append(post_send(peer, tag, data, meta))
-        network.wait(requests, timeout=timeout, describe=lambda: describe(index), call=call)
+            posted_sends.append((peer, data))
+        exchange(posted_recvs, posted_sends, tag, meta, timeout, describe, index, call)
         if unpack:
             for planned, staging in unpack:
                 at = 0

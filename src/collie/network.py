@@ -216,6 +216,37 @@ class Network:
                 self._fail_lost()
             return self.routes[peer].irecv(peer, tag, dst, combine, meta)
 
+    def exchange(self, recvs, sends, tag: int, meta: int, timeout: float,
+                 describe: Callable[[int], str], step: int, call) -> None:
+        """One step of a collective: post every receive ``(peer, dst,
+        combine)``, then every send ``(peer, data)``, all with ``tag`` and
+        ``meta``, and wait until they are all done. As post_recv, post_send
+        and wait() in a row, with one lock hold for the posting and wait()'s
+        fast paths (the cost of small calls is mostly such fixed costs).
+        ``describe(step)`` names the call in errors; ``call`` as for wait()."""
+        routes = self.routes
+        with self.lock:
+            if self._lost:
+                self._fail_lost()
+            requests = []
+            for peer, dst, combine in recvs:
+                requests.append(routes[peer].irecv(peer, tag, dst, combine, meta))
+            for peer, data in sends:
+                requests.append(routes[peer].isend(peer, tag, data, meta))
+            for req in requests:
+                if not req.done:
+                    break
+            else:
+                return
+            for progress in self._progress:
+                progress()
+        for req in requests:
+            if not req.done:
+                break
+        else:
+            return
+        self._wait(requests, timeout, lambda: describe(step), call)
+
     def send_control(self, peer: int, payload: bytes) -> None:
         if peer not in self._lost:
             try:

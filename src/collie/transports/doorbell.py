@@ -22,12 +22,16 @@ import time
 
 SEM_SIZE = 32  # sizeof(sem_t) on 64-bit Linux; we reserve 64 bytes for alignment
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_LIBC_NAME = ctypes.util.find_library("c") or "libc.so.6"
+_libc = ctypes.CDLL(_LIBC_NAME, use_errno=True)
+# sem_post and sem_trywait never block: call them without releasing the GIL
+# (PyDLL), which saves a quarter of the cost of a ring, the most frequent call.
+_libc_nogil = ctypes.PyDLL(_LIBC_NAME)
 _sem_init = _libc.sem_init
 _sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
-_sem_post = _libc.sem_post
+_sem_post = _libc_nogil.sem_post
 _sem_post.argtypes = [ctypes.c_void_p]
-_sem_trywait = _libc.sem_trywait
+_sem_trywait = _libc_nogil.sem_trywait
 _sem_trywait.argtypes = [ctypes.c_void_p]
 _sem_timedwait = _libc.sem_timedwait
 _sem_destroy = _libc.sem_destroy
