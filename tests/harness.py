@@ -66,6 +66,34 @@ def _child(conn, rank, size, env, body, args, backend, init, init_kwargs):
     os._exit(0)
 
 
+def start_ranks(ctx, size: int, target_of) -> tuple[list, list]:
+    """Start ``size`` processes, rank r running ``target(*args)`` where
+    ``(target, args) = target_of(r, conn)`` and ``conn`` is the write end of
+    its result pipe; returns the processes and the read ends."""
+    procs, conns = [], []
+    for rank in range(size):
+        parent, child = ctx.Pipe(duplex=False)
+        target, args = target_of(rank, child)
+        p = ctx.Process(target=target, args=args, daemon=True)
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+    return procs, conns
+
+
+def reap(procs, conns, join_timeout: float = 5.0) -> None:
+    """Join every process, killing those still alive after ``join_timeout``,
+    and close their result pipes: no test leaves a process behind."""
+    for p in procs:
+        p.join(timeout=join_timeout)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+    for c in conns:
+        c.close()
+
+
 def run_ranks(body, size: int, *args, backend: str = "auto", timeout: float = 60.0, env=None,
               init: bool = True, expect_errors: bool = False, init_kwargs=None, kill=None):
     """Run ``body(rank, size, *args)`` on ``size`` fresh ranks; see module doc.
@@ -75,15 +103,8 @@ def run_ranks(body, size: int, *args, backend: str = "auto", timeout: float = 60
     job = uuid.uuid4().hex[:10]
     base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "COLLIE_JOB_ID": job}
     base_env.update(env or {})
-    procs, conns = [], []
-    for rank in range(size):
-        parent, child = _ctx.Pipe(duplex=False)
-        p = _ctx.Process(target=_child, args=(child, rank, size, dict(base_env), body, args, backend,
-                                              init, dict(init_kwargs or {})), daemon=True)
-        p.start()
-        child.close()
-        procs.append(p)
-        conns.append(parent)
+    procs, conns = start_ranks(_ctx, size, lambda rank, conn: (
+        _child, (conn, rank, size, dict(base_env), body, args, backend, init, dict(init_kwargs or {}))))
     results: list = [None] * size
     pending = set(range(size))
     start = time.monotonic()
@@ -111,13 +132,7 @@ def run_ranks(body, size: int, *args, backend: str = "auto", timeout: float = 60
                 results[rank] = msg[1] if msg[0] == "ok" else RankError(rank, *msg[1:])
                 pending.discard(rank)
     finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        for c in conns:
-            c.close()
+        reap(procs, conns)
     errors = [r for r in results if isinstance(r, RankError) and r.type_name != "Killed"]
     if errors and not expect_errors:
         raise AssertionError("\n".join(f"--- rank {e.rank} ---\n{e.tb or e}" for e in errors))

@@ -14,6 +14,7 @@ import traceback
 from datetime import timedelta
 
 import pytest
+from harness import reap
 
 from collie.errors import AuthError, CollieTimeout, PeerError
 from collie.rendezvous import (FileStore, TCPStore, _master, _place, _port_from, rendezvous,
@@ -113,11 +114,7 @@ def run_procs(calls, timeout=20.0):
             done[i] = value
         ok = True
     finally:
-        for p in procs:
-            p.join(timeout=5 if ok else 0.5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
+        reap(procs, [], join_timeout=5 if ok else 0.5)
         results.close()
         results.join_thread()
     return [done[i] for i in range(len(procs))]

@@ -29,6 +29,7 @@ from collie.rendezvous import FileStore as _LibraryFileStore
 import pytest
 
 from collie.errors import CollieError, PeerError
+from harness import reap, start_ranks
 from collie.transports import shm
 from collie.transports.base import MessageMismatch, Request
 from collie.transports.shm import ShmTransport
@@ -134,14 +135,8 @@ def run_ranks(body, size: int, tmp_path, *, timeout: float = 30.0, expect_errors
     root = str(tmp_path / f"store-{job}")
     os.mkdir(root)
     store = FileStore(root)
-    procs, conns = [], []
-    for rank in range(size):
-        parent, child = CTX.Pipe(duplex=False)
-        p = CTX.Process(target=_child, args=(child, rank, size, root, job, body, kw, before))
-        p.start()
-        child.close()
-        procs.append(p)
-        conns.append(parent)
+    procs, conns = start_ranks(CTX, size, lambda rank, conn: (
+        _child, (conn, rank, size, root, job, body, kw, before)))
     results: list = [None] * size
     pending = set(range(size))
     deadline = time.monotonic() + timeout
@@ -159,13 +154,7 @@ def run_ranks(body, size: int, tmp_path, *, timeout: float = 30.0, expect_errors
                     store.set(f"dead/{rank}", b"1")
                 pending.discard(rank)
     finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        for c in conns:
-            c.close()
+        reap(procs, conns, join_timeout=10)
     assert not any(p.is_alive() for p in procs)
     assert leftovers(job) == []
     failures = [f"--- rank {r} ---\n{res}" for r, res in enumerate(results)
