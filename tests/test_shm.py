@@ -13,6 +13,7 @@ left, and checks that no collie-<job>-* entry is left in /dev/shm.
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -32,6 +33,7 @@ from collie.errors import CollieError, PeerError
 from harness import reap, start_ranks
 from collie.transports import shm
 from collie.transports.base import MessageMismatch, Request
+from collie.transports.doorbell import Doorbell
 from collie.transports.shm import ShmTransport
 
 pytestmark = pytest.mark.timeout(60)
@@ -89,7 +91,7 @@ def wait_all(t: ShmTransport, reqs, timeout: float = 20.0, on_idle=None) -> None
             on_idle()
         if time.monotonic() > deadline:
             raise TimeoutError(f"still pending: {[r for r in reqs if not r.finished]}")
-        t.doorbell.wait(0.005)
+        t.doorbell.sleep(0.005, t.progress)
 
 
 def check_ok(reqs) -> None:
@@ -349,8 +351,15 @@ def test_mismatch_consumes_message_and_spares_the_sender(tmp_path):
 def test_doorbell_wakes_a_sleeping_reader_and_writer(tmp_path):
     """A reader asleep on its doorbell wakes when a message arrives; a writer
     asleep on a full ring wakes when the reader makes room. Each side says
-    in the store when it is about to sleep (a ring before the sleep counts)."""
+    in the store that it sleeps from within its last look, once it counts as
+    a sleeper, and finds nothing there: only the peer's wake() can wake it."""
     nbytes = 16 * 4096  # four times what the ring holds
+
+    def asleep(store, key):
+        def look():
+            store.set(key, b"1")
+            return False
+        return look
 
     def body(t, rank, n):
         store = FileStore(str(tmp_path / f"store-{t.job_id}"))
@@ -359,19 +368,15 @@ def test_doorbell_wakes_a_sleeping_reader_and_writer(tmp_path):
             send = t.isend(1, 4, mv(payload(0, 1, nbytes)))
             while t.progress():
                 pass
-            t.doorbell.drain()
             assert not t.progress() and not send.finished  # the ring is full
-            store.set("writer-asleep", b"1")
-            woke = t.doorbell.wait(10)
+            woke = t.doorbell.sleep(10, asleep(store, "writer-asleep"))
             wait_all(t, [send])
             check_ok([send])
             return woke
         dst = np.zeros(nbytes, np.uint8)
         recv = t.irecv(0, 4, mv(dst))
         t.progress()
-        t.doorbell.drain()
-        store.set("reader-asleep", b"1")
-        woke = t.doorbell.wait(10)
+        woke = t.doorbell.sleep(10, asleep(store, "reader-asleep"))
         store.get("writer-asleep")
         wait_all(t, [recv])
         check_ok([recv])
@@ -379,6 +384,33 @@ def test_doorbell_wakes_a_sleeping_reader_and_writer(tmp_path):
         return woke
 
     assert run_ranks(body, 2, tmp_path, **SMALL)[0] == [True, True]
+
+
+def test_wake_rings_only_a_sleeper():
+    """wake() rings the semaphore only while the owner counts as a sleeper:
+    messages sent to a rank that polls leave no rings to drain later."""
+    memory = mmap.mmap(-1, Doorbell.RESERVED)
+    owner = Doorbell(memory, 0, create=True)
+    peer = Doorbell(memory, 0, create=False)  # how a peer attaches to the owner's doorbell
+    for _ in range(1000):
+        peer.wake()
+    assert not owner.wait(0)  # nobody slept: nothing was counted
+
+    looked = threading.Event()
+
+    def look():
+        looked.set()
+        return False
+
+    woken = []
+    sleeper = threading.Thread(target=lambda: woken.append(owner.sleep(10, look)))
+    sleeper.start()
+    assert looked.wait(10)
+    peer.wake()  # the owner counts as a sleeper from before its last look
+    sleeper.join(10)
+    assert woken == [True]
+    assert owner.sleep(0.01, lambda: False) is False  # one wake, one ring: none left over
+    assert owner.sleep(10, lambda: True) is True      # work found in the last look: no sleep
 
 
 # ---- /dev/shm hygiene and deaths ----
@@ -612,6 +644,20 @@ def test_combine_that_raises_fails_only_its_receive(local, cma_bytes):
 
 # ---- single copy (process_vm_readv) ----
 
+def test_address_of_writable_read_only_and_empty_buffers():
+    """Where a single-copy message's bytes start, however the buffer came."""
+    from collie.transports import cma
+    arr = np.arange(64, dtype=np.float32)
+    frozen = arr.copy()
+    frozen.flags.writeable = False
+    assert cma.address(mv(arr)) == arr.ctypes.data
+    assert cma.address(mv(arr)[12:]) == arr.ctypes.data + 12
+    assert cma.address(mv(frozen)[8:]) == frozen.ctypes.data + 8  # read-only: NumPy's way
+    assert cma.address(memoryview(arr)) == arr.ctypes.data          # any format
+    assert cma.address(mv(arr)[:0]) == 0
+
+
+
 def test_single_copy_between_processes(tmp_path):
     """Messages from cma_bytes up are read straight from the sender's memory:
     whole, in chunks for a combining receive, and a mismatch spares the sender."""
@@ -753,6 +799,36 @@ def test_shared_copy_when_the_writer_takes_the_offer(local, monkeypatch, write_f
     check_ok([send, recv])
     assert np.array_equal(got, data)
     assert a.shared_copies == (0 if write_fails else 1)
+
+
+def test_shared_copy_from_a_writer_that_dies_is_a_peer_error(local, monkeypatch):
+    """The writer could not write its half and is gone when the reader reads
+    it instead: the receive fails with PeerError naming the writer."""
+    import errno
+    from collie.transports import cma
+    a, b = local(2, cma_bytes=64)
+    send = a.isend(1, 1, mv(payload(0, 1, 1000)))
+    read = cma.read
+    calls = []
+
+    def read_then_writer_dies(pid, dst, address):
+        calls.append(address)
+        if len(calls) == 1:
+            a.progress()  # the writer takes the offer, and fails to write
+            return read(pid, dst, address)
+        raise OSError(errno.ESRCH, "No such process")
+
+    def broken(*args):
+        raise OSError(errno.EFAULT, "Bad address")
+
+    monkeypatch.setattr(cma, "read", read_then_writer_dies)
+    monkeypatch.setattr(cma, "write", broken)
+    recv = b.irecv(0, 1, mv(np.zeros(1000, np.uint8)))
+    b.progress()
+    while not recv.finished:
+        b.progress()
+    assert isinstance(recv.error, PeerError) and recv.error.peer == 0 and "rank 0 died" in str(recv.error)
+    assert len(calls) == 2
 
 
 def test_shared_copy_fails_with_its_peer(local, monkeypatch):

@@ -384,13 +384,11 @@ class Network:
                 if self._crowded:
                     os.sched_yield()  # more ranks than cores: let the peer we wait for run
                 continue
-            # Rings counted while we were spinning are stale: forget them,
-            # then look once more, so that a ring from now on wakes us and
-            # one that came before is not slept through.
-            self.doorbell.drain()
-            if self.progress() or self._abort is not None or any(r.finished for r in open_):
-                continue
-            self.doorbell.wait(min(SLEEP_SLICE, start + timeout - now))
+            # Look once more as a sleeper: a peer that announces anything
+            # from now on wakes us (see doorbell.py).
+            self.doorbell.sleep(min(SLEEP_SLICE, start + timeout - now),
+                                lambda: self.progress() or self._abort is not None
+                                or any(r.finished for r in open_))
 
     def poll(self, requests) -> bool:
         """One pass of wait() that never blocks: advance the transports and

@@ -665,7 +665,7 @@ def _wait_until(ready: Callable[[], bool], network, timeout: float, describe: Ca
         waited = time.monotonic() - start
         if waited >= timeout:
             raise CollieTimeout(f"rank {network.rank}: {describe()} timed out after {timeout:g}s")
-        network.doorbell.wait(min(0.1, timeout - waited))
+        network.doorbell.sleep(min(0.1, timeout - waited), lambda: _progress(network) or ready())
 
 
 # ---- requests ----

@@ -68,7 +68,12 @@ def allow_readers(scope_path: str = _YAMA_SCOPE) -> bool:
 
 def address(buf) -> int:
     """The address of the first byte of a contiguous buffer (read-only ones too)."""
-    return np.frombuffer(buf, np.uint8).ctypes.data if len(buf) else 0
+    if not len(buf):
+        return 0
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))  # a tenth of NumPy's way
+    except TypeError:  # read-only: ctypes will not take it
+        return np.frombuffer(buf, np.uint8).__array_interface__["data"][0]
 
 
 def _move(name: str, pid: int, local_at: int, remote_at: int, n: int) -> None:

@@ -10,6 +10,24 @@ Every ring is counted, so a ring is never lost: a rank that checks its
 conditions, finds nothing, and then sleeps, wakes at once if anything rang in
 between. Extra rings only cause an extra look (a spurious wake-up), which is
 why callers always re-check their conditions after waking.
+
+Most of the time nobody sleeps: a waiting rank polls for a while first. So
+beside the semaphore sits a *sleepers* word, the number of the owner's
+threads that are asleep or about to sleep, and peers that announce a message
+call wake(), which rings only when that word is not zero. That spares the
+semaphore (a library call) on every message, and leaves no pile of counted
+rings for the next sleep to drain. It cannot lose a wake-up, by the same
+argument as Dekker's mutual exclusion:
+
+    sleeper (sleep())                     waker (wake())
+    sleepers += 1                         store what it announces (a ring head)
+    full barrier                          full barrier
+    look at everything (progress)         load sleepers; ring if not 0
+    sleep on the semaphore
+
+Each side stores, then loads what the other stores, with a full barrier
+between: they cannot both miss each other. Either the sleeper's last look
+sees the message, or the waker sees the sleeper and rings.
 """
 
 from __future__ import annotations
@@ -18,9 +36,12 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+import threading
 import time
+from typing import Callable
 
-SEM_SIZE = 32  # sizeof(sem_t) on 64-bit Linux; we reserve 64 bytes for alignment
+SEM_SIZE = 32     # sizeof(sem_t) on 64-bit Linux; the semaphore gets a cache line
+_SLEEPERS_AT = 64  # the sleepers word (int64): the next cache line
 
 _LIBC_NAME = ctypes.util.find_library("c") or "libc.so.6"
 _libc = ctypes.CDLL(_LIBC_NAME, use_errno=True)
@@ -45,6 +66,24 @@ class _Timespec(ctypes.Structure):
 _sem_timedwait.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Timespec)]
 
 
+# A full memory barrier. Acquiring an uncontended lock is an atomic
+# read-modify-write, which on x86 is lock-prefixed and so a full barrier (and
+# so is releasing it: CPython's locks are semaphores). The same lock keeps
+# this process's threads from updating a sleepers word at the same time.
+def _new_lock() -> None:
+    global _lock, full_barrier
+    _lock = threading.Lock()
+    acquire, release = _lock.acquire, _lock.release
+
+    def full_barrier() -> None:
+        acquire()
+        release()
+
+
+_new_lock()
+os.register_at_fork(after_in_child=_new_lock)  # a fork mid-barrier must not leave it locked
+
+
 def _address(buffer, offset: int) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(buffer, offset))
 
@@ -53,14 +92,21 @@ class Doorbell:
     """A counting wake-up signal on a sem_t at ``offset`` in ``buffer``.
 
     ``create=True`` initialises the semaphore (once, by its owner); peers that
-    map the same memory attach with ``create=False``.
+    map the same memory attach with ``create=False``. ``sleepers=False``: a
+    bare semaphore (SEM_SIZE bytes), without the sleepers word that wake()
+    and sleep() use.
     """
 
-    RESERVED = 64  # bytes a doorbell takes in a shared segment
+    RESERVED = 128  # bytes a doorbell takes in a shared segment (two cache lines)
 
-    def __init__(self, buffer, offset: int = 0, create: bool = True):
+    def __init__(self, buffer, offset: int = 0, create: bool = True, sleepers: bool = True):
         self._buffer = buffer  # keeps the mapping alive while we hold its address
         self._addr = _address(buffer, offset)
+        self._sleepers = None
+        if sleepers:
+            self._sleepers = memoryview(buffer)[offset + _SLEEPERS_AT:offset + _SLEEPERS_AT + 8].cast("q")
+            if create:
+                self._sleepers[0] = 0
         if create and _sem_init(self._addr, 1, 0) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"sem_init failed: {os.strerror(err)}")
@@ -74,6 +120,39 @@ class Doorbell:
         """Wake the sleeper, or make its next sleep return at once."""
         if self._addr:  # 0 once released: ringing then must not touch memory
             _sem_post(self._addr)
+
+    def wake(self) -> None:
+        """Ring, if the owner is asleep or about to sleep. Call it after
+        storing what the owner should look at (see the module's docstring)."""
+        sleepers = self._sleepers
+        if sleepers is None:
+            self.ring()
+            return
+        full_barrier()
+        try:
+            asleep = sleepers[0]
+        except ValueError:
+            return  # released meanwhile (the transport is closing)
+        if asleep and self._addr:
+            _sem_post(self._addr)
+
+    def sleep(self, timeout: float, look: Callable[[], bool]) -> bool:
+        """Sleep until woken or ``timeout`` seconds pass, unless ``look()``,
+        the caller's last check for work, finds some (returns True). It runs
+        after this thread counts as a sleeper, so whatever it misses wakes us.
+        True if woken (or look() was true)."""
+        sleepers = self._sleepers
+        with _lock:  # its release is also the full barrier before look()
+            sleepers[0] += 1
+        try:
+            # Rings counted before now are stale: look() sees whatever they announced.
+            self.drain()
+            if look():
+                return True
+            return self.wait(timeout)
+        finally:
+            with _lock:
+                sleepers[0] -= 1
 
     def wait(self, timeout: float) -> bool:
         """Sleep until rung or ``timeout`` seconds pass; True if rung."""
@@ -100,4 +179,7 @@ class Doorbell:
     def release(self) -> None:
         """Drop our reference to the memory (the owner's mapping outlives us)."""
         self._addr = 0
+        sleepers, self._sleepers = self._sleepers, None
+        if sleepers is not None:
+            sleepers.release()
         self._buffer = None

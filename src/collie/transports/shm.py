@@ -94,7 +94,7 @@ import numpy as np
 from ..errors import CollieError, PeerError
 from . import cma
 from .base import Combine, MessageMismatch, Request, Transport
-from .doorbell import Doorbell
+from .doorbell import Doorbell, full_barrier
 
 DEFAULT_SLOTS = 8
 DEFAULT_SLOT_BYTES = 256 * 1024
@@ -109,19 +109,6 @@ _RDV = -1                         # fragment offset of a single-copy message's o
 _RDV_BODY = struct.Struct("<qq")  # its payload: the bytes' address in the writer, rendezvous id
 _ACKS = 64                        # acknowledgement words per ring: single-copy sends in flight
 _CMA_CHUNK = 256 * 1024           # a combining receive reads this much at a time, then combines
-
-# A full memory barrier. Acquiring an uncontended lock is an atomic
-# read-modify-write, which on x86 is lock-prefixed and so a full barrier; the
-# doorbell's ring (sem_post) is one as well.
-def _new_barrier() -> None:
-    global _barrier_acquire, _barrier_release
-    lock = threading.Lock()
-    _barrier_acquire, _barrier_release = lock.acquire, lock.release
-
-
-_new_barrier()
-os.register_at_fork(after_in_child=_new_barrier)  # a fork mid-barrier must not leave it locked
-
 
 def _align(n: int, to: int) -> int:
     return (n + to - 1) // to * to
@@ -435,7 +422,7 @@ class ShmTransport(Transport):
             base = _align(Doorbell.RESERVED, _PAGE) + k * ring
             rings[str(peer)] = base
             inb = self._in[peer] = _In(peer, _Ring(seg.mm, base, self.slots, self.slot_bytes))
-            inb.token = Doorbell(seg.mm, inb.ring.token_at, create=True)
+            inb.token = Doorbell(seg.mm, inb.ring.token_at, create=True, sleepers=False)
         self._info = dict(seg.info(), slots=self.slots, slot_bytes=self.slot_bytes,
                           npeers=len(self.peers), rings=rings, window=window_at,
                           window_bytes=self.window_bytes, cma=self._probe.info())
@@ -508,7 +495,7 @@ class ShmTransport(Transport):
             self._out[peer] = _Out(ring, Doorbell(mm, 0, create=False))
             self._in[peer].bell = self._out[peer].bell
             self._in[peer].pid = self._out[peer].pid = info["cma"]["pid"]
-            self._out[peer].token = Doorbell(mm, ring.token_at, create=False)
+            self._out[peer].token = Doorbell(mm, ring.token_at, create=False, sleepers=False)
         self._setup_single_copy(store, infos, timeout)
 
     def _setup_single_copy(self, store, infos: dict, timeout: float) -> None:
@@ -561,7 +548,7 @@ class ShmTransport(Transport):
             # The fast path: the whole message fits in a free slot, and is
             # sent once written there.
             _put(out, tag, meta, nbytes, 0, data)
-            out.bell.ring()
+            out.bell.wake()
             return _Sent(peer, tag, nbytes)
         req = _Send(peer, tag, data, meta)
         if out.error is not None:
@@ -702,10 +689,10 @@ class ShmTransport(Transport):
             if not wrote:
                 break
             moved = True
-            # Wake the reader. sem_post is also a full barrier, so if the ring
+            # Wake the reader. wake() starts with a full barrier, so if the ring
             # looked full, the loop re-reads tail only after our head store is
-            # visible: a reader that frees a slot after that sees it and rings us.
-            out.bell.ring()
+            # visible: a reader that frees a slot after that sees it and wakes us.
+            out.bell.wake()
         return moved
 
     def _pull(self, inb: _In) -> bool:
@@ -780,10 +767,9 @@ class ShmTransport(Transport):
         # It saw full at some tail >= start, so head >= start + slots. The
         # barrier orders our tail store before this head load; with the
         # writer's barrier (its ring) either it sees our tail, or we see its head.
-        _barrier_acquire()
-        _barrier_release()
+        full_barrier()
         if ring.head[0] - start >= slots:
-            inb.bell.ring()
+            inb.bell.wake()
         return True
 
     def _start(self, inb: _In, tag: int, meta: int, nbytes: int) -> Optional[_Message]:
@@ -831,14 +817,17 @@ class ShmTransport(Transport):
                         req.done = True
             except OSError as exc:
                 ok = False
-                if exc.errno == errno.ESRCH:
-                    req.error = PeerError(f"rank {inb.peer} died (its process is gone while rank "
-                                          f"{self.rank} was receiving from it)", inb.peer)
-                else:
-                    req.error = CollieError(f"rank {self.rank}: could not read a {nbytes}-byte message "
-                                            f"from the memory of rank {inb.peer}: {exc}")
+                req.error = self._read_failed(inb, nbytes, exc)
         inb.ring.acks[rid % _ACKS] = rid if ok else -rid
-        inb.bell.ring()  # the writer may be asleep, waiting for this
+        inb.bell.wake()  # the writer may be asleep, waiting for this
+
+    def _read_failed(self, inb: _In, nbytes: int, exc: OSError) -> Exception:
+        """Why a single-copy read from ``inb``'s writer failed."""
+        if exc.errno == errno.ESRCH:
+            return PeerError(f"rank {inb.peer} died (its process is gone while rank "
+                             f"{self.rank} was receiving from it)", inb.peer)
+        return CollieError(f"rank {self.rank}: could not read a {nbytes}-byte message "
+                           f"from the memory of rank {inb.peer}: {exc}")
 
     def _read_shared(self, inb: _In, req: _Recv, nbytes: int, address: int, rid: int) -> bool:
         """Offer the writer the second half of a message and read the first;
@@ -849,7 +838,7 @@ class ShmTransport(Transport):
         offer[1], offer[2], offer[3] = cma.address(req.dst), split, 0
         offer[0] = rid
         inb.token.ring()  # the offer is up (a full barrier: the words above are visible)
-        inb.bell.ring()   # and the writer, asleep waiting for its acknowledgement, should look
+        inb.bell.wake()   # and the writer, asleep waiting for its acknowledgement, should look
         failed = None
         try:
             cma.read(inb.pid, req.dst[:split], address)
@@ -883,10 +872,9 @@ class ShmTransport(Transport):
                 req.done = True
             except OSError as exc:
                 ok = False
-                req.error = CollieError(f"rank {self.rank}: could not read a {nbytes}-byte message "
-                                        f"from the memory of rank {inb.peer}: {exc}")
+                req.error = self._read_failed(inb, nbytes, exc)
             inb.ring.acks[rid % _ACKS] = rid if ok else -rid
-            inb.bell.ring()
+            inb.bell.wake()
             moved = True
         return moved
 
@@ -906,7 +894,7 @@ class ShmTransport(Transport):
             self.shared_copies += 1
         except OSError:
             offer[3] = -rid  # the reader copies it itself
-        out.bell.ring()  # wake the reader
+        out.bell.wake()  # wake the reader
         return True
 
     def _acknowledged(self, out: _Out) -> bool:
