@@ -85,7 +85,6 @@ import json
 import mmap
 import os
 import struct
-import threading
 from collections import deque
 from typing import Optional
 
