@@ -280,10 +280,14 @@ def _sleep(rank: int, seconds: float) -> None:
     time.sleep(seconds)
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
 def test_spawn_sets_env_and_cleans_shm(out, start_method):
     assert spawn(_write_env, args=(str(out),), nprocs=3 if start_method == "fork" else 2,
                  start_method=start_method, env={"COLLIE_TEST_EXTRA": "x"}) is None
+    if start_method == "forkserver":  # the server preloads collie and NumPy, beside what it had
+        from multiprocessing import forkserver
+        preload = forkserver._forkserver._preload_modules
+        assert preload[0] == "__main__" and {"collie", "numpy"} <= set(preload)
     env = _read(out, "env")
     n = len(env)
     assert sorted(env) == list(range(n))

@@ -593,6 +593,16 @@ _COLUMNS = (("size", 12), ("count", 12), ("type", 10), ("redop", 6), ("root", 5)
             ("algbw(GB/s)", 12), ("busbw(GB/s)", 12), ("#wrong", 7))
 
 
+def local_start_method() -> str:
+    """How the bench starts the ranks it runs here (collie's and Gloo's):
+    from a forkserver that preloads collie and NumPy, so that ranks share
+    those pages, as ranks forked from one parent do; fresh interpreters
+    where there is no forkserver. With more ranks than cores this matters
+    (docs/performance.md); ``collie run`` starts fresh interpreters."""
+    import multiprocessing
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
 def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple],
            single_copy: bool = False, mem_cores: int = 1) -> str:
     """The lines above the tables: command, world, machine, date, method."""
@@ -946,13 +956,16 @@ def main(argv: Optional[list] = None) -> int:
     if n < 1:
         p.error(f"-n must be at least 1, got {n}")
     mem = memory_bandwidth(cores=min(n, _cores()))
-    print(header(argv, n, "started here", cfg, mem, _single_copy(cfg), min(n, _cores())), flush=True)
+    start = local_start_method()
+    where = f"started here, {start}"
+    print(header(argv, n, where, cfg, mem, _single_copy(cfg), min(n, _cores())), flush=True)
     peer_rows: list = []
     for peer in peers:
         peer_rows += run_peer(peer, n, cfg)
     try:
         from .launch import spawn
-        spawn(_spawned_rank, args=(cfg, argv, "started here", mem, peer_rows, opts.json, opts.plot), nprocs=n)
+        spawn(_spawned_rank, args=(cfg, argv, where, mem, peer_rows, opts.json, opts.plot), nprocs=n,
+              start_method=start)
     except Exception as exc:  # noqa: BLE001 - report it with the rank's own traceback
         text = getattr(exc.__cause__, "text", "")
         if text:

@@ -163,8 +163,9 @@ def _gloo_rank(rank: int, cfg: Config, out: str) -> None:
 
 def run_gloo(n: int, cfg: Config, out: str) -> None:
     """The loop on ``n`` Gloo ranks started here; rank 0 writes rows to ``out``."""
+    from .bench import local_start_method
     from .launch import spawn
-    spawn(_gloo_rank, args=(cfg, out), nprocs=n)
+    spawn(_gloo_rank, args=(cfg, out), nprocs=n, start_method=local_start_method())  # as collie's ranks
 
 
 def main(argv: list) -> int:
