@@ -60,7 +60,7 @@ def _post_send(tensor, dst, group, tag, group_dst, what):
     peer = _peer(g, dst, group_dst, "dst", what)
     buf = Buffer(tensor, writable=False, what=f"{what} tensor")
     # _peer checked the peer: post without the Network's second check
-    return g, peer, buf, g.network.post_send(peer, g.p2p_tag(tag), memoryview(buf.flat).cast("B"), 0)
+    return g, peer, buf, g.network.post_send(peer, g.p2p_tag(tag), buf.bytes(), 0)
 
 
 def _post_recv(tensor, src, group, tag, group_src, what):
@@ -70,7 +70,7 @@ def _post_recv(tensor, src, group, tag, group_src, what):
     if peer is None:  # any source: the Network resolves it
         req = g.network.irecv(None, g.p2p_tag(tag), buf.bytes(), candidates=g.ranks)
     else:
-        req = g.network.post_recv(peer, g.p2p_tag(tag), memoryview(buf.flat).cast("B"), None, None)
+        req = g.network.post_recv(peer, g.p2p_tag(tag), buf.bytes(), None, None)
     return g, peer, buf, req
 
 

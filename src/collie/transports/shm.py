@@ -170,6 +170,21 @@ def _deliver(req: "_Recv", offset: int, src: memoryview) -> bool:
         return False
 
 
+def _take_posted(inb: "_In", tag: int, queue: deque) -> "_Recv":
+    """Take the first receive posted for ``tag`` (``queue``, not empty) off the books."""
+    req = queue.popleft()
+    if not queue:
+        del inb.posted[tag]  # tags are mostly used once: keep the dict small
+    inb.nposted -= 1
+    return req
+
+
+def _acknowledge(inb: "_In", rid: int, ok: bool) -> None:
+    """Tell the writer that its single-copy send ``rid`` was read (or failed)."""
+    inb.ring.acks[rid % _ACKS] = rid if ok else -rid
+    inb.bell.wake()  # the writer may be asleep, waiting for this
+
+
 class _Ring:
     """Views of one ring inside a mapping (the same code for both ends)."""
 
@@ -712,11 +727,7 @@ class ShmTransport(Transport):
                 if offset == _RDV:
                     rdv = _RDV_BODY.unpack_from(ring.mm, ring.offsets[k])
                     if queue:
-                        req = queue.popleft()
-                        if not queue:
-                            del inb.posted[tag]
-                        inb.nposted -= 1
-                        self._read_single_copy(inb, req, nbytes, meta, rdv)
+                        self._read_single_copy(inb, _take_posted(inb, tag, queue), nbytes, meta, rdv)
                     elif inb.nposted or inb.stash:  # in the way of another tag: set it aside
                         inb.unexpected.append(_Message(tag, meta, nbytes, rdv=rdv))
                     else:
@@ -726,10 +737,7 @@ class ShmTransport(Transport):
                     continue
                 if queue and nbytes <= size:
                     # The fast path: a whole message for a waiting receive.
-                    req = queue.popleft()
-                    if not queue:
-                        del inb.posted[tag]  # tags are mostly used once: keep the dict small
-                    inb.nposted -= 1
+                    req = _take_posted(inb, tag, queue)
                     if nbytes != req.nbytes or (req.meta is not None and req.meta != meta):
                         self._mismatch(req, nbytes, meta)  # fails the receive
                     elif not nbytes:
@@ -775,10 +783,7 @@ class ShmTransport(Transport):
         """Decide where a new message at the head of a ring goes."""
         queue = inb.posted.get(tag)
         if queue:
-            req = queue.popleft()
-            if not queue:
-                del inb.posted[tag]
-            inb.nposted -= 1
+            req = _take_posted(inb, tag, queue)
             if self._mismatch(req, nbytes, meta):
                 return _Message(tag, meta, nbytes)  # read and dropped
             return _Message(tag, meta, nbytes, req=req)
@@ -817,8 +822,7 @@ class ShmTransport(Transport):
             except OSError as exc:
                 ok = False
                 req.error = self._read_failed(inb, nbytes, exc)
-        inb.ring.acks[rid % _ACKS] = rid if ok else -rid
-        inb.bell.wake()  # the writer may be asleep, waiting for this
+        _acknowledge(inb, rid, ok)
 
     def _read_failed(self, inb: _In, nbytes: int, exc: OSError) -> Exception:
         """Why a single-copy read from ``inb``'s writer failed."""
@@ -872,8 +876,7 @@ class ShmTransport(Transport):
             except OSError as exc:
                 ok = False
                 req.error = self._read_failed(inb, nbytes, exc)
-            inb.ring.acks[rid % _ACKS] = rid if ok else -rid
-            inb.bell.wake()
+            _acknowledge(inb, rid, ok)
             moved = True
         return moved
 
