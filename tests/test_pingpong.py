@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -20,3 +21,18 @@ def test_pingpong_prints_every_way():
     for row in rows:
         rtt, bandwidth = map(float, re.findall(r"([\d.]+) (?:us|GB/s)", row))
         assert rtt > 0 and bandwidth > 0
+
+
+def _dies_on_1(rank: int, out) -> None:
+    if rank == 1:
+        raise SystemExit(3)
+    time.sleep(60)  # waits for a peer that is gone
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_that_dies_is_reported_at_once():
+    from collie import pingpong
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="exited with code 3"):
+        pingpong._pair(_dies_on_1, lambda rank: (rank,))
+    assert time.monotonic() - start < 10  # not the 300 s deadline, nor the 10 s join

@@ -176,7 +176,7 @@ def _forward(pipe, out: TextIO, prefix: str, lock: threading.Lock) -> threading.
     return t
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In a rank, before exec: get SIGKILL when the launcher dies, however it
     dies (even by SIGKILL, when it cannot stop its ranks itself)."""
     import ctypes
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             if opts.tag_output:
                 env.setdefault("PYTHONUNBUFFERED", "1")  # a pipe would block-buffer
             procs[rank] = p = subprocess.Popen(cmd, env=env, stdout=pipe, stderr=pipe,
-                                               start_new_session=True, preexec_fn=_die_with_parent)
+                                               start_new_session=True, preexec_fn=die_with_parent)
             if opts.tag_output:
                 threads.append(_forward(p.stdout, sys.stdout, f"[{rank}]: ", lock))
                 threads.append(_forward(p.stderr, sys.stderr, f"[{rank}]: ", lock))

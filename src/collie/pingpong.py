@@ -39,112 +39,104 @@ def _timed(step, iters: int, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
+def _measure(rank: int, send, recv, nbytes: int, iters: int, reps: int,
+             warm_stream: bool = False) -> tuple[float, float]:
+    """(round-trip seconds, one-way bytes/s) between rank 0 and rank 1, given
+    how this rank sends a buffer and receives into one."""
+    small, big, ack = np.zeros(SMALL, np.uint8), np.zeros(nbytes, np.uint8), np.zeros(1, np.uint8)
+
+    def round_trip():
+        if rank == 0:
+            send(small)
+            recv(small)
+        else:
+            recv(small)
+            send(small)
+
+    def stream():
+        for _ in range(reps):
+            send(big) if rank == 0 else recv(big)
+        recv(ack) if rank == 0 else send(ack)
+
+    for _ in range(50):
+        round_trip()
+    if warm_stream:
+        stream()
+    rtt = _timed(round_trip, iters)
+    seconds = _timed(stream, 1, repeats=3)
+    return rtt, nbytes * reps / seconds
+
+
 def _collie_rank(rank: int, env: dict, backend: str, nbytes: int, iters: int, reps: int, out) -> None:
     import collie
     os.environ.update(env)
     collie.init_process_group(backend=backend)
     peer = 1 - rank
-    small, big, ack = np.zeros(SMALL, np.uint8), np.zeros(nbytes, np.uint8), np.zeros(1, np.uint8)
-
-    def round_trip():
-        if rank == 0:
-            collie.send(small, peer)
-            collie.recv(small, peer)
-        else:
-            collie.recv(small, peer)
-            collie.send(small, peer)
-
-    def stream():
-        for _ in range(reps):
-            (collie.send if rank == 0 else collie.recv)(big, peer)
-        (collie.recv if rank == 0 else collie.send)(ack, peer)
-
-    for _ in range(50):
-        round_trip()
-    stream()
-    rtt = _timed(round_trip, iters)
-    seconds = _timed(stream, 1, repeats=3)
+    result = _measure(rank, lambda buf: collie.send(buf, peer), lambda buf: collie.recv(buf, peer),
+                      nbytes, iters, reps, warm_stream=True)
     collie.destroy_process_group()
     if rank == 0:
-        out.send((rtt, nbytes * reps / seconds))
+        out.send(result)
 
 
 def _pipe_rank(rank: int, conn, nbytes: int, iters: int, reps: int, out) -> None:
-    small, big, ack = bytearray(SMALL), bytearray(nbytes), bytearray(1)
-
-    def round_trip():
-        if rank == 0:
-            conn.send_bytes(small)
-            conn.recv_bytes_into(small)
-        else:
-            conn.recv_bytes_into(small)
-            conn.send_bytes(small)
-
-    def stream():
-        for _ in range(reps):
-            conn.send_bytes(big) if rank == 0 else conn.recv_bytes_into(big)
-        conn.recv_bytes_into(ack) if rank == 0 else conn.send_bytes(ack)
-
-    for _ in range(50):
-        round_trip()
-    rtt = _timed(round_trip, iters)
-    seconds = _timed(stream, 1, repeats=3)
+    result = _measure(rank, conn.send_bytes, conn.recv_bytes_into, nbytes, iters, reps)
     if rank == 0:
-        out.send((rtt, nbytes * reps / seconds))
+        out.send(result)
 
 
-def _socket_rank(rank: int, port: int, nbytes: int, iters: int, reps: int, out) -> None:
+def _socket_rank(rank: int, listener: socket.socket, nbytes: int, iters: int, reps: int, out) -> None:
+    # The parent listens before either rank starts, so rank 1 never connects too early.
     if rank == 0:
-        with socket.create_server(("127.0.0.1", port)) as server:
-            sock, _ = server.accept()
+        sock, _ = listener.accept()
     else:
-        sock = socket.create_connection(("127.0.0.1", port))
+        sock = socket.create_connection(listener.getsockname())
+    listener.close()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    small, big, ack = bytearray(SMALL), bytearray(nbytes), bytearray(1)
 
     def fill(buf):
-        view, got = memoryview(buf), 0
-        while got < len(buf):
+        view, got = memoryview(buf).cast("B"), 0
+        while got < len(view):
             got += sock.recv_into(view[got:])
 
-    def round_trip():
-        if rank == 0:
-            sock.sendall(small)
-            fill(small)
-        else:
-            fill(small)
-            sock.sendall(small)
-
-    def stream():
-        for _ in range(reps):
-            sock.sendall(big) if rank == 0 else fill(big)
-        fill(ack) if rank == 0 else sock.sendall(ack)
-
-    for _ in range(50):
-        round_trip()
-    rtt = _timed(round_trip, iters)
-    seconds = _timed(stream, 1, repeats=3)
+    result = _measure(rank, sock.sendall, fill, nbytes, iters, reps)
     sock.close()
     if rank == 0:
-        out.send((rtt, nbytes * reps / seconds))
+        out.send(result)
+
+
+def _child(target, *args) -> None:
+    """One rank of a pair, which dies with this command however it dies
+    (a killed test, say), rather than wait for a peer forever."""
+    from .launch import die_with_parent
+    die_with_parent()
+    target(*args)
 
 
 def _pair(target, args_of) -> tuple[float, float]:
     """Run ``target`` on two forked processes; rank 0's (rtt, bandwidth)."""
     ctx = mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    procs = [ctx.Process(target=target, args=args_of(rank) + (send,), daemon=True) for rank in (0, 1)]
+    procs = [ctx.Process(target=_child, args=(target, *args_of(rank), send), daemon=True) for rank in (0, 1)]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + 300
+    result = None
     try:
-        if not receive.poll(300):
-            raise RuntimeError(f"{target.__name__} produced no result within 300 s")
-        return receive.recv()
+        while not receive.poll(0.2):  # a rank that died is reported now, not at the deadline
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"{target.__name__}: a rank exited with code {failed[0]} before a result")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{target.__name__} produced no result within 300 s")
+        result = receive.recv()
     finally:
         for p in procs:
-            p.join(10)
+            p.join(10 if result is not None else 0)  # after a failure the other rank waits in vain
             if p.is_alive():
                 p.kill()
+                p.join(10)
+    return result
 
 
 def main(argv=None) -> int:
@@ -167,9 +159,12 @@ def main(argv=None) -> int:
         ways.append((f"collie {backend}", _collie_rank, collie_args))
     a, b = mp.get_context("fork").Pipe(duplex=True)
     ways.append(("multiprocessing.Pipe", _pipe_rank, lambda rank: (rank, (a, b)[rank], n, iters, reps)))
-    port = free_port()
-    ways.append(("TCP socket pair", _socket_rank, lambda rank: (rank, port, n, iters, reps)))
-    for name, target, args_of in ways:
-        rtt, bandwidth = _pair(target, args_of)
-        print(f"{name:<24}{rtt * 1e6:>15.1f} us{bandwidth / 1e9:>15.2f} GB/s", flush=True)
+    listener = socket.create_server(("127.0.0.1", 0))
+    ways.append(("TCP socket pair", _socket_rank, lambda rank: (rank, listener, n, iters, reps)))
+    try:
+        for name, target, args_of in ways:
+            rtt, bandwidth = _pair(target, args_of)
+            print(f"{name:<24}{rtt * 1e6:>15.1f} us{bandwidth / 1e9:>15.2f} GB/s", flush=True)
+    finally:
+        listener.close()
     return 0
