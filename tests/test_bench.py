@@ -72,6 +72,7 @@ def test_every_op_checks_clean_and_writes_json(tmp_path):
     done = _bench(*TINY, "--check", "--json", str(out))
     assert done.returncode == 0, done.stderr
     assert "# nranks 2" in done.stdout and "# bound:" in done.stdout
+    assert done.stdout.count("# (bound for 64 MiB buffers: moves >= ") == len(OPS)
     blocks = _blocks(done.stdout)
     assert sorted(blocks) == sorted(OPS)
     for op, rows in blocks.items():
@@ -212,16 +213,37 @@ def test_count_wrong_finds_a_changed_element():
     assert count_wrong(a.astype(np.int32) + (np.arange(100) == 3), a.astype(np.int32), 2) == 1
 
 
-def test_all_reduce_bound():
-    # 2 ranks on 2 cores at 10 GB/s each: 4nS = 8S bytes at 20 GB/s -> algbw 2.5 GB/s.
-    algbw, busbw = bench.all_reduce_bound(2, 2, 10e9, 6e9)
+def test_memory_bound():
+    # 2 ranks on 2 cores at 10 GB/s each: all_reduce moves (5n-2)S = 8S bytes at 20 GB/s -> 2.5 GB/s.
+    algbw, busbw = bench.memory_bound("all_reduce", 2, 2, 10e9, 6e9)
     assert algbw == pytest.approx(2.5e9) and busbw == pytest.approx(2.5e9)
     # More ranks than cores share the cores.
-    assert bench.all_reduce_bound(8, 2, 10e9, 6e9)[0] == pytest.approx(2 * 10e9 / 32)
+    assert bench.memory_bound("all_reduce", 8, 2, 10e9, 6e9)[0] == pytest.approx(2 * 10e9 / 38)
     # Single copy: (3n-1)S = 5S bytes for 2 ranks -> algbw 4 GB/s.
-    assert bench.all_reduce_bound(2, 2, 10e9, 6e9, single_copy=True)[0] == pytest.approx(4e9)
+    assert bench.memory_bound("all_reduce", 2, 2, 10e9, 6e9, single_copy=True)[0] == pytest.approx(4e9)
     # The fastest measured pattern sets the rate (reads alone, here).
-    assert bench.all_reduce_bound(2, 2, 10e9, 6e9, 15e9, single_copy=True)[0] == pytest.approx(6e9)
+    assert bench.memory_bound("all_reduce", 2, 2, 10e9, 6e9, 15e9, single_copy=True)[0] == pytest.approx(6e9)
+    # busbw scales algbw as nccl-tests does, op by op.
+    algbw, busbw = bench.memory_bound("all_gather", 4, 2, 10e9, 6e9, single_copy=True)
+    assert busbw == pytest.approx(algbw * 3 / 4)
+    assert bench.memory_bound("broadcast", 1, 2, 10e9, 6e9) is None  # one rank moves nothing
+
+
+@pytest.mark.parametrize("op,single,shared", [
+    ("all_reduce", 11, 18), ("reduce", 5, 11), ("reduce_scatter", 5, 11), ("broadcast", 6, 8),
+    ("all_gather", 8, 10), ("all_to_all", 8, 14), ("sendrecv", 8, 16)])
+def test_traffic_factor_for_four_ranks(op, single, shared):
+    # Counted by hand for n = 4 (see memory_bound's docstring): e.g. a
+    # broadcast makes 3 copies of S (6S) single copy, or 1 into the segment
+    # and 3 out of it (8S); an all_to_all reads and writes each of its 4S
+    # once (8S), and without single copy the 3S that cross ranks enter the
+    # segment first (14S); an all_reduce without single copy: 4S read and
+    # 4S written, the 3S of foreign inputs read and written once more to
+    # enter the segment (6S), each result written there (1S) and read from
+    # there by the 3 other ranks (3S): 18S.
+    assert bench.traffic_factor(op, 4, True)[1] == single
+    assert bench.traffic_factor(op, 4, False)[1] == shared
+    assert set(bench.OPS) == set(bench._TRAFFIC)
 
 
 def test_memory_bandwidth_measures_cores_at_once():

@@ -50,7 +50,7 @@ from typing import Callable, Iterable, NamedTuple, Optional
 
 import numpy as np
 
-__all__ = ["main", "OPS", "bus_factor", "parse_size", "memory_bandwidth", "all_reduce_bound"]
+__all__ = ["main", "OPS", "bus_factor", "parse_size", "memory_bandwidth", "memory_bound"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv")
 REDOPS = ("sum", "prod", "min", "max", "avg")
@@ -455,7 +455,7 @@ class CollieComm(DistComm):
             return "auto"
 
 
-# ---- the machine: memory bandwidth and the all_reduce bound ----------------
+# ---- the machine: memory bandwidth and each collective's bound -------------
 
 def memory_bandwidth(nbytes: int = 64 << 20, repeats: int = 5, cores: int = 1) -> tuple[float, float, float]:
     """(copy, add, read): bytes a core reads plus writes per second, best of
@@ -511,39 +511,66 @@ def _memory_bandwidth_one(nbytes: int, repeats: int) -> tuple[float, float, floa
     return 2 * a.nbytes / copy, 3 * a.nbytes / add, a.nbytes / read
 
 
-def traffic_factor(n: int, single_copy: bool) -> int:
-    """Bytes an all_reduce of S bytes per rank must move, in units of S (see all_reduce_bound)."""
-    return 3 * n - 1 if single_copy else 4 * n
+# Memory traffic (bytes read plus written) each collective needs at least on
+# one host, in units of its nccl-tests size S, for n ranks: (single copy,
+# through a shared segment). Why each, see memory_bound.
+_TRAFFIC = {
+    "all_reduce": (("(3n-1)S", lambda n: 3 * n - 1), ("(5n-2)S", lambda n: 5 * n - 2)),
+    "reduce": (("(n+1)S", lambda n: n + 1), ("(3n-1)S", lambda n: 3 * n - 1)),
+    "reduce_scatter": (("(n+1)S", lambda n: n + 1), ("(3n-1)S", lambda n: 3 * n - 1)),
+    "broadcast": (("2(n-1)S", lambda n: 2 * (n - 1)), ("2nS", lambda n: 2 * n)),
+    "all_gather": (("2nS", lambda n: 2 * n), ("(2n+2)S", lambda n: 2 * n + 2)),
+    "all_to_all": (("2nS", lambda n: 2 * n), ("(4n-2)S", lambda n: 4 * n - 2)),
+    "sendrecv": (("2nS", lambda n: 2 * n), ("4nS", lambda n: 4 * n)),
+}
 
 
-def all_reduce_bound(n: int, cores: int, copy_bw: float, add_bw: float, read_bw: float = 0.0,
-                     single_copy: bool = False) -> tuple[float, float]:
-    """(algbw, busbw) in bytes/s that no all_reduce of large buffers on ``n``
-    ranks of one host can beat on this machine.
+def traffic_factor(op: str, n: int, single_copy: bool) -> tuple[str, int]:
+    """(formula, factor): the bytes ``op`` on ``n`` ranks of one host must
+    move through memory, in units of S (see memory_bound)."""
+    text, factor = _TRAFFIC[op][0 if single_copy else 1]
+    return text, factor(n)
 
-    Memory traffic (bytes read plus written) an all_reduce of S bytes per
-    rank needs at least, counting per element of the result:
 
-    - n reads: every rank's input must be read once;
-    - n writes: every rank's output buffer must be written;
-    - to get the result to every rank: without kernel-assisted copies,
-      processes share nothing but shared segments, so every rank writes its
-      contribution there once and reads the others' from there once (2n
-      more: 4nS in all); with them (``single_copy``: process_vm_readv), a
-      rank can read another's memory directly, but the n-1 ranks that did
-      not compute an element must still read it (n-1 more: (3n-1)S).
+def memory_bound(op: str, n: int, cores: int, copy_bw: float, add_bw: float, read_bw: float = 0.0,
+                 single_copy: bool = False) -> Optional[tuple[float, float]]:
+    """(algbw, busbw) in bytes/s that no algorithm for ``op`` on ``n`` ranks
+    of one host can beat on this machine with large buffers (None for one
+    rank, which need move nothing).
 
-    The n-input reduction adds nothing: its operands are the reads above.
-    At most p = min(n, cores) cores move it, each at most at the fastest
-    of the copy, add and read-only rates measured with p cores at once on
-    buffers of the same size (memory_bandwidth: they share the last-level
-    cache and DRAM; reads alone stream fastest), so time >= traffic /
-    (p x rate), and busbw = algbw x 2(n-1)/n. Smaller buffers, which stay in
-    the faster inner caches, can beat it.
+    The least memory traffic (bytes read plus written) for S bytes per rank
+    (S as nccl-tests counts it): every input element must be read once and
+    every output element written once. A byte that goes from one rank to
+    another costs nothing more if the reader can read the writer's memory
+    (``single_copy``: process_vm_readv); otherwise it must first be copied
+    into a shared segment (or a socket's kernel buffer), one read and one
+    write more, after which any number of ranks can read it from there. So:
+
+    - all_reduce (3n-1)S: n inputs read, n outputs written, and the n-1
+      ranks that did not reduce an element read it once more. Without
+      single copy (5n-2)S: each element's n-1 foreign inputs enter the
+      segment, and its result is written there too;
+    - reduce and reduce_scatter (n+1)S: n inputs read, one result of S
+      written ((3n-1)S without: the foreign inputs enter the segment);
+    - broadcast 2(n-1)S: n-1 copies of S (2nS without: the root's S enters
+      once);
+    - all_gather 2nS: n outputs of S, each byte read from its source
+      ((2n+2)S without: each block enters once);
+    - all_to_all and sendrecv 2nS: every byte read once and written once
+      ((4n-2)S and 4nS without: what crosses ranks enters the segment).
+
+    The reductions add nothing: their operands are the reads above. At most
+    p = min(n, cores) cores move it, each at most at the fastest of the
+    copy, add and read-only rates measured with p cores at once on buffers
+    of the same size (memory_bandwidth: they share the last-level cache and
+    DRAM; reads alone stream fastest), so time >= traffic / (p x rate).
+    Smaller buffers, which stay in the faster inner caches, can beat it.
     """
+    if n < 2:
+        return None
     p = min(n, max(cores, 1))
-    algbw = p * max(copy_bw, add_bw, read_bw) / traffic_factor(n, single_copy)
-    return algbw, algbw * bus_factor("all_reduce", n)
+    algbw = p * max(copy_bw, add_bw, read_bw) / traffic_factor(op, n, single_copy)[1]
+    return algbw, algbw * bus_factor(op, n)
 
 
 def _network():
@@ -603,6 +630,17 @@ def local_start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+def bound_lines(n: int, mem: Optional[tuple], single_copy: bool) -> dict:
+    """op -> what the table says of its memory bound (none without a measurement)."""
+    lines = {}
+    for op in OPS if mem is not None else ():
+        bound = memory_bound(op, n, _cores(), *mem, single_copy=single_copy)
+        if bound is not None:
+            text = traffic_factor(op, n, single_copy)[0]
+            lines[op] = f"moves >= {text}, busbw <= {bound[1] / 1e9:.2f} GB/s"
+    return lines
+
+
 def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple],
            single_copy: bool = False, mem_cores: int = 1) -> str:
     """The lines above the tables: command, world, machine, date, method."""
@@ -621,14 +659,14 @@ def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple
     ]
     if mem is not None:
         copy_bw, add_bw, read_bw = mem
-        algbw, busbw = all_reduce_bound(nranks, _cores(), copy_bw, add_bw, read_bw, single_copy)
         lines.append(f"# memory: each core copies at {copy_bw / 1e9:.1f} GB/s, adds in place at "
                      f"{add_bw / 1e9:.1f} GB/s, reads at {read_bw / 1e9:.1f} GB/s (np.copyto, np.add, "
                      f"np.maximum.reduce; 64 MiB; bytes read + written; {mem_cores} core(s) at once)")
-        moves = "(3n-1)S bytes (single copy)" if single_copy else "4nS bytes"
-        lines.append(f"# bound: all_reduce on one host moves >= {moves}; on "
-                     f"{min(nranks, _cores())} cores: algbw <= {algbw / 1e9:.2f}, busbw <= {busbw / 1e9:.2f} "
-                     f"GB/s for 64 MiB buffers (see collie.bench.all_reduce_bound)")
+        if nranks > 1:
+            how = "single copy" if single_copy else "through shared segments"
+            lines.append(f"# bound: the least memory traffic of each op on one host ({how}), at the "
+                         f"fastest rate above on {min(nranks, _cores())} cores; above each table for "
+                         f"64 MiB buffers (see collie.bench.memory_bound)")
     return "\n".join(lines)
 
 
@@ -637,9 +675,9 @@ class Table:
     column per peer (collie's busbw / the peer's at the same op and size,
     computed from times so that it is defined for 0-byte rows too)."""
 
-    def __init__(self, peer_rows: list, bound: Optional[tuple], progress: Optional[Progress] = None,
+    def __init__(self, peer_rows: list, bounds: dict, progress: Optional[Progress] = None,
                  out=sys.stdout):
-        self.peer_rows, self.bound, self.progress, self.out = peer_rows, bound, progress, out
+        self.peer_rows, self.bounds, self.progress, self.out = peer_rows, bounds, progress, out
         self.peers = [p for p in PEERS if any(r["backend"] == p for r in peer_rows)]
         self.op: Optional[str] = None
         self.started = False
@@ -666,8 +704,8 @@ class Table:
         names = " ".join(f"{name:>{w}}" for name, w in _COLUMNS)
         ratios = "".join(f"{'vs ' + p:>11}" for p in self.peers)
         self._say(f"#\n# {op}")
-        if op == "all_reduce" and self.bound:
-            self._say(f"# (bound for 64 MiB buffers: busbw <= {self.bound[1] / 1e9:.2f} GB/s, see header)")
+        if op in self.bounds:
+            self._say(f"# (bound for 64 MiB buffers: {self.bounds[op]}, see header)")
         self._say(f"#{names[1:]}   {'algorithm':<18}{ratios}".rstrip())
 
     def add(self, row: dict) -> None:
@@ -760,13 +798,10 @@ def rank_main(cfg: Config, argv: list, where: str, mem: Optional[tuple], peer_ro
     comm = CollieComm()
     rows: list = []
     is_root = comm.rank == 0
-    bound = None
     shm = _network().shm
     single_copy = bool(shm is not None and shm.single_copy_peers())  # what the transport found
-    if mem is not None:
-        bound = all_reduce_bound(comm.size, _cores(), *mem, single_copy=single_copy)
     progress = Progress(cfg.progress and is_root, cfg.tty)
-    table = Table(peer_rows, bound, progress)
+    table = Table(peer_rows, bound_lines(comm.size, mem, single_copy), progress)
     if is_root and print_header:
         print(header(argv, comm.size, where, cfg, mem, single_copy), flush=True)
 
