@@ -507,6 +507,37 @@ def test_receive_claims_a_message_while_it_is_copied_out(local):
     assert np.array_equal(got1, first) and np.array_equal(got2, second)
 
 
+def test_receive_of_a_waiting_message_completes_as_it_is_posted(local):
+    """The message at the head of the ring, whole in one slot, is taken by
+    irecv itself (no progress pass); anything else waits for progress."""
+    a, b = local(2, slots=4, slot_bytes=64)
+    x = np.arange(4, dtype=np.float32)
+    a.isend(1, 1, mv(x))
+    a.isend(1, 2, mv(payload(0, 1, 10)))
+    a.isend(1, 3, mv(payload(0, 1, 100)))  # two slots
+    acc = np.ones(4, np.float32)
+
+    def add(dst, src):
+        d = np.frombuffer(dst, np.float32)
+        np.add(d, np.frombuffer(src, np.float32), out=d)
+
+    r1 = b.irecv(0, 1, mv(acc), combine=add)
+    assert r1.done and np.array_equal(acc, x + 1) and b._in[0].tail == 1
+    got3 = np.zeros(100, np.uint8)
+    r3 = b.irecv(0, 3, mv(got3))  # tag 2 is in the way
+    assert not r3.done
+    got2 = np.zeros(10, np.uint8)
+    r2 = b.irecv(0, 2, mv(got2))
+    drive([a, b], [r2, r3])
+    check_ok([r2, r3])
+    assert np.array_equal(got2, payload(0, 1, 10)) and np.array_equal(got3, payload(0, 1, 100))
+    a.isend(1, 4, mv(payload(0, 1, 100)))
+    r4 = b.irecv(0, 4, mv(np.zeros(100, np.uint8)))  # several slots: progress reads it
+    assert not r4.done
+    drive([a, b], [r4])
+    check_ok([r4])
+
+
 def test_claimed_message_that_mismatches_is_dropped(local):
     a, b = local(2, slots=2, slot_bytes=64)
     sends = [a.isend(1, 7, mv(payload(0, 1, 640))), a.isend(1, 8, mv(payload(0, 1, 5))),

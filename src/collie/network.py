@@ -218,21 +218,25 @@ class Network:
 
     def exchange(self, recvs, sends, tag: int, meta: int, timeout: float,
                  describe: Callable[[int], str], step: int, call) -> None:
-        """One step of a collective: post every receive ``(peer, dst,
-        combine)``, then every send ``(peer, data)``, all with ``tag`` and
-        ``meta``, and wait until they are all done. As post_recv, post_send
+        """One step of a collective: post every send ``(peer, data)``, then
+        every receive ``(peer, dst, combine)``, all with ``tag`` and
+        ``meta``, and wait until they are all done. As post_send, post_recv
         and wait() in a row, with one lock hold for the posting and wait()'s
         fast paths (the cost of small calls is mostly such fixed costs).
+        Sends go first: a peer waiting on us gets our message before we
+        spend time on receives (one whose message is already here completes
+        as it is posted, combine included). The verifier guarantees that no
+        receive of a step writes what a send of it reads, so the order is free.
         ``describe(step)`` names the call in errors; ``call`` as for wait()."""
         routes = self.routes
         with self.lock:
             if self._lost:
                 self._fail_lost()
             requests = []
-            for peer, dst, combine in recvs:
-                requests.append(routes[peer].irecv(peer, tag, dst, combine, meta))
             for peer, data in sends:
                 requests.append(routes[peer].isend(peer, tag, data, meta))
+            for peer, dst, combine in recvs:
+                requests.append(routes[peer].irecv(peer, tag, dst, combine, meta))
             for req in requests:
                 if not req.done:
                     break
