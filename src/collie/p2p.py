@@ -134,9 +134,11 @@ class P2POp:
 def batch_isend_irecv(p2p_op_list: list) -> list:
     """Start every send and receive of the list at once; returns their Works.
 
-    The order of the ops does not matter: receives are posted before sends
-    and no transport blocks while posting, so no pairing of two batches can
-    deadlock.
+    The order of the ops does not matter: no transport blocks while
+    posting, so no pairing of two batches can deadlock. Sends are posted
+    first, so that a peer waiting on one gets it before this rank spends
+    time on its receives (one whose message already waits completes as it
+    is posted).
     """
     if not isinstance(p2p_op_list, (list, tuple)):
         raise TypeError("batch_isend_irecv takes a list of P2POp")
@@ -145,11 +147,11 @@ def batch_isend_irecv(p2p_op_list: list) -> list:
             raise TypeError("batch_isend_irecv takes a list of P2POp")
     works: list = [None] * len(p2p_op_list)
     for i, p in enumerate(p2p_op_list):
-        if p.op is irecv:
-            works[i] = irecv(p.tensor, p.peer, p.group, p.tag, group_src=p.group_peer)
-    for i, p in enumerate(p2p_op_list):
         if p.op is isend:
             works[i] = isend(p.tensor, p.peer, p.group, p.tag, group_dst=p.group_peer)
+    for i, p in enumerate(p2p_op_list):
+        if p.op is irecv:
+            works[i] = irecv(p.tensor, p.peer, p.group, p.tag, group_src=p.group_peer)
     return works
 
 
