@@ -249,3 +249,16 @@ def test_traffic_factor_for_four_ranks(op, single, shared):
 def test_memory_bandwidth_measures_cores_at_once():
     rates = bench.memory_bandwidth(1 << 20, repeats=2, cores=2)
     assert len(rates) == 3 and all(r > 1e8 for r in rates)
+
+
+def test_the_layers_script_of_docs_perf_runs():
+    """docs/perf/layers.py reaches into collie's internals to time each layer
+    of a small call (docs/performance.md quotes it): keep it working."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "perf", "layers.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    done = subprocess.run([sys.executable, script, "--calls", "50", "--rounds", "1"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines() if not line.startswith("#")}
+    assert list(rows) == ["ring", "transport", "exchange", "engine", "execute", "run", "api"]
+    assert all(float(cells[0]) > 0 for cells in rows.values())
