@@ -109,3 +109,19 @@ def test_torch_tensors_in_place():
         assert out["broadcast"] == [2.0] * 4
         assert out["strided"] == [[3.0] * 3] * 4
         assert out["reduce_scatter"] == [3.0 * (2 * rank), 3.0 * (2 * rank + 1)]
+
+
+def test_torch_tensors_that_cannot_be_viewed_are_refused_by_name():
+    torch = pytest.importorskip("torch")
+    from collie.arrays import to_numpy
+    grad = torch.ones(3, requires_grad=True)  # viewed all the same: collie reads and writes its memory
+    view, logical = to_numpy(grad)
+    assert logical is None and view.ctypes.data == grad.data_ptr()
+    with pytest.raises(TypeError, match="x is a meta tensor; collie moves CPU tensors"):
+        to_numpy(torch.empty(2, device="meta"), "x")
+    with pytest.raises(TypeError, match="sparse"):
+        to_numpy(torch.eye(2).to_sparse(), "x")
+    with pytest.raises(TypeError, match="conjugate view"):
+        to_numpy(torch.ones(2, dtype=torch.complex64).conj(), "x")
+    bits, logical = to_numpy(torch.tensor([1.0], dtype=torch.bfloat16))
+    assert logical == "bfloat16" and bits.dtype == np.uint16 and bits[0] == 0x3F80

@@ -19,31 +19,22 @@ import numpy as np
 BFLOAT16 = "bfloat16"
 
 
-def _torch_tensor_type():
-    torch = sys.modules.get("torch")  # never import torch ourselves: it takes seconds
-    return getattr(torch, "Tensor", None) if torch is not None else None
-
-
-def is_tensor(obj) -> bool:
-    tensor_type = _torch_tensor_type()
-    return tensor_type is not None and isinstance(obj, tensor_type)
-
-
 def to_numpy(obj, what: str = "array") -> tuple[np.ndarray, str | None]:
     """A NumPy view sharing obj's memory, and the logical dtype name when it
     differs from the view's (only "bfloat16")."""
     if isinstance(obj, np.ndarray):
         return obj, None
-    if is_tensor(obj):
-        import torch
-
-        if obj.device.type != "cpu":
+    torch = sys.modules.get("torch")  # never import torch ourselves: it takes seconds
+    if torch is not None and isinstance(obj, torch.Tensor):
+        # Each check is the cheapest torch offers (this runs on every call;
+        # obj.device.type and detach() cost a microsecond each).
+        if not obj.is_cpu:
             raise TypeError(f"{what} is a {obj.device.type} tensor; collie moves CPU tensors "
                             "(use tensor.cpu())")
         if obj.is_sparse:
             raise TypeError(f"{what} is a sparse tensor; collie moves dense tensors")
-        t = obj.detach()
-        if t.dtype == torch.bfloat16:
+        t = obj.detach() if obj.requires_grad else obj  # numpy() refuses a tensor that needs grad
+        if t.dtype is torch.bfloat16:
             return t.view(torch.int16).numpy().view(np.uint16), BFLOAT16
         if t.is_conj():
             raise TypeError(f"{what} is a conjugate view; call tensor.resolve_conj() first")
