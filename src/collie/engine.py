@@ -16,11 +16,11 @@ schedule is three stages:
    slice its arrays and post its messages. The caller caches the Program.
 
 3. execute(): for each step, run the local copies, reductions and Reads
-   (from a peer's shared window), post every receive (first, so that data
-   finds its destination waiting), then every send, and wait for all of
-   them. Receives that reduce combine the incoming bytes into the
-   destination piece by piece as they arrive, straight from where the
-   transport holds them.
+   (from a peer's shared window), post every send (first, so that a peer
+   waiting on this rank gets its data soonest), then every receive, and
+   wait for all of them. Receives that reduce combine the incoming bytes
+   into the destination piece by piece as they arrive, straight from where
+   the transport holds them.
 
 A schedule with a shared window ("win", the shm algorithm) whose call needs
 more window than the host's windows hold runs in slices: slice k covers part
@@ -209,6 +209,8 @@ class Program(NamedTuple):
     peers: tuple       # group rank -> global rank
     steps: tuple       # BoundStep, every slice's steps in order
     viewed: tuple      # buffers that messages or copies address as bytes
+    by_name: bool      # whether execute() needs arrays by name too (a reduction, a Read or a
+                       # staged message), not only the byte views
     spare: list        # (array, its bytes): scratch "tmp" of earlier calls, ready for reuse
 
 
@@ -257,7 +259,10 @@ def bind(plan_: Plan, dtype: np.dtype, reduce_kernel: Optional[Callable], peers)
                 local.append((kind, peer, pairs))
             steps.append(BoundStep(k * nsteps + index, tuple(local),
                                    tuple(bound(m) for m in step.recvs), tuple(bound(m) for m in step.sends)))
-    return Program(plan_, dtype, reduce_kernel, tuple(peers), tuple(steps), tuple(sorted(viewed)), [])
+    by_name = any(kind != COPY for step in steps for kind, _, _ in step.local) or any(
+        m.staged is not None for step in steps for m in step.recvs + step.sends)
+    return Program(plan_, dtype, reduce_kernel, tuple(peers), tuple(steps), tuple(sorted(viewed)),
+                   by_name, [])
 
 
 def _bytes(arr: np.ndarray) -> memoryview:
@@ -272,13 +277,14 @@ def execute(program: Program, arrays: dict, network, tag: int, meta: int,
     plan_, dtype, reduce_kernel, peers = program.plan, program.dtype, program.reduce_kernel, program.peers
     schedule = plan_.schedule
     spare = None
-    if schedule.tmp_like is not None and "tmp" not in arrays:
+    if schedule.tmp_like is not None:
         try:
             spare = program.spare.pop()  # atomic: safe if two threads run this program
         except IndexError:
             tmp = np.empty(plan_.tmp_count, dtype=dtype)
             spare = (tmp, _bytes(tmp))
-        arrays = dict(arrays, tmp=spare[0])
+        if program.by_name:
+            arrays = dict(arrays, tmp=spare[0])
     windows = None
     if schedule.win_like is not None:
         # This rank's and its peers' windows, viewed with the call's dtype.
