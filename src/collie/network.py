@@ -33,11 +33,17 @@ BACKENDS = ("auto", "shm", "tcp")
 # The shm transport relies on x86-64's memory ordering (see transports/shm.py).
 _SHM_OK = platform.machine().lower() in ("x86_64", "amd64") and sys.platform.startswith("linux")
 
-# How long a waiter keeps polling before it sleeps on the doorbell. Polling
-# catches a peer that answers within microseconds without paying for a
-# futex sleep and wake-up; sleeping keeps oversubscribed ranks (more ranks
-# than cores) from starving the peer they wait for.
-SPIN_SECONDS = float(os.environ.get("COLLIE_SPIN_US", "50")) * 1e-6
+# How long a waiter keeps polling before it sleeps on the doorbell, when
+# every rank of this host has a core. Polling catches a peer that answers
+# within microseconds without paying for a futex sleep and wake-up. It must
+# outlast such a wake-up, or two ranks in lockstep fall into taking turns
+# asleep (each waits longer than its spin for the other to wake): on a VM
+# whose idle cores halt, a wake-up took 50 us at the median and hundreds at
+# the tail, and with a 50 us spin 2% of 8-byte all_reduce calls took 300 us.
+SPIN_SECONDS = float(os.environ.get("COLLIE_SPIN_US", "1000")) * 1e-6
+# More ranks than cores: spin at most this long, yielding, then sleep, so
+# that oversubscribed ranks do not starve the peer they wait for.
+CROWDED_SPIN_SECONDS = 10e-6
 # Longest single sleep: how often a sleeper re-checks deadlines and deaths.
 SLEEP_SLICE = 0.1
 # A collective stuck this long tells its group which call it is in, so that
@@ -104,7 +110,7 @@ class Network:
         # More ranks than cores on this host: spin less, and yield while
         # spinning, so that the peers we wait for get the CPU.
         self._crowded = self.local_world_size > (os.cpu_count() or 1)
-        self._spin = SPIN_SECONDS / 5 if self._crowded else SPIN_SECONDS
+        self._spin = min(SPIN_SECONDS, CROWDED_SPIN_SECONDS) if self._crowded else SPIN_SECONDS
 
         self.shm = None
         if shm_peers:
@@ -379,20 +385,34 @@ class Network:
                     f"rank(s) {waiting or 'any'} (pending: "
                     f"{', '.join(repr(r) for r in requests if not r.done)})", tuple(waiting))
             if spin is None:
-                # Spin only when every peer is reached through shared memory:
-                # TCP requests complete on receiver threads, which need the
-                # GIL a spinning thread holds.
-                spin = self.shm is not None and all(
-                    r.peer >= 0 and self.routes[r.peer] is self.shm for r in every)
+                spin = self.polls(every)
             if spin and now < spin_until:
-                if self._crowded:
-                    os.sched_yield()  # more ranks than cores: let the peer we wait for run
+                self.pause()
                 continue
             # Look once more as a sleeper: a peer that announces anything
             # from now on wakes us (see doorbell.py).
             self.doorbell.sleep(min(SLEEP_SLICE, start + timeout - now),
                                 lambda: self.progress() or self._abort is not None
                                 or any(r.finished for r in open_))
+
+    def polls(self, requests) -> bool:
+        """Whether a waiter on ``requests`` should poll for a while before it
+        sleeps: only when every peer is reached through shared memory (TCP
+        requests complete on receiver threads, which need the GIL a polling
+        thread holds)."""
+        return (self.shm is not None and bool(requests)
+                and all(r.peer >= 0 and self.routes[r.peer] is self.shm for r in requests))
+
+    @property
+    def spin_seconds(self) -> float:
+        """How long a waiter that polls() keeps at it after the last progress."""
+        return self._spin
+
+    def pause(self) -> None:
+        """One breath of a polling waiter: with more ranks than cores, let the
+        peer we wait for run."""
+        if self._crowded:
+            os.sched_yield()
 
     def poll(self, requests) -> bool:
         """One pass of wait() that never blocks: advance the transports and

@@ -650,14 +650,22 @@ def _fail_departed(network, requests: list) -> None:
 
 def _wait_until(ready: Callable[[], bool], network, timeout: float, describe: Callable[[], str],
                 requests: Callable[[], list] = list) -> None:
-    """Make progress until ready(); sleep on the rank's doorbell when idle.
+    """Make progress until ready(); when idle, poll a while as the Network's
+    own waits do (see Network.polls), then sleep on the rank's doorbell.
     ``requests()`` are the transport requests ready() depends on."""
     start = time.monotonic()
+    spin = network.spin_seconds if network.polls(requests()) else 0.0
+    spin_until = start + spin
     while True:
         moved = _progress(network)
         if ready():
             return
+        now = time.monotonic()
         if moved:
+            spin_until = now + spin
+            continue
+        if now < spin_until:
+            network.pause()
             continue
         _fail_departed(network, requests())
         if _progress(network) or ready():
