@@ -199,3 +199,24 @@ def _timeout_body(rank, size):
 def test_timeout_names_the_peer(backend):
     name, peers, elapsed = run_ranks(_timeout_body, 2, backend=backend)[0]
     assert name == "CollieTimeout" and peers == [1] and 0.4 <= elapsed < 2.0
+
+
+def _polling_body(rank, size):
+    import os
+    from collie import network
+    net = _net()
+    peer = 1 - rank
+    req = net.irecv(peer, 9, memoryview(np.zeros(1, np.uint8)))
+    polls = net.polls([req])
+    crowded = size > (os.cpu_count() or 1)
+    want = min(network.SPIN_SECONDS, network.CROWDED_SPIN_SECONDS) if crowded else network.SPIN_SECONDS
+    _wait(net, [req, net.isend(peer, 9, memoryview(np.ones(1, np.uint8)))])
+    return polls, net.polls([]), net.spin_seconds == want
+
+
+def test_waiters_poll_only_on_shared_memory(backend):
+    """A waiter polls before it sleeps only when shared memory will bring
+    its messages (TCP's receiver threads need the GIL a poller holds), for
+    1 ms by default with a core per rank, long enough to outlast a wake-up."""
+    for polls, polls_nothing, spin_ok in run_ranks(_polling_body, 2, backend=backend):
+        assert polls == (backend == "shm") and not polls_nothing and spin_ok
