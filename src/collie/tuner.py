@@ -79,8 +79,13 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
             if shm and nbytes < 4 * MiB:
                 return Choice("shm", 1, "two ranks on one host: one-sided reads of the halves")
             return Choice("rabenseifner", 1, "large message: reduce-scatter then all-gather, single copy")
-        if nbytes < 1 * MiB or not shm and nbytes < 32 * KiB:
+        if nbytes < 256 * KiB or not shm and nbytes < 1 * MiB:
             return Choice("tree", segs, "small message, ranks sharing cores: fewest hand-offs")
+        if shm and nbytes < 512 * KiB:
+            # A whole-buffer message from 256 KiB goes single copy, whose
+            # rendezvous costs a scheduler hand-off when ranks share cores;
+            # dbtree's halves stay under that threshold.
+            return Choice("dbtree", 1, "ranks sharing cores, 256-512 KiB: halves that stay in the rings")
         if shm and nbytes < 16 * MiB:
             return Choice("shm", 1, "mid size on one host: one-sided reads, three barriers")
         if shm:
