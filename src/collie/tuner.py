@@ -79,6 +79,8 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
             if shm and nbytes < 4 * MiB:
                 return Choice("shm", 1, "two ranks on one host: one-sided reads of the halves")
             return Choice("rabenseifner", 1, "large message: reduce-scatter then all-gather, single copy")
+        if shm and nbytes < 64 * KiB and nranks & (nranks - 1) == 0:
+            return Choice("recursive_doubling", 1, "small message, 2^k ranks: log2(n) exchanges, each rank busy in every one")
         if nbytes < 256 * KiB or not shm and nbytes < 1 * MiB:
             return Choice("tree", segs, "small message, ranks sharing cores: fewest hand-offs")
         if shm and nbytes < 512 * KiB:
