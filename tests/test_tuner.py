@@ -63,3 +63,15 @@ def test_debug_info_says_what_and_why_once_per_size_band(capsys):
     assert len(lines) == 2
     assert lines[0].startswith("collie INFO tuner: all_reduce 8 bytes on 4 ranks over shm:")
     assert "shm" in lines[1] and "67108864 bytes" in lines[1]
+
+
+def test_all_reduce_bands_for_ranks_sharing_cores():
+    """More than 2 ranks over shm (fit on 4 ranks on 2 cores): recursive
+    doubling for small calls on 2^k ranks, the tree on others; from 256 KiB,
+    where a whole buffer would go single copy, dbtree's halves; then shm."""
+    pick = lambda nbytes, n, transport="shm": default_choice("all_reduce", nbytes, n, transport).algorithm
+    assert [pick(8, 4), pick(32 * KiB, 8), pick(8, 3), pick(8, 5)] == \
+        ["recursive_doubling", "recursive_doubling", "tree", "tree"]
+    assert [pick(128 * KiB, 4), pick(256 * KiB, 4), pick(384 * KiB, 3), pick(512 * KiB, 4)] == \
+        ["tree", "dbtree", "dbtree", "shm"]
+    assert [pick(8, 4, "tcp"), pick(512 * KiB, 4, "tcp")] == ["tree", "tree"]  # no shared windows, no rings
