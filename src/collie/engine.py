@@ -35,6 +35,7 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
+from .arrays import byte_view
 from .schedule import Copy, Read, Recv, Reduce, Schedule, Send, block_offsets, part_bounds
 
 Piece = tuple  # (buf, lo, hi): elements [lo, hi) of buffer buf
@@ -265,10 +266,6 @@ def bind(plan_: Plan, dtype: np.dtype, reduce_kernel: Optional[Callable], peers)
                    by_name, [])
 
 
-def _bytes(arr: np.ndarray) -> memoryview:
-    return memoryview(arr).cast("B")
-
-
 def execute(program: Program, arrays: dict, network, tag: int, meta: int,
             describe: Callable[[int], str], timeout: float) -> None:
     """Run a bound plan on ``arrays`` (buffer name -> flat contiguous
@@ -282,7 +279,7 @@ def execute(program: Program, arrays: dict, network, tag: int, meta: int,
             spare = program.spare.pop()  # atomic: safe if two threads run this program
         except IndexError:
             tmp = np.empty(plan_.tmp_count, dtype=dtype)
-            spare = (tmp, _bytes(tmp))
+            spare = (tmp, byte_view(tmp))
         if program.by_name:
             arrays = dict(arrays, tmp=spare[0])
     windows = None
@@ -319,7 +316,7 @@ def execute(program: Program, arrays: dict, network, tag: int, meta: int,
                 dst = _EMPTY
             else:
                 staging = np.empty(staged.count, dtype=dtype)
-                dst = _bytes(staging)
+                dst = byte_view(staging)
                 unpack = unpack or []
                 unpack.append((staged, staging))
             posted_recvs.append((peer, dst, combine))
@@ -329,7 +326,7 @@ def execute(program: Program, arrays: dict, network, tag: int, meta: int,
             elif staged is None:
                 data = _EMPTY
             else:
-                data = _bytes(np.concatenate([arrays[b][lo:hi] for b, lo, hi in staged.pieces]))
+                data = byte_view(np.concatenate([arrays[b][lo:hi] for b, lo, hi in staged.pieces]))
             posted_sends.append((peer, data))
         exchange(posted_recvs, posted_sends, tag, meta, timeout, describe, index, call)
         if unpack:

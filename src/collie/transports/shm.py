@@ -179,6 +179,17 @@ def _take_posted(inb: "_In", tag: int, queue: deque) -> "_Recv":
     return req
 
 
+def _freed(inb: "_In", start: int) -> None:
+    """After the reader stored a tail past ``start``: wake the writer if it
+    may have found the ring full and gone to sleep. It saw full at some tail
+    >= start, so head >= start + slots. The barrier orders our tail store
+    before this head load; with the writer's barrier (in its wake()) either
+    it sees our tail, or we see its head."""
+    full_barrier()
+    if inb.ring.head[0] - start >= inb.ring.slots:
+        inb.bell.wake()
+
+
 def _acknowledge(inb: "_In", rid: int, ok: bool) -> None:
     """Tell the writer that its single-copy send ``rid`` was read (or failed)."""
     inb.ring.acks[rid % _ACKS] = rid if ok else -rid
@@ -629,9 +640,7 @@ class ShmTransport(Transport):
             req.done = True
         inb.tail = tail + 1
         ring.tail[0] = tail + 1
-        full_barrier()  # as in _pull: the writer may have found the ring full and be asleep
-        if ring.head[0] - tail >= ring.slots:
-            inb.bell.wake()
+        _freed(inb, tail)
         return True
 
     def _mark_busy(self, inb: _In) -> None:
@@ -798,13 +807,7 @@ class ShmTransport(Transport):
         if tail == start:
             return False
         inb.tail = tail
-        # Ring the writer if it may have found the ring full and gone to sleep.
-        # It saw full at some tail >= start, so head >= start + slots. The
-        # barrier orders our tail store before this head load; with the
-        # writer's barrier (its ring) either it sees our tail, or we see its head.
-        full_barrier()
-        if ring.head[0] - start >= slots:
-            inb.bell.wake()
+        _freed(inb, start)
         return True
 
     def _start(self, inb: _In, tag: int, meta: int, nbytes: int) -> Optional[_Message]:
