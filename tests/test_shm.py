@@ -832,6 +832,24 @@ def test_shared_copy_when_the_writer_takes_the_offer(local, monkeypatch, write_f
     assert a.shared_copies == (0 if write_fails else 1)
 
 
+def test_no_shared_copy_offered_in_an_exchange(local):
+    """Two single-copy messages crossing: each reader reads all of its own,
+    since its writer is busy reading the other one (no offer is made)."""
+    a, b = local(2, cma_bytes=64)
+    data_a, data_b = payload(0, 1, 1000), payload(1, 0, 1000)
+    got_a, got_b = np.zeros(1000, np.uint8), np.zeros(1000, np.uint8)
+    reqs = [a.isend(1, 1, mv(data_a)), b.isend(0, 1, mv(data_b))]
+    recv_b = b.irecv(0, 1, mv(got_b))
+    b.progress()
+    assert recv_b.finished and not b._in[0].shared  # read whole, at once
+    assert b._in[0].ring.offer[0] == 0  # no offer was put up
+    reqs += [recv_b, a.irecv(1, 1, mv(got_a))]
+    drive([a, b], reqs)
+    check_ok(reqs)
+    assert np.array_equal(got_a, data_b) and np.array_equal(got_b, data_a)
+    assert a.shared_copies == b.shared_copies == 0
+
+
 def test_shared_copy_from_a_writer_that_dies_is_a_peer_error(local, monkeypatch):
     """The writer could not write its half and is gone when the reader reads
     it instead: the receive fails with PeerError naming the writer."""

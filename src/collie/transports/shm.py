@@ -49,7 +49,11 @@ reader, done with its part, tries to take the token back: if it can, the
 writer never started, and the reader reads the rest itself; if not, the
 writer is copying, and the receive completes once the done word says so.
 The semaphore's atomic take decides who copies, so neither side ever waits
-on the other to start, and a writer busy elsewhere only means no help.
+on the other to start, and a writer busy elsewhere only means no help. No
+offer is made while this rank's own single-copy send to that writer is
+unread: in an exchange the writer is busy reading it, and one read of the
+whole message costs less than two halves (each call to the kernel has a
+fixed cost of several microseconds).
 
 Memory ordering. head and tail are read and stored through int64
 memoryviews of the mapping (one aligned 8-byte load or store each: atomic on
@@ -834,7 +838,8 @@ class ShmTransport(Transport):
         ok = True
         if not self._mismatch(req, nbytes, meta):
             try:
-                if req.combine is None and nbytes >= 2 * self.cma_bytes and not inb.shared:
+                if (req.combine is None and nbytes >= 2 * self.cma_bytes and not inb.shared
+                        and not self._out[inb.peer].pending):
                     if self._read_shared(inb, req, nbytes, address, rid):
                         return  # the writer copies the rest; completed in _shared_done
                 elif req.combine is None:
