@@ -75,3 +75,13 @@ def test_all_reduce_bands_for_ranks_sharing_cores():
     assert [pick(128 * KiB, 4), pick(256 * KiB, 4), pick(384 * KiB, 3), pick(512 * KiB, 4)] == \
         ["tree", "dbtree", "dbtree", "shm"]
     assert [pick(8, 4, "tcp"), pick(512 * KiB, 4, "tcp")] == ["tree", "tree"]  # no shared windows, no rings
+
+
+def test_two_rank_broadcast_and_reduce_take_dbtree_where_its_halves_stay_in_the_rings():
+    """256-512 KiB over shm: the whole buffer would go single copy, the halves
+    would not; elsewhere one message (or the pipelined tree) does better."""
+    for collective, other in (("broadcast", "direct"), ("reduce", "tree")):
+        pick = lambda nbytes, transport="shm": default_choice(collective, nbytes, 2, transport).algorithm
+        assert [pick(128 * KiB), pick(256 * KiB), pick(384 * KiB), pick(512 * KiB), pick(MiB)] == \
+            [other, "dbtree", "dbtree", other, other], collective
+        assert pick(256 * KiB, "tcp") == other

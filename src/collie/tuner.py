@@ -93,15 +93,21 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
         if shm:
             return Choice("rabenseifner", 1, "large message: halving then doubling, log2(n) steps")
         return Choice("ring", segs, "large message: ring moves 2(n-1)/n of the data per rank, the least")
+    # Two ranks over shm, 256-512 KiB: a whole buffer would go single copy
+    # (each read pays a fixed cost in the kernel), dbtree's halves stay in
+    # the rings, one copied in while the other is copied out. Above that its
+    # halves go single copy too, and a single-copy read shared between both
+    # ranks (shm.py) does better; below, one message in the rings does.
+    halves = few and shm and 256 * KiB <= nbytes < 512 * KiB
     if collective == "broadcast":
-        if few and 128 * KiB <= nbytes < 1 * MiB:
-            return Choice("dbtree", 1, "two ranks, mid size: two halves, one copied in while the other is copied out")
+        if halves:
+            return Choice("dbtree", 1, "two ranks, 256-512 KiB: two halves that stay in the rings")
         if nranks <= 4 or nbytes < 64 * KiB:
             return Choice("direct" if nranks <= 4 else "tree", 1, "few ranks or small message: fewest steps")
         return Choice("tree", segs, "pipelined binomial tree")
     if collective == "reduce":
-        if few and 128 * KiB <= nbytes < 1 * MiB:
-            return Choice("dbtree", 1, "two ranks, mid size: two halves, one copied in while the other is reduced")
+        if halves:
+            return Choice("dbtree", 1, "two ranks, 256-512 KiB: two halves that stay in the rings")
         if few and nbytes < 1 * MiB or nbytes < 64 * KiB:
             return Choice("tree", 1, "small message: the root combines as contributions arrive")
         if few:
