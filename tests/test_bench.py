@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -211,6 +212,39 @@ def test_count_wrong_finds_a_changed_element():
     b[7] += 1
     assert count_wrong(b, a, 2) == 1
     assert count_wrong(a.astype(np.int32) + (np.arange(100) == 3), a.astype(np.int32), 2) == 1
+
+
+def test_a_time_budget_warms_up_before_timing():
+    """With --time-budget, a tenth of it goes to untimed calls after the
+    --warmup ones (a handful leaves the first row of a run cold); every rank
+    makes the calls rank 0 decides."""
+    class OneRank(bench.Comm):
+        def barrier(self):
+            pass
+
+        def max(self, x):
+            return x
+
+        def bcast(self, x):
+            return x
+
+    calls = []
+
+    def call():
+        calls.append(1)
+        t = time.perf_counter()
+        while time.perf_counter() - t < 1e-4:  # 100 us a call
+            pass
+
+    cfg = bench.Config(ops=["all_reduce"], sizes=[8], dtype="float32", redop="sum", iters=20, warmup=5,
+                       repeats=3, time_budget=0.3, algo=None, check=False, transport="auto",
+                       progress=False, tty=False)
+    _, iters = bench.measure(OneRank(), call, cfg)
+    warm = len(calls) - 3 * iters - 5
+    assert 100 <= iters <= 1000 and 0.1 * 0.3 / 2e-4 <= warm <= 0.1 * 0.3 / 1e-4, (iters, warm)
+    calls.clear()
+    bench.measure(OneRank(), call, cfg._replace(time_budget=None))
+    assert len(calls) == 5 + 3 * 20  # fixed counts: no extra warm-up
 
 
 def test_memory_bound():
