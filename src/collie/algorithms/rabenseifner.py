@@ -36,7 +36,7 @@ n ranks, p, e as above, L = log2 p, S = bytes of "out" (reduce_scatter: of
 
 from __future__ import annotations
 
-from ..schedule import Chunk, Copy, Recv, Send
+from ..schedule import Chunk, Copy, Recv, Reduce, Send
 from . import block, blocks, fold, make_schedule, register
 
 NAME = "rabenseifner"
@@ -106,7 +106,18 @@ def reduce_scatter(nranks, rank, root, segments):
 
     def add_into(time, peer, block_ids):
         """Receive the partner's partial sums of these blocks into their
-        home, after copying ours there."""
+        home and add ours. The first time (ours still where it started),
+        the message lands as it is and ours is added at the next time,
+        before anything is sent or combined there: one pass over the
+        blocks, where copying ours in first and combining into it would
+        take two."""
+        if all(where[b] != home(b) for b in block_ids):
+            dst = tuple(home(b) for b in block_ids)
+            events.append((time, Recv(peer, dst)))
+            events.append((time + 1, Reduce(tuple(where[b] for b in block_ids), dst)))
+            for b in block_ids:
+                where[b] = home(b)
+            return
         dst = []
         for b in block_ids:
             if where[b] != home(b):

@@ -44,7 +44,7 @@ n ranks, S = bytes of "out" (all_gather: of all of "out"; reduce_scatter: of
 
 from __future__ import annotations
 
-from ..schedule import Chunk, Copy, Recv, Schedule, Send
+from ..schedule import Chunk, Copy, Recv, Reduce, Schedule, Send
 from . import block, make_schedule, register
 
 NAME = "ring"
@@ -108,19 +108,23 @@ def reduce_scatter(nranks, rank, root, segments):
     # "tmp" (laid out like "in"), except the last, which lands in "out".
     n, s = nranks, segments
     nxt, prv = (rank + 1) % n, (rank - 1) % n
-    steps = []
     if n == 1:
-        steps.append((Copy(block("in", 0, s), block("out", 0, s)),))
-    for time in range(n - 1 + s - 1 if n > 1 else 0):
+        return Schedule("reduce_scatter", NAME, n, rank, ((Copy(block("in", 0, s), block("out", 0, s)),),),
+                        parts=s, root=root)
+    events = []
+    for time in range(n - 1 + s - 1):
         flight = _in_flight(s, time, 0, n - 1)
         sent = tuple([Chunk("in" if time == g else "tmp", (rank - time + g - 1) % n, g) for g in flight])
-        # Start each arriving partial sum (block r-t-2) from our own "in".
+        # Each arriving partial sum (block r-t-2) lands as it is, and our own
+        # "in" block is added to it at the next time, before it is forwarded:
+        # one pass over it, where copying ours in first and combining the
+        # message into it would take two.
         got = [((rank - time + g - 2) % n, g) for g in flight]
         into = tuple([Chunk("out", 0, g) if b == rank else Chunk("tmp", b, g) for b, g in got])
-        steps.append((Copy(tuple([Chunk("in", b, g) for b, g in got]), into),
-                      Send(nxt, sent), Recv(prv, into, reduce=True)))
-    return Schedule("reduce_scatter", NAME, n, rank, tuple(steps), parts=s, root=root,
-                    tmp_like="in" if n > 2 else None)
+        events += [(time, Send(nxt, sent)), (time, Recv(prv, into)),
+                   (time + 1, Reduce(tuple([Chunk("in", b, g) for b, g in got]), into))]
+    return make_schedule("reduce_scatter", NAME, n, rank, root, events, parts=s,
+                         tmp_like="in" if n > 2 else None)
 
 
 @register("broadcast", NAME, pipelined=True)
