@@ -45,7 +45,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from ..schedule import Chunk, Copy, Recv, Reduce, Send
+from ..schedule import Chunk, Recv, Reduce, Send
 from . import make_schedule, register
 
 NAME = "dbtree"
@@ -221,13 +221,17 @@ def reduce(nranks, rank, root, segments):
                 x = trees.position(h, rank)
                 kids = tree.children[x]
                 acc = part
-                if kids:  # add the children's parts to a copy of our own
+                if kids:
+                    # Sum the children's parts and our own in "tmp": the
+                    # first child's lands there as it is, and ours is added
+                    # at the next step (one pass, where copying ours in
+                    # first and combining into it would take two).
                     uses_tmp = True
                     acc = (Chunk("tmp", 0, h * s + g),)
-                    first = min(tree.time[c] for c in kids) + g
-                    events.append((first, Copy(part, acc)))
+                    first = min(kids, key=lambda c: tree.time[c])
+                    events.append((tree.time[first] + g + 1, Reduce(part, acc)))
                 for c in kids:
-                    events.append((tree.time[c] + g, Recv(trees.rank_at(h, c), acc, reduce=True)))
+                    events.append((tree.time[c] + g, Recv(trees.rank_at(h, c), acc, reduce=c != first)))
                 events.append((tree.time[x] + g, Send(trees.rank_at(h, tree.parent[x]), acc)))
     return make_schedule("reduce", NAME, nranks, rank, root, events, parts=2 * s,
                          tmp_like="out" if uses_tmp else None)
