@@ -48,21 +48,25 @@ def test_dead_peer_raises_peer_error_on_every_rank(how, backend):
 
 
 def _late_body(rank, size):
+    from datetime import timedelta
+
     import collie
+    # The 1 s timeout is the group's, not the world's: setting up the world
+    # may itself take a second on a loaded machine.
+    group = collie.new_group(timeout=timedelta(seconds=1))
     if rank == 2:
         time.sleep(3)
         return None
     start = time.monotonic()
     try:
-        collie.broadcast(np.zeros(10), src=2)
+        collie.broadcast(np.zeros(10), src=2, group=group)
     except collie.CollieTimeout as exc:
         return str(exc), list(exc.peers), time.monotonic() - start
     return "no error"
 
 
 def test_missing_peer_times_out_naming_it():
-    from datetime import timedelta
-    res = run_ranks(_late_body, 3, init_kwargs={"timeout": timedelta(seconds=1)}, expect_errors=True)
+    res = run_ranks(_late_body, 3, expect_errors=True)
     for rank in (0, 1):
         msg, peers, elapsed = res[rank]
         assert "broadcast" in msg and "timed out" in msg and 2 in peers, msg
