@@ -40,7 +40,7 @@ import operator
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from ..schedule import COLLECTIVES, Chunk, Recv, Schedule, Send
+from ..schedule import COLLECTIVES, Chunk, Chunks, Recv, Reduce, Schedule, Send
 
 __all__ = [
     "ALGORITHMS",
@@ -184,6 +184,16 @@ def make_schedule(collective: str, algorithm: str, nranks: int, rank: int, root:
     steps = tuple(tuple(local + comm) for _, (local, comm) in sorted(by_time.items()))
     return Schedule(collective=collective, algorithm=algorithm, nranks=nranks, rank=rank,
                     steps=steps, parts=parts, root=root, tmp_like=tmp_like)
+
+
+def land_then_add(time: int, peer: int, mine: Chunks, dst: Chunks) -> list:
+    """Events that sum a message from ``peer`` and this rank's ``mine`` into
+    ``dst``: the message lands in ``dst`` as it is at ``time``, and ``mine``
+    is added at ``time + 1`` (a local Reduce, which runs before anything that
+    step sends or combines). One pass over the data, where copying ``mine``
+    in first and combining the message into it would take two; and a
+    single-copy message is read straight into ``dst``, not through scratch."""
+    return [(time, Recv(peer, dst)), (time + 1, Reduce(mine, dst))]
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -46,7 +46,7 @@ import functools
 from typing import NamedTuple
 
 from ..schedule import Chunk, Recv, Reduce, Send
-from . import make_schedule, register
+from . import land_then_add, make_schedule, register
 
 NAME = "dbtree"
 
@@ -221,17 +221,14 @@ def reduce(nranks, rank, root, segments):
                 x = trees.position(h, rank)
                 kids = tree.children[x]
                 acc = part
-                if kids:
-                    # Sum the children's parts and our own in "tmp": the
-                    # first child's lands there as it is, and ours is added
-                    # at the next step (one pass, where copying ours in
-                    # first and combining into it would take two).
+                if kids:  # the children's parts and ours summed in "tmp"
                     uses_tmp = True
                     acc = (Chunk("tmp", 0, h * s + g),)
                     first = min(kids, key=lambda c: tree.time[c])
-                    events.append((tree.time[first] + g + 1, Reduce(part, acc)))
+                    events += land_then_add(tree.time[first] + g, trees.rank_at(h, first), part, acc)
                 for c in kids:
-                    events.append((tree.time[c] + g, Recv(trees.rank_at(h, c), acc, reduce=c != first)))
+                    if c != first:
+                        events.append((tree.time[c] + g, Recv(trees.rank_at(h, c), acc, reduce=True)))
                 events.append((tree.time[x] + g, Send(trees.rank_at(h, tree.parent[x]), acc)))
     return make_schedule("reduce", NAME, nranks, rank, root, events, parts=2 * s,
                          tmp_like="out" if uses_tmp else None)

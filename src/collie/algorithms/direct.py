@@ -30,8 +30,8 @@ n ranks, S = bytes of a rank's "out" (all_gather, gather: of its "in"):
 
 from __future__ import annotations
 
-from ..schedule import Chunk, Copy, Recv, Reduce, Send
-from . import block, make_schedule, register
+from ..schedule import Chunk, Copy, Recv, Send
+from . import block, land_then_add, make_schedule, register
 
 NAME = "direct"
 
@@ -109,15 +109,14 @@ def reduce_scatter(nranks, rank, root, segments):
     if nranks == 1:
         return make_schedule("reduce_scatter", NAME, nranks, rank, root,
                              [(0, Copy(block("in", 0), block("out", 0)))])
-    # The first message lands in "out" as it is, and this rank's own block
-    # is added to it afterwards (step 2, before any later message combines
-    # in): one pass over the block, where copying it in first and then
-    # combining the message would take two.
-    events = [(2, Reduce(block("in", rank), block("out", 0)))]
+    events = []
     for k in range(1, nranks):
         dst, src = (rank + k) % nranks, (rank - k) % nranks
         events.append((k, Send(dst, block("in", dst))))
-        events.append((k, Recv(src, block("out", 0), reduce=k > 1)))
+        if k == 1:  # our own block is added to the first message
+            events += land_then_add(k, src, block("in", rank), block("out", 0))
+        else:
+            events.append((k, Recv(src, block("out", 0), reduce=True)))
     return make_schedule("reduce_scatter", NAME, nranks, rank, root, events)
 
 

@@ -36,8 +36,8 @@ n ranks, p, e as above, L = log2 p, S = bytes of "out" (reduce_scatter: of
 
 from __future__ import annotations
 
-from ..schedule import Chunk, Copy, Recv, Reduce, Send
-from . import block, blocks, fold, make_schedule, register
+from ..schedule import Chunk, Copy, Recv, Send
+from . import block, blocks, fold, land_then_add, make_schedule, register
 
 NAME = "rabenseifner"
 
@@ -106,15 +106,10 @@ def reduce_scatter(nranks, rank, root, segments):
 
     def add_into(time, peer, block_ids):
         """Receive the partner's partial sums of these blocks into their
-        home and add ours. The first time (ours still where it started),
-        the message lands as it is and ours is added at the next time,
-        before anything is sent or combined there: one pass over the
-        blocks, where copying ours in first and combining into it would
-        take two."""
+        home and add ours (the first time, ours is added after it lands)."""
         if all(where[b] != home(b) for b in block_ids):
-            dst = tuple(home(b) for b in block_ids)
-            events.append((time, Recv(peer, dst)))
-            events.append((time + 1, Reduce(tuple(where[b] for b in block_ids), dst)))
+            events.extend(land_then_add(time, peer, tuple(where[b] for b in block_ids),
+                                        tuple(home(b) for b in block_ids)))
             for b in block_ids:
                 where[b] = home(b)
             return

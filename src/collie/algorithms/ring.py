@@ -44,8 +44,8 @@ n ranks, S = bytes of "out" (all_gather: of all of "out"; reduce_scatter: of
 
 from __future__ import annotations
 
-from ..schedule import Chunk, Copy, Recv, Reduce, Schedule, Send
-from . import block, make_schedule, register
+from ..schedule import Chunk, Copy, Recv, Schedule, Send
+from . import block, land_then_add, make_schedule, register
 
 NAME = "ring"
 
@@ -115,14 +115,12 @@ def reduce_scatter(nranks, rank, root, segments):
     for time in range(n - 1 + s - 1):
         flight = _in_flight(s, time, 0, n - 1)
         sent = tuple([Chunk("in" if time == g else "tmp", (rank - time + g - 1) % n, g) for g in flight])
-        # Each arriving partial sum (block r-t-2) lands as it is, and our own
-        # "in" block is added to it at the next time, before it is forwarded:
-        # one pass over it, where copying ours in first and combining the
-        # message into it would take two.
+        # Our own "in" block is added to each arriving partial sum (block
+        # r-t-2) before it is forwarded.
         got = [((rank - time + g - 2) % n, g) for g in flight]
         into = tuple([Chunk("out", 0, g) if b == rank else Chunk("tmp", b, g) for b, g in got])
-        events += [(time, Send(nxt, sent)), (time, Recv(prv, into)),
-                   (time + 1, Reduce(tuple([Chunk("in", b, g) for b, g in got]), into))]
+        events.append((time, Send(nxt, sent)))
+        events += land_then_add(time, prv, tuple([Chunk("in", b, g) for b, g in got]), into)
     return make_schedule("reduce_scatter", NAME, n, rank, root, events, parts=s,
                          tmp_like="in" if n > 2 else None)
 
