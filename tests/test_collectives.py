@@ -336,3 +336,27 @@ def _sliced_body(rank, size):
 def test_shm_algorithm_with_a_window_smaller_than_the_data():
     results = run_ranks(_sliced_body, 3, backend="shm", env={"COLLIE_SHM_WINDOW_BYTES": "4096"})
     assert not any(results), results
+
+
+def _sliced_uneven_body(rank, size):
+    """Uneven blocks through the shm algorithm, sized so that ceil(total /
+    window) slices are too few: 2 x 1023 + 1 + 1 elements and a window of
+    1024, where two slices would each need 512 + 512 + 1 + 1."""
+    import collie
+    sizes, failures = [1023, 1023, 1, 1], []
+    ins = [np.full(s, float(rank + 10 * q), np.float32) for q, s in enumerate(sizes)]
+    out = np.zeros(sizes[rank], np.float32)
+    collie.reduce_scatter(out, ins, algorithm="shm")
+    if not np.array_equal(out, np.full(sizes[rank], sum(r + 10.0 * rank for r in range(size)), np.float32)):
+        failures.append("reduce_scatter")
+    outs = [np.zeros(s, np.float32) for s in sizes]
+    collie.all_gather(outs, np.full(sizes[rank], float(rank), np.float32), algorithm="shm")
+    if not all(np.array_equal(o, np.full(s, float(q), np.float32)) for q, (o, s) in enumerate(zip(outs, sizes))):
+        failures.append("all_gather")
+    return failures
+
+
+@pytest.mark.timeout(120)
+def test_shm_algorithm_slices_uneven_blocks_to_fit_the_window():
+    results = run_ranks(_sliced_uneven_body, 4, backend="shm", env={"COLLIE_SHM_WINDOW_BYTES": "4096"})
+    assert not any(results), results

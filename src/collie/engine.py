@@ -130,6 +130,32 @@ def _plan_steps(schedule: Schedule, ranges: dict) -> tuple:
     return tuple(steps)
 
 
+def _slices_needed(sizes, window: int, algorithm: str) -> int:
+    """The fewest slices of blocks of ``sizes`` elements whose largest fits
+    ``window`` elements. Slice k holds part k of every block, and the first
+    parts round up: with uneven blocks a slice can hold up to one element
+    per block more than an even share, so ceil(total / window) slices may
+    not be enough."""
+    def largest(n: int) -> int:  # slice 0: every block's first part
+        return sum(-(-size // n) for size in sizes)
+
+    total, nonempty = sum(sizes), sum(1 for size in sizes if size)
+    if not total:
+        return 1
+    if window < nonempty:
+        raise ValueError(f"{algorithm}: a shared window of {window} elements cannot hold one element "
+                         f"of each of {nonempty} blocks (raise COLLIE_SHM_WINDOW_BYTES)")
+    lo = -(-total // window)  # no fewer: every slice holds at most window elements
+    hi = max(sizes) if window == nonempty else -(-total // (window - nonempty))  # enough: see above
+    while lo < hi:  # largest() only shrinks as n grows
+        mid = (lo + hi) // 2
+        if largest(mid) <= window:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 _PLANS: "OrderedDict[tuple, Plan]" = OrderedDict()
 _PLAN_CACHE_SIZE = 256
 
@@ -146,10 +172,10 @@ def plan(schedule: Schedule, block_sizes: dict, window: int = 0) -> Plan:
         return cached
     nslices, win_count = 1, 0
     if schedule.win_like is not None:
-        need = sum(block_sizes[schedule.win_like])
-        if window <= 0 and need:
+        sizes = block_sizes[schedule.win_like]
+        if window <= 0 and sum(sizes):
             raise ValueError(f"{schedule.algorithm} needs a shared window, and there is none")
-        nslices = max(1, -(-need // window)) if need else 1
+        nslices = _slices_needed(sizes, window, schedule.algorithm)
     slices = []
     for k in range(nslices):
         ranges = {name: _block_ranges(sizes, k, nslices) for name, sizes in block_sizes.items()}
