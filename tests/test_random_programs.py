@@ -92,7 +92,8 @@ def _pass_as(x: np.ndarray, layout: str):
 
 
 def _program(seed: int, size: int, steps: int, transport: str):
-    """The calls, the same on every rank: (number, collective, members, args)."""
+    """The groups (member tuples, the world first) and the calls, the same on
+    every rank: (number, collective, index of its group, arguments)."""
     from collie import algorithms
     from collie.schedule import COLLECTIVES as SCHEDULES
     rng = np.random.default_rng(seed)
