@@ -9,6 +9,10 @@ and kills every rank still running after ``timeout`` seconds, so a hang
 becomes a test failure rather than a stuck suite. ``expect_errors=True``
 returns exceptions (re-created from their type name and message) in place
 of results instead of failing.
+
+Bodies check results against NumPy with the helpers at the end: small_ints
+(inputs exact in any order), reduce_ops (the ops a dtype takes), reduced (the
+reference) and same.
 """
 
 from __future__ import annotations
@@ -159,3 +163,46 @@ def small_ints(seed: str, count: int, dtype: str) -> np.ndarray:
     if np.dtype(dtype).kind == "c":
         return (values + 1j * rng.integers(0, 3, count)).astype(dtype)
     return values.astype(dtype)
+
+
+def reduce_ops(dtype: str) -> list:
+    """The reduce ops collie takes for ``dtype``."""
+    import collie
+    kind = np.dtype(dtype).kind
+    ops = [collie.ReduceOp.SUM]
+    if kind in "biu":
+        ops += [collie.ReduceOp.BAND, collie.ReduceOp.BOR, collie.ReduceOp.BXOR]
+    if kind != "c":
+        ops += [collie.ReduceOp.MIN, collie.ReduceOp.MAX]
+    if kind in "fc":
+        ops += [collie.ReduceOp.AVG, collie.ReduceOp.PREMUL_SUM(2.0), collie.ReduceOp.PRODUCT]
+    return ops
+
+
+def reduced(op, arrays, n: int) -> np.ndarray:
+    """NumPy's answer for reducing ``arrays`` (of ``n`` ranks) with ``op``."""
+    name = op.name
+    if name in ("SUM", "AVG", "PREMUL_SUM"):
+        if arrays[0].dtype == bool:
+            out = np.logical_or.reduce(arrays)
+        else:
+            factor = op.factor if name == "PREMUL_SUM" else 1
+            out = np.sum([a * factor for a in arrays], axis=0).astype(arrays[0].dtype)
+        if name == "AVG":
+            out = (out * (1.0 / n)).astype(arrays[0].dtype)
+        return out
+    ufunc = {"PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
+             "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[name]
+    if arrays[0].dtype == bool and name == "PRODUCT":
+        ufunc = np.logical_and
+    return ufunc.reduce(arrays).astype(arrays[0].dtype)
+
+
+def same(a, b) -> bool:
+    """Equal, or for floating dtypes close (AVG divides)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind in "fc":
+        return np.allclose(a, b, rtol=2e-3, atol=1e-3)
+    return np.array_equal(a, b)

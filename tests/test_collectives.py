@@ -10,7 +10,7 @@ of cases it got wrong; the test shows them all.
 import numpy as np
 import pytest
 
-from harness import run_ranks, small_ints
+from harness import reduce_ops, reduced, run_ranks, same, small_ints
 
 SIZES = [0, 1, 7, 1003]            # zero, one, odd, not divisible by any world size
 DTYPES = ["float32", "int64", "uint8", "complex64", "bool", "float16"]
@@ -19,46 +19,6 @@ DTYPES = ["float32", "int64", "uint8", "complex64", "bool", "float16"]
 def _data(case: str, rank: int, count: int, dtype: str) -> np.ndarray:
     """Rank ``rank``'s input for ``case``: small integers, exact in any order."""
     return small_ints(f"{case}/{rank}", count, dtype)
-
-
-def _ops_for(dtype: str):
-    import collie
-    kind = np.dtype(dtype).kind
-    ops = [collie.ReduceOp.SUM]
-    if kind in "biu":
-        ops += [collie.ReduceOp.BAND, collie.ReduceOp.BOR, collie.ReduceOp.BXOR]
-    if kind != "c":
-        ops += [collie.ReduceOp.MIN, collie.ReduceOp.MAX]
-    if kind in "fc":
-        ops += [collie.ReduceOp.AVG, collie.ReduceOp.PREMUL_SUM(2.0), collie.ReduceOp.PRODUCT]
-    return ops
-
-
-def _reference(op, arrays, n):
-    name = op.name
-    if name in ("SUM", "AVG", "PREMUL_SUM"):
-        if arrays[0].dtype == bool:
-            out = np.logical_or.reduce(arrays)
-        else:
-            factor = op.factor if name == "PREMUL_SUM" else 1
-            out = np.sum([a * factor for a in arrays], axis=0).astype(arrays[0].dtype)
-        if name == "AVG":
-            out = (out * (1.0 / n)).astype(arrays[0].dtype)
-        return out
-    ufunc = {"PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
-             "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[name]
-    if arrays[0].dtype == bool and name == "PRODUCT":
-        ufunc = np.logical_and
-    return ufunc.reduce(arrays).astype(arrays[0].dtype)
-
-
-def _same(a, b) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape:
-        return False
-    if a.dtype.kind in "fc":
-        return np.allclose(a, b, rtol=2e-3, atol=1e-3)
-    return np.array_equal(a, b)
 
 
 def _run_cases(group, ranks, failures, label=""):
@@ -76,7 +36,7 @@ def _run_cases(group, ranks, failures, label=""):
         return [a for a in algorithms.algorithms_for(collective) if a != "shm" or one_host]
 
     def check(case, got, want):
-        if not _same(got, want):
+        if not same(got, want):
             failures.append(f"{label}{case}: got {np.asarray(got).ravel()[:8]} want {np.asarray(want).ravel()[:8]}")
 
     for dtype in DTYPES:
@@ -89,11 +49,11 @@ def _run_cases(group, ranks, failures, label=""):
                     collie.broadcast(x, src=groot, group=group, algorithm=algo)
                     check(case, x, _data(case, root, count, dtype))
                 for algo in algos("reduce"):
-                    for op in _ops_for(dtype)[:3]:
+                    for op in reduce_ops(dtype)[:3]:
                         case = f"reduce/{algo}/{dtype}/{count}/root{root}/{op!r}"
                         x = _data(case, me, count, dtype)
                         collie.reduce(x, dst=groot, op=op, group=group, algorithm=algo)
-                        want = (_reference(op, [_data(case, r, count, dtype) for r in range(n)], n)
+                        want = (reduced(op, [_data(case, r, count, dtype) for r in range(n)], n)
                                 if me == root else _data(case, me, count, dtype))
                         check(case, x, want)
                 for algo in algos("gather"):
@@ -111,11 +71,11 @@ def _run_cases(group, ranks, failures, label=""):
                     collie.scatter(out, parts, src=groot, group=group, algorithm=algo)
                     check(case, out, _data(f"{case}/{me}", root, count, dtype))
             for algo in algos("all_reduce"):
-                for op in _ops_for(dtype):
+                for op in reduce_ops(dtype):
                     case = f"all_reduce/{algo}/{dtype}/{count}/{op!r}"
                     x = _data(case, me, count, dtype)
                     collie.all_reduce(x, op=op, group=group, algorithm=algo)
-                    check(case, x, _reference(op, [_data(case, r, count, dtype) for r in range(n)], n))
+                    check(case, x, reduced(op, [_data(case, r, count, dtype) for r in range(n)], n))
             for algo in algos("all_gather"):
                 case = f"all_gather_into_tensor/{algo}/{dtype}/{count}"
                 out = np.zeros(count * n, dtype)
@@ -128,18 +88,18 @@ def _run_cases(group, ranks, failures, label=""):
                 for r in range(n):
                     check(f"{case}[{r}]", outs[r], _data(case, r, sizes[r], dtype))
             for algo in algos("reduce_scatter"):
-                for op in _ops_for(dtype)[:3]:
+                for op in reduce_ops(dtype)[:3]:
                     case = f"reduce_scatter_tensor/{algo}/{dtype}/{count}/{op!r}"
                     out = np.zeros(count, dtype)
                     collie.reduce_scatter_tensor(out, _data(case, me, count * n, dtype), op=op, group=group,
                                                  algorithm=algo)
-                    full = _reference(op, [_data(case, r, count * n, dtype) for r in range(n)], n)
+                    full = reduced(op, [_data(case, r, count * n, dtype) for r in range(n)], n)
                     check(case, out, full[me * count:(me + 1) * count])
                 case = f"reduce_scatter/{algo}/{dtype}/{count}"
                 ins = [_data(f"{case}/{q}", me, count, dtype) for q in range(n)]
                 out = np.zeros(count, dtype)
                 collie.reduce_scatter(out, ins, group=group, algorithm=algo)
-                check(case, out, _reference(collie.ReduceOp.SUM, [_data(f"{case}/{me}", r, count, dtype)
+                check(case, out, reduced(collie.ReduceOp.SUM, [_data(f"{case}/{me}", r, count, dtype)
                                                                   for r in range(n)], n))
             for algo in algos("all_to_all"):
                 case = f"all_to_all_single/{algo}/{dtype}/{count}/uneven"
@@ -270,7 +230,7 @@ def _random_sequence_body(rank, size, seed):
             x = np.zeros(count, "float32")
             collie.reduce_scatter_tensor(x, _data(case, me, count * n, "float32"), group=g)
             want = np.sum([_data(case, r, count * n, "float32") for r in range(n)], axis=0)[me * count:(me + 1) * count]
-        if not _same(x, want):
+        if not same(x, want):
             failures.append(f"step {i} kind {kind} group {members}")
     return failures
 
@@ -305,29 +265,29 @@ def _sliced_body(rank, size):
         case = f"ar/{dtype}"
         x = _data(case, rank, count, dtype)
         collie.all_reduce(x, algorithm="shm")
-        if not _same(x, np.sum([_data(case, r, count, dtype) for r in range(n)], axis=0).astype(dtype)):
+        if not same(x, np.sum([_data(case, r, count, dtype) for r in range(n)], axis=0).astype(dtype)):
             failures.append(case)
         case = f"ag/{dtype}"
         out = np.zeros(count * n, dtype)
         collie.all_gather_into_tensor(out, _data(case, rank, count, dtype), algorithm="shm")
-        if not _same(out, np.concatenate([_data(case, r, count, dtype) for r in range(n)])):
+        if not same(out, np.concatenate([_data(case, r, count, dtype) for r in range(n)])):
             failures.append(case)
         case = f"rs/{dtype}"
         out = np.zeros(count, dtype)
         collie.reduce_scatter_tensor(out, _data(case, rank, count * n, dtype), algorithm="shm")
         full = np.sum([_data(case, r, count * n, dtype) for r in range(n)], axis=0).astype(dtype)
-        if not _same(out, full[rank * count:(rank + 1) * count]):
+        if not same(out, full[rank * count:(rank + 1) * count]):
             failures.append(case)
         case = f"bc/{dtype}"
         x = _data(case, rank, count, dtype)
         collie.broadcast(x, src=n - 1, algorithm="shm")
-        if not _same(x, _data(case, n - 1, count, dtype)):
+        if not same(x, _data(case, n - 1, count, dtype)):
             failures.append(case)
         case = f"a2a/{dtype}"
         out = np.zeros(count * n, dtype)
         collie.all_to_all_single(out, _data(case, rank, count * n, dtype), algorithm="shm")
         want = np.concatenate([_data(case, q, count * n, dtype)[rank * count:(rank + 1) * count] for q in range(n)])
-        if not _same(out, want):
+        if not same(out, want):
             failures.append(case)
     return failures
 

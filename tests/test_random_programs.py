@@ -1,7 +1,8 @@
 """Random programs of collectives, checked against NumPy, on real ranks.
 
-The other tests run each collective on its own. Here every rank runs the
-same seeded random sequence of calls: any collective or point-to-point
+Most tests run each collective on its own (test_collectives.py also has a
+short random sequence of four collectives on fixed groups). Here every rank
+runs the same seeded random sequence of calls: any collective or point-to-point
 exchange, on the world or on one of three random sub-groups, with a random
 algorithm, dtype, reduce op, size (some large enough to go single copy or
 to need several slices of the shared window), buffer layout (plain,
@@ -19,7 +20,7 @@ order), so each checks its own results locally. A failure names the call
 import numpy as np
 import pytest
 
-from harness import run_ranks, small_ints
+from harness import reduce_ops, reduced, run_ranks, same, small_ints
 
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather_into_tensor", "all_gather",
                "reduce_scatter_tensor", "reduce_scatter", "all_to_all_single", "all_to_all",
@@ -30,47 +31,6 @@ DTYPES = ("float32", "float64", "int32", "int64", "int8", "uint8", "float16", "c
 LAYOUTS = ("plain", "plain", "strided", "torch", "in_place")
 SMALL_SHM = {"COLLIE_SHM_SLOT_BYTES": "4096", "COLLIE_SHM_SLOTS": "2", "COLLIE_SHM_CMA_BYTES": "8192",
              "COLLIE_SHM_WINDOW_BYTES": "16384"}
-
-
-def _ops_for(dtype: str) -> list:
-    kind = np.dtype(dtype).kind
-    ops = ["SUM"]
-    if kind in "biu":
-        ops += ["BAND", "BOR", "BXOR"]
-    if kind != "c":
-        ops += ["MIN", "MAX"]
-    if kind in "fc":
-        ops += ["AVG", "PREMUL_SUM", "PRODUCT"]
-    return ops
-
-
-def _reduced(op: str, arrays: list) -> np.ndarray:
-    """NumPy's answer for reducing ``arrays`` (exact: small integers)."""
-    if op in ("BAND", "BOR", "BXOR"):
-        ufunc = {"BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[op]
-        return ufunc.reduce(np.stack(arrays), axis=0)
-    if op in ("MIN", "MAX"):
-        return (np.minimum if op == "MIN" else np.maximum).reduce(np.stack(arrays), axis=0)
-    dtype = arrays[0].dtype
-    wide = np.stack(arrays).astype(np.complex128 if dtype.kind == "c" else np.float64)
-    if op == "PRODUCT":
-        return wide.prod(axis=0).astype(dtype)
-    total = wide.sum(axis=0)
-    if dtype == bool:
-        return total.astype(bool)
-    if op == "AVG":
-        total = total / len(arrays)
-    elif op == "PREMUL_SUM":
-        total = total * 2.0
-    return total.astype(dtype)
-
-
-def _same(got, want) -> bool:
-    got, want = np.asarray(got), np.asarray(want)
-    if got.dtype.kind in "fc":  # AVG divides: compare with the precision of the dtype
-        tol = 1e-2 if got.dtype == np.float16 else 1e-5
-        return got.shape == want.shape and np.allclose(got, want, rtol=tol, atol=tol)
-    return np.array_equal(got, want)
 
 
 def _pass_as(x: np.ndarray, layout: str):
@@ -114,7 +74,8 @@ def _program(seed: int, size: int, steps: int, transport: str):
                        if not (a == "shm" and transport == "tcp")
                        and not (uneven and algorithms.uniform_blocks_only(schedule, a))]
             algorithm = str(rng.choice(options))
-        args = dict(op=str(rng.choice(_ops_for(dtype))), dtype=dtype, algorithm=algorithm, uneven=uneven,
+        args = dict(op=str(rng.choice([op.name for op in reduce_ops(dtype)])), dtype=dtype,
+                    algorithm=algorithm, uneven=uneven,
                     count=int(rng.integers(0, 70_000 if rng.random() < 0.1 else 2000)),
                     root=int(rng.integers(len(groups[group]))), layout=str(rng.choice(LAYOUTS)),
                     async_op=bool(rng.random() < 0.25), wait_now=bool(rng.random() < 0.5),
@@ -141,16 +102,16 @@ def _call(collie, name: str, g, members: tuple, rank: int, a: dict):
 
     if name == "all_reduce":
         obj, result = _pass_as(data(rank), a["layout"])
-        want = _reduced(a["op"], [data(r) for r in members])
-        return collie.all_reduce(obj, op=op, **common), lambda: _same(result(), want)
+        want = reduced(op, [data(r) for r in members], n)
+        return collie.all_reduce(obj, op=op, **common), lambda: same(result(), want)
     if name == "reduce":
         obj, result = _pass_as(data(rank), a["layout"])
-        want = _reduced(a["op"], [data(r) for r in members])
+        want = reduced(op, [data(r) for r in members], n)
         return (collie.reduce(obj, dst=root, op=op, **common),
-                lambda: rank != root or _same(result(), want))
+                lambda: rank != root or same(result(), want))
     if name == "broadcast":
         obj, result = _pass_as(data(rank), a["layout"])
-        return collie.broadcast(obj, src=root, **common), lambda: _same(result(), data(root))
+        return collie.broadcast(obj, src=root, **common), lambda: same(result(), data(root))
     if name == "all_gather_into_tensor":
         out = np.zeros(count * n, dtype)
         x = data(rank)
@@ -158,23 +119,23 @@ def _call(collie, name: str, g, members: tuple, rank: int, a: dict):
             out[me * count:(me + 1) * count] = x
             x = out[me * count:(me + 1) * count]
         want = np.concatenate([data(r) for r in members])
-        return collie.all_gather_into_tensor(out, x, **common), lambda: _same(out, want)
+        return collie.all_gather_into_tensor(out, x, **common), lambda: same(out, want)
     if name == "all_gather":
         sizes = splits(count)
         outs = [np.zeros(s, dtype) for s in sizes]
         return (collie.all_gather(outs, data(rank, sizes[me]), **common),
-                lambda: all(_same(o, data(r, s)) for o, r, s in zip(outs, members, sizes)))
+                lambda: all(same(o, data(r, s)) for o, r, s in zip(outs, members, sizes)))
     if name in ("reduce_scatter_tensor", "reduce_scatter"):
         sizes = splits(count) if name == "reduce_scatter" else [count] * n
         total, start = sum(sizes), sum(sizes[:me])
-        want = _reduced(a["op"], [data(r, total) for r in members])[start:start + sizes[me]]
+        want = reduced(op, [data(r, total) for r in members], n)[start:start + sizes[me]]
         out, x = np.zeros(sizes[me], dtype), data(rank, total)
         if name == "reduce_scatter_tensor":
             work = collie.reduce_scatter_tensor(out, x, op=op, **common)
         else:
             bounds = np.cumsum([0] + sizes)
             work = collie.reduce_scatter(out, [x[bounds[j]:bounds[j + 1]] for j in range(n)], op=op, **common)
-        return work, lambda: _same(out, want)
+        return work, lambda: same(out, want)
     if name in ("all_to_all_single", "all_to_all"):
         # sent[i][j]: elements member i sends member j
         sent = np.random.default_rng(a["seed"]).integers(0, count // n + 2, (n, n)) if a["uneven"] \
@@ -186,19 +147,19 @@ def _call(collie, name: str, g, members: tuple, rank: int, a: dict):
         if name == "all_to_all_single":
             work = collie.all_to_all_single(out, inputs[rank], [int(v) for v in sent[:, me]],
                                             [int(v) for v in sent[me]], **common)
-            return work, lambda: _same(out, want)
+            return work, lambda: same(out, want)
         send_at, recv_at = np.cumsum([0] + list(sent[me])), np.cumsum([0] + list(sent[:, me]))
         outs = [out[recv_at[j]:recv_at[j + 1]] for j in range(n)]
         work = collie.all_to_all(outs, [inputs[rank][send_at[j]:send_at[j + 1]] for j in range(n)], **common)
-        return work, lambda: _same(out, want)
+        return work, lambda: same(out, want)
     if name == "gather":
         outs = [np.zeros(count, dtype) for _ in members] if rank == root else None
         return (collie.gather(data(rank), outs, dst=root, **common),
-                lambda: rank != root or all(_same(o, data(r)) for o, r in zip(outs, members)))
+                lambda: rank != root or all(same(o, data(r)) for o, r in zip(outs, members)))
     if name == "scatter":
         out = np.zeros(count, dtype)
         ins = [data(f"to{r}") for r in members] if rank == root else None
-        return collie.scatter(out, ins, src=root, **common), lambda: _same(out, data(f"to{rank}"))
+        return collie.scatter(out, ins, src=root, **common), lambda: same(out, data(f"to{rank}"))
     if name == "barrier":
         return collie.barrier(group=g, async_op=a["async_op"], algorithm=a["algorithm"]), lambda: True
     if name == "objects":  # pickled objects travel over byte collectives
@@ -214,14 +175,14 @@ def _call(collie, name: str, g, members: tuple, rank: int, a: dict):
         for req in collie.batch_isend_irecv([collie.P2POp(collie.isend, data(rank), right, g),
                                              collie.P2POp(collie.irecv, got, left, g)]):
             req.wait()
-        return None, lambda: _same(got, data(left))
+        return None, lambda: same(got, data(left))
     if name == "any_source":  # the receive names no source; recv says who sent
         right, left = members[(me + 1) % n], members[(me - 1) % n]
         got = np.zeros(count, dtype)
         req = collie.isend(data(rank), right, group=g, tag=5)
         sender = collie.recv(got, group=g, tag=5)
         req.wait()
-        return None, lambda: sender == left and _same(got, data(left))
+        return None, lambda: sender == left and same(got, data(left))
     raise ValueError(name)
 
 
