@@ -129,12 +129,18 @@ def test_vs_mpi4py_adds_rows_and_a_ratio_column(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
-def test_vs_gloo_checks_clean(tmp_path):
+def test_vs_gloo_checks_clean_and_takes_turns_op_by_op(tmp_path):
     out = tmp_path / "rows.json"
     done = _bench("-n", "2", "--op", "all_reduce,sendrecv", "--sizes", "1K", "--iters", "2", "--warmup", "1",
-                  "--repeats", "1", "--check", "--redop", "avg", "--vs", "gloo", "--json", str(out), timeout=90)
+                  "--repeats", "1", "--check", "--redop", "avg", "--vs", "gloo", "--json", str(out),
+                  "--progress", timeout=90)
     assert done.returncode == 0, done.stderr
     assert "# sendrecv through gloo" in done.stdout
+    assert done.stdout.count("# vs PEER") == 1
+    # The progress lines say who ran what, in order: each op through Gloo, then collie.
+    steps = [line.split(" ")[:2] for line in done.stderr.splitlines() if line.startswith(("gloo:", "collie:"))]
+    assert steps == [["gloo:", "all_reduce"], ["collie:", "all_reduce"],
+                     ["gloo:", "sendrecv"], ["collie:", "sendrecv"]], done.stderr
     rows = _rows(out)
     assert sorted((r["backend"], r["op"]) for r in rows) == [
         ("collie", "all_reduce"), ("collie", "sendrecv"), ("gloo", "all_reduce"), ("gloo", "sendrecv")]

@@ -27,9 +27,13 @@ can be set next to theirs:
 
 The same measurement loop (run()) drives collie, mpi4py (--vs mpi4py) and
 torch.distributed's Gloo (--vs gloo), through a small Comm adapter each;
-peers run first, in their own processes, and their busbw appears in the
-collie table as a ratio. A peer that is not installed is skipped with a
-hint; COLLIE_BENCH_HIDE=mpi4py,gloo pretends a peer is missing (for tests).
+peers run in their own processes, and their busbw appears in the collie
+table as a ratio. They take turns op by op: each op runs through every
+peer and then through collie (its ranks started anew per op) before the
+next op starts, so that a ratio compares runs minutes apart at most, not
+a whole run apart (these machines drift). A peer that is not installed is
+skipped with a hint; COLLIE_BENCH_HIDE=mpi4py,gloo pretends a peer is
+missing (for tests).
 """
 
 from __future__ import annotations
@@ -685,11 +689,11 @@ class Table:
     computed from times so that it is defined for 0-byte rows too)."""
 
     def __init__(self, peer_rows: list, bounds: dict, progress: Optional[Progress] = None,
-                 out=sys.stdout):
+                 out=sys.stdout, banner: bool = True):
         self.peer_rows, self.bounds, self.progress, self.out = peer_rows, bounds, progress, out
         self.peers = [p for p in PEERS if any(r["backend"] == p for r in peer_rows)]
         self.op: Optional[str] = None
-        self.started = False
+        self.started = not banner  # the line that explains the ratio columns is printed
 
     def _say(self, line: str) -> None:
         if self.progress is not None:
@@ -801,16 +805,18 @@ def _say(text: str) -> None:
 
 
 def rank_main(cfg: Config, argv: list, where: str, mem: Optional[tuple], peer_rows: list,
-              json_path: Optional[str], plot_path: Optional[str], print_header: bool) -> None:
+              json_path: Optional[str], plot_path: Optional[str], print_header: bool,
+              rows_path: Optional[str] = None, banner: bool = True) -> None:
     """One rank of the benchmark, in an initialized collie world; rank 0
-    prints the tables and writes --json/--plot."""
+    prints the tables and writes --json/--plot, or, with ``rows_path``,
+    every row (collie's and the peers') for the caller to gather."""
     comm = CollieComm()
     rows: list = []
     is_root = comm.rank == 0
     shm = _network().shm
     single_copy = bool(shm is not None and shm.single_copy_peers())  # what the transport found
     progress = Progress(cfg.progress and is_root, cfg.tty)
-    table = Table(peer_rows, bound_lines(comm.size, mem, single_copy), progress)
+    table = Table(peer_rows, bound_lines(comm.size, mem, single_copy), progress, banner=banner)
     if is_root and print_header:
         print(header(argv, comm.size, where, cfg, mem, single_copy), flush=True)
 
@@ -823,17 +829,22 @@ def rank_main(cfg: Config, argv: list, where: str, mem: Optional[tuple], peer_ro
     if is_root:
         table.close()
         everything = rows + peer_rows
+        if rows_path:
+            with open(rows_path, "w") as f:
+                json.dump(everything, f)
         if json_path:
             write_json(json_path, everything)
         if plot_path:
             write_plot(plot_path, everything)
 
 
-def _spawned_rank(rank: int, cfg: Config, argv, where, mem, peer_rows, json_path, plot_path) -> None:
+def _spawned_rank(rank: int, cfg: Config, argv, where, mem, peer_rows, json_path, plot_path,
+                  rows_path=None, banner=True) -> None:
     import collie
     collie.init_process_group(backend=cfg.transport)
     try:
-        rank_main(cfg, argv, where, mem, peer_rows, json_path, plot_path, print_header=False)
+        rank_main(cfg, argv, where, mem, peer_rows, json_path, plot_path, print_header=False,
+                  rows_path=rows_path, banner=banner)
     finally:
         collie.destroy_process_group()
 
@@ -846,19 +857,25 @@ def _in_world() -> bool:
     return any(v in os.environ for v in _RANK_VARS)
 
 
-def run_peer(peer: str, n: int, cfg: Config) -> list:
-    """Run the benchmark through ``peer`` on ``n`` local processes; its rows
-    (empty, after a one-line note on stderr, when it is missing or fails)."""
+def peer_missing(peer: str) -> Optional[str]:
+    """The hint on installing ``peer``, or None when it can run here."""
     hidden = _hidden()
     if peer == "mpi4py":
         if "mpi4py" in hidden or importlib.util.find_spec("mpi4py") is None:
-            _say(HINTS["mpi4py"])
-            return []
+            return HINTS["mpi4py"]
         if "mpiexec" in hidden or shutil.which("mpiexec") is None:
-            _say(HINTS["mpiexec"])
-            return []
+            return HINTS["mpiexec"]
     elif peer == "gloo" and ("gloo" in hidden or importlib.util.find_spec("torch") is None):
-        _say(HINTS["gloo"])
+        return HINTS["gloo"]
+    return None
+
+
+def run_peer(peer: str, n: int, cfg: Config) -> list:
+    """Run the benchmark through ``peer`` on ``n`` local processes; its rows
+    (empty, after a one-line note on stderr, when it is missing or fails)."""
+    hint = peer_missing(peer)
+    if hint is not None:
+        _say(hint)
         return []
     from . import bench_peers
     with tempfile.TemporaryDirectory(prefix="collie-bench-") as tmp:
@@ -1004,13 +1021,30 @@ def main(argv: Optional[list] = None) -> int:
     start = local_start_method()
     where = f"started here, {start}"
     print(header(argv, n, where, cfg, mem, _single_copy(cfg), min(n, _cores())), flush=True)
-    peer_rows: list = []
-    for peer in peers:
-        peer_rows += run_peer(peer, n, cfg)
+    for peer in [p for p in peers if peer_missing(p) is not None]:
+        _say(peer_missing(peer))
+        peers.remove(peer)
+    from .launch import spawn
     try:
-        from .launch import spawn
-        spawn(_spawned_rank, args=(cfg, argv, where, mem, peer_rows, opts.json, opts.plot), nprocs=n,
-              start_method=start)
+        if not peers:
+            spawn(_spawned_rank, args=(cfg, argv, where, mem, [], opts.json, opts.plot), nprocs=n,
+                  start_method=start)
+            return 0
+        # Op by op: the peers, then collie's ranks, started anew for each op.
+        everything: list = []
+        with tempfile.TemporaryDirectory(prefix="collie-bench-") as tmp:
+            rows_path = os.path.join(tmp, "rows.json")
+            for k, op in enumerate(cfg.ops):
+                one = cfg._replace(ops=[op])
+                peer_rows = [row for peer in peers for row in run_peer(peer, n, one)]
+                spawn(_spawned_rank, args=(one, argv, where, mem, peer_rows, None, None, rows_path, k == 0),
+                      nprocs=n, start_method=start)
+                with open(rows_path) as f:
+                    everything += json.load(f)
+        if opts.json:
+            write_json(opts.json, everything)
+        if opts.plot:
+            write_plot(opts.plot, everything)
     except Exception as exc:  # noqa: BLE001 - report it with the rank's own traceback
         text = getattr(exc.__cause__, "text", "")
         if text:
