@@ -1021,9 +1021,10 @@ def main(argv: Optional[list] = None) -> int:
     start = local_start_method()
     where = f"started here, {start}"
     print(header(argv, n, where, cfg, mem, _single_copy(cfg), min(n, _cores())), flush=True)
-    for peer in [p for p in peers if peer_missing(p) is not None]:
-        _say(peer_missing(peer))
-        peers.remove(peer)
+    hints = {peer: peer_missing(peer) for peer in peers}
+    for hint in filter(None, hints.values()):
+        _say(hint)
+    peers = [peer for peer in peers if hints[peer] is None]
     from .launch import spawn
     try:
         if not peers:
