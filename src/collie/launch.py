@@ -366,7 +366,13 @@ class SpawnContext:
         try:
             while True:
                 self._read_errors()
-                failed = [i for i, p in enumerate(self.processes) if p.exitcode not in (None, 0)]
+                # A rank that reported an exception has failed, whatever its
+                # exit status says. In a hang caught under load (fork-started
+                # ranks), the rank that raised was gone and its report read,
+                # yet join waited on the other rank only, as if that rank had
+                # exited 0; why is not established.
+                failed = [i for i, p in enumerate(self.processes)
+                          if i in self._errors or p.exitcode not in (None, 0)]
                 if failed:
                     self._finish()
                     raise self._error(failed[0])
