@@ -11,11 +11,13 @@ pytestmark = pytest.mark.timeout(90)
 def _group_body(rank, size):
     import collie
     evens = collie.new_group([0, 2, 4])
-    tail = collie.new_group([4, 3])           # order matters: group rank 0 is global rank 4
+    tail = collie.new_group([4, 3], sort_ranks=False)  # group rank 0 is global rank 4
+    sorted_ = collie.new_group([4, 3])        # as torch: sorted, group rank 0 is global rank 3
     out = {
         "world": (collie.get_rank(), collie.get_world_size(), collie.is_initialized()),
         "evens": (collie.get_rank(evens), collie.get_world_size(evens), collie.get_process_group_ranks(evens)),
         "tail": collie.get_rank(tail),
+        "sorted": (collie.get_rank(sorted_), collie.get_process_group_ranks(sorted_)),
         "WORLD": collie.group.WORLD is not None and collie.get_world_size(collie.group.WORLD),
     }
     if rank in (3, 4):
@@ -50,6 +52,7 @@ def test_groups_and_rank_translation():
         assert out["world"] == (r, 5, True)
         assert out["evens"] == ((r // 2, 3, [0, 2, 4]) if r % 2 == 0 else (-1, -1, [0, 2, 4]))
         assert out["tail"] == {4: 0, 3: 1}.get(r, -1)
+        assert out["sorted"] == ({3: 0, 4: 1}.get(r, -1), [3, 4])
         assert out["WORLD"] == 5
         assert out["errors"] == ["ValueError"] * 4
         if r % 2:
@@ -167,3 +170,77 @@ def test_auto_uses_shm_on_the_host_and_tcp_across():
 def test_shm_backend_refuses_ranks_on_other_hosts():
     res = run_ranks(_two_hosts_body, 4, "shm", init=False, expect_errors=True)
     assert "backend='shm' needs every rank on one host" in res[0]
+
+
+# ---- torch.distributed's other setup calls ----------------------------------
+
+def _torch_setup_body(rank, size):
+    import collie
+    subgroup, subgroups = collie.new_subgroups(2)
+    mine, listed = collie.new_subgroups_by_enumeration([[3, 0], [1]])
+    x = np.array([rank + 1])
+    collie.all_reduce(x, group=subgroup)
+    out = {"backend": collie.get_backend(), "sub": collie.get_process_group_ranks(subgroup),
+           "subs": [collie.get_process_group_ranks(g) for g in subgroups], "sum": int(x[0]),
+           "mine": None if mine is None else collie.get_process_group_ranks(mine),
+           "listed": [collie.get_process_group_ranks(g) for g in listed],
+           "local": collie.get_node_local_rank()}
+    errors = []
+    for bad in (lambda: collie.new_subgroups(3), lambda: collie.new_subgroups(0),
+                lambda: collie.new_subgroups_by_enumeration([[0, 1], [1]]),
+                lambda: collie.new_subgroups_by_enumeration([])):
+        try:
+            bad()
+        except ValueError as exc:
+            errors.append(str(exc).split(":")[0])
+    out["errors"] = errors
+    collie.monitored_barrier(wait_all_ranks=True)
+    collie.monitored_barrier(group=subgroup, timeout=5)
+    return out
+
+
+def test_torch_setup_calls_gloo_subgroups_and_monitored_barrier():
+    res = run_ranks(_torch_setup_body, 4, backend="gloo")
+    for r, out in enumerate(res):
+        assert out["backend"] == "gloo"
+        assert out["subs"] == [[0, 1], [2, 3]] and out["sub"] == [[0, 1], [2, 3]][r // 2]
+        assert out["sum"] == {0: 3, 1: 3, 2: 7, 3: 7}[r]
+        assert out["mine"] == {0: [0, 3], 1: [1], 3: [0, 3]}.get(r)  # sorted, as new_group's
+        assert out["listed"] == [[0, 3], [1]] and out["local"] == r
+        assert out["errors"] == ["new_subgroups"] * 2 + ["new_subgroups_by_enumeration"] * 2
+
+
+def _late_rank_body(rank, size):
+    import time
+    import collie
+    if rank == 2:
+        time.sleep(3)  # comes too late for rank 0's timeout
+    try:
+        collie.monitored_barrier(timeout=1, wait_all_ranks=True)
+    except collie.CollieError as exc:
+        return type(exc).__name__, str(exc), getattr(exc, "peers", ())
+    return "passed", "", ()
+
+
+def test_monitored_barrier_names_the_ranks_that_did_not_come():
+    res = run_ranks(_late_rank_body, 4, timeout=60, init_kwargs={"timeout": 10})
+    kind, text, peers = res[0]
+    assert kind == "CollieTimeout" and peers == (2,), text
+    assert "rank 2 did not reach it within 1s" in text, text
+    # rank 0 never answered the others: they time out, or see it leave
+    assert all(r[0] in ("CollieTimeout", "PeerError") for r in res[1:]), res
+
+
+def test_backend_names_follow_torch():
+    import collie
+    from collie.group import _transport
+    assert collie.Backend("GLOO") == collie.Backend.GLOO == "gloo" and collie.Backend("tcp") == "tcp"
+    with pytest.raises(ValueError, match="Invalid backend"):
+        collie.Backend("carrier-pigeon")
+    assert [_transport(b) for b in (None, "gloo", "cpu:gloo,cuda:nccl", "SHM", "tcp")] == \
+        ["auto", "auto", "auto", "shm", "tcp"]
+    for bad in ("nccl", "cuda:nccl", "mpi"):
+        with pytest.raises(ValueError, match="'nccl' and other GPU backends do not apply"):
+            _transport(bad)
+    assert collie.is_available() and collie.is_gloo_available() and not collie.is_nccl_available()
+    assert collie.is_backend_available("gloo") and not collie.is_backend_available("nccl")

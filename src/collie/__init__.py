@@ -12,9 +12,11 @@ See README.md for the tour and docs/ for the details.
 
 from . import errors
 from .errors import AbortedError, AuthError, CollieError, CollieTimeout, MismatchError, PeerError
-from .group import (ProcessGroup, destroy_process_group, get_global_rank, get_group_rank,
-                    get_process_group_ranks, get_rank, get_world_size, init_process_group,
-                    is_initialized, new_group)
+from .group import (Backend, ProcessGroup, destroy_process_group, get_backend, get_global_rank,
+                    get_group_rank, get_node_local_rank, get_process_group_ranks, get_rank,
+                    get_world_size, init_process_group, is_available, is_backend_available,
+                    is_gloo_available, is_initialized, is_mpi_available, is_nccl_available,
+                    is_torchelastic_launched, new_group, new_subgroups, new_subgroups_by_enumeration)
 from . import group
 from .mesh import DeviceMesh, init_device_mesh
 from .p2p import (P2POp, batch_isend_irecv, irecv, isend, recv, recv_object_list, send,
@@ -23,7 +25,8 @@ from .work import Work
 from .rendezvous import FileStore, Store, TCPStore
 from .ops import ReduceOp
 from .collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single,
-                          barrier, broadcast, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
+                          barrier, broadcast, gather, monitored_barrier, reduce, reduce_scatter,
+                          reduce_scatter_tensor, scatter)
 from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 
 __version__ = "0.1.0"
@@ -31,14 +34,18 @@ __version__ = "0.1.0"
 __all__ = [
     # setup
     "init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
-    "new_group", "get_process_group_ranks", "get_group_rank", "get_global_rank", "ProcessGroup",
-    "group", "DeviceMesh", "init_device_mesh", "spawn", "Store", "TCPStore", "FileStore",
+    "new_group", "new_subgroups", "new_subgroups_by_enumeration", "get_process_group_ranks",
+    "get_group_rank", "get_global_rank", "get_node_local_rank", "ProcessGroup", "group", "Backend",
+    "get_backend", "is_available", "is_backend_available", "is_gloo_available", "is_nccl_available",
+    "is_mpi_available", "is_torchelastic_launched", "DeviceMesh", "init_device_mesh", "spawn", "Store",
+    "TCPStore", "FileStore",
     # point to point
     "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "send_object_list",
     "recv_object_list", "Work",
     # collectives
     "ReduceOp", "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather",
     "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier",
+    "monitored_barrier",
     "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
     # errors
     "errors", "CollieError", "PeerError", "CollieTimeout", "MismatchError", "AuthError", "AbortedError",

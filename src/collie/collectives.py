@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from . import algorithms, engine
 from .arrays import Buffer
-from .errors import CollieError, MismatchError, PeerError
-from .group import ProcessGroup, resolve, world
+from .errors import CollieError, CollieTimeout, MismatchError, PeerError
+from .group import ProcessGroup, resolve, timeout_seconds, world
 from .ops import ReduceOp, as_op, check_op, kernel, scale
 from .schedule import COLLECTIVES
 from .tuner import Tuner
@@ -624,3 +625,45 @@ def barrier(group=None, async_op: bool = False, device_ids=None, algorithm: Opti
         return CompletedWork() if async_op else None
     return _run(g, "barrier", {"out": _BARRIER_TOKEN}, {"out": (0,)}, dtype_name="uint8",
                 algorithm=algorithm, async_op=async_op)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
+    """A barrier that says who is missing, as torch.distributed's: the
+    group's first rank waits up to ``timeout`` (default: the group's) for
+    every other rank, and raises CollieTimeout naming the first one that
+    did not come (every one, with ``wait_all_ranks``); the others wait for
+    its answer. For debugging hangs: it costs 2(n-1) messages through one rank."""
+    g = _member(group, "monitored_barrier")
+    if g.size == 1:
+        return
+    seconds = g.timeout if timeout is None else timeout_seconds(timeout)
+    background = world().background
+    if background is not None:
+        background.drain()  # earlier async calls come first, as for any blocking call
+    seq = g.seq  # a collective's number and tag: no user message can match it
+    g.seq += 1
+    tag, net, first = g.collective_tag(seq), g.network, g.ranks[0]
+    empty = memoryview(bytearray(0))
+
+    def describe() -> str:
+        return f"monitored_barrier (call #{seq} on group {g.name})"
+
+    if net.rank != first:
+        net.wait([net.isend(first, tag, empty)], timeout=seconds, describe=describe)
+        net.wait([net.irecv(first, tag, empty, meta=0)], timeout=seconds, describe=describe)
+        return
+    deadline = time.monotonic() + seconds
+    missing = []
+    for peer in g.ranks[1:]:
+        try:
+            net.wait([net.irecv(peer, tag, empty, meta=0)], timeout=max(0.0, deadline - time.monotonic()),
+                     describe=describe)
+        except CollieTimeout:
+            missing.append(peer)
+            if not wait_all_ranks:
+                break
+    if missing:
+        raise CollieTimeout(f"monitored_barrier on group {g.name}: rank{'s' if len(missing) > 1 else ''} "
+                            f"{', '.join(map(str, missing))} did not reach it within {seconds:g}s",
+                            tuple(missing))
+    net.wait([net.isend(peer, tag, empty) for peer in g.ranks[1:]], timeout=seconds, describe=describe)

@@ -93,6 +93,7 @@ class _World:
     groups: list = field(default_factory=list)
     next_context: int = 1
     background: object = None  # the thread running async_op=True calls, made on first use
+    backend: str = "auto"      # as init_process_group was given it (get_backend says it back)
 
 
 _world: Optional[_World] = None
@@ -142,12 +143,14 @@ def _agree_context(parent: ProcessGroup, count: int, extra=()) -> tuple[int, lis
 
 
 def new_group(ranks: Optional[Sequence[int]] = None, timeout=None, backend=None, pg_options=None,
-              use_local_synchronization: bool = False, group_desc: Optional[str] = None) -> ProcessGroup:
+              use_local_synchronization: bool = False, group_desc: Optional[str] = None,
+              device_id=None, sort_ranks: bool = True) -> ProcessGroup:
     """Create a group of the given global ranks (all ranks when None).
 
     Every rank of the world must call new_group with the same ranks (as in
     torch); non-members get a group whose rank is -1, and any communication
-    on it raises ValueError.
+    on it raises ValueError. As in torch, the ranks are sorted: group rank
+    0 is the lowest global rank; ``sort_ranks=False`` keeps the order given.
     """
     w = world()
     size = w.group.size
@@ -157,6 +160,8 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout=None, backend=None,
             raise ValueError(f"new_group: rank {r!r} is not a rank of the world (size {size})")
     if len(set(members)) != len(members):
         raise ValueError(f"new_group: ranks {members} contain duplicates")
+    if sort_ranks:
+        members.sort()
     if not members:
         raise ValueError("new_group: ranks must not be empty")
     context, _ = _agree_context(w.group, 1)
@@ -164,6 +169,70 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout=None, backend=None,
     group = ProcessGroup(w.network, members, context, seconds, group_desc or f"group{context}")
     w.groups.append(group)
     return group
+
+
+def new_subgroups(group_size: Optional[int] = None, group: Optional[ProcessGroup] = None, timeout=None,
+                  backend=None, pg_options=None, group_desc: Optional[str] = None):
+    """Cut the world (or ``group``) into groups of ``group_size`` consecutive
+    ranks, as torch.distributed.new_subgroups; every rank of the world
+    calls this (as new_group). Returns (this rank's subgroup, all the
+    subgroups). torch's default size is one subgroup per machine; so is
+    collie's (its ranks on this host).
+    """
+    parent = resolve(group)
+    if group_size is None:
+        group_size = parent.network.local_world_size
+    if not isinstance(group_size, int) or group_size <= 0:
+        raise ValueError(f"new_subgroups: group_size must be a positive integer, not {group_size!r}")
+    if group_size > parent.size:
+        raise ValueError(f"new_subgroups: group_size {group_size} exceeds the group's size {parent.size}")
+    if parent.size % group_size:
+        raise ValueError(f"new_subgroups: the group's size {parent.size} is not divisible by "
+                         f"group_size {group_size}")
+    ranks = parent.ranks
+    return new_subgroups_by_enumeration([ranks[i:i + group_size] for i in range(0, parent.size, group_size)],
+                                        timeout=timeout, group_desc=group_desc)
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=None, pg_options=None,
+                                 group_desc: Optional[str] = None):
+    """One group per list of global ranks, as
+    torch.distributed.new_subgroups_by_enumeration; a rank may be in one
+    of them at most, and every rank of the world calls this. Returns (this
+    rank's subgroup or None, all the subgroups)."""
+    if not ranks_per_subgroup_list:
+        raise ValueError("new_subgroups_by_enumeration: ranks_per_subgroup_list must not be empty")
+    seen: dict = {}
+    for i, ranks in enumerate(ranks_per_subgroup_list):
+        for r in ranks:
+            if r in seen:
+                raise ValueError(f"new_subgroups_by_enumeration: rank {r} is in subgroup {seen[r]} "
+                                 f"and in subgroup {i}")
+            seen[r] = i
+    me = world().network.rank
+    subgroups = [new_group(list(ranks), timeout=timeout,
+                           group_desc=f"{group_desc}_{i}" if group_desc else None)
+                 for i, ranks in enumerate(ranks_per_subgroup_list)]
+    mine = seen.get(me)
+    return (None if mine is None else subgroups[mine]), subgroups
+
+
+def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
+    """This process's rank on its machine, from LOCAL_RANK (set by collie
+    run and torchrun), else ``fallback_rank``, as in torch."""
+    import os
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError("LOCAL_RANK is not set (start with collie run or torchrun), "
+                       "and no fallback_rank was given")
+
+
+def is_torchelastic_launched() -> bool:
+    """Whether torchrun started this process (it sets TORCHELASTIC_RUN_ID)."""
+    import os
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
 
 
 def split_group(parent: Optional[ProcessGroup], color: int, key: int = 0,
@@ -221,26 +290,105 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def init_process_group(backend: str = "auto", init_method: Optional[str] = None, timeout=timedelta(minutes=5),
-                       world_size: int = -1, rank: int = -1, store=None, group_name: str = "",
-                       token=None, pg_options=None, device_id=None) -> None:
+class Backend(str):
+    """Backend names, as torch.distributed.Backend: ``Backend("GLOO")`` is
+    "gloo". collie's own are AUTO, SHM and TCP; GLOO is accepted as AUTO
+    (torch's CPU backend), so that torch code runs unchanged."""
+
+    UNDEFINED = "undefined"
+    GLOO = "gloo"
+    NCCL = "nccl"
+    UCC = "ucc"
+    MPI = "mpi"
+    AUTO = "auto"
+    SHM = "shm"
+    TCP = "tcp"
+
+    def __new__(cls, name: str):
+        if not isinstance(name, str):
+            raise ValueError(f"Backend name must be a string, but got: {name!r}")
+        value = getattr(Backend, name.upper(), Backend.UNDEFINED)
+        if value == Backend.UNDEFINED:
+            raise ValueError(f"Invalid backend: {name!r}")
+        return value
+
+
+def _transport(backend: Optional[str]) -> str:
+    """collie's transports for a backend name: its own ("auto", "shm",
+    "tcp"), torch's CPU backend "gloo" (as "auto"), None (torch's "pick
+    one", also "auto"), or torch's "device:backend" lists, whose cpu entry
+    counts (collie moves CPU memory)."""
+    from .network import BACKENDS
+    if backend is None:
+        return "auto"
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string, not {type(backend).__name__}")
+    name = backend.lower()
+    if ":" in name:
+        devices = dict(entry.partition(":")[::2] for entry in name.split(","))
+        name = devices.get("cpu", "")
+    name = "auto" if name == "gloo" else name
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))} (or torch's "
+                         f"'gloo', which means 'auto'), not {backend!r}: collie moves CPU memory "
+                         f"over its own transports ('nccl' and other GPU backends do not apply)")
+    return name
+
+
+def is_available() -> bool:
+    """Always True (torch.distributed.is_available)."""
+    return True
+
+
+def is_backend_available(backend: str) -> bool:
+    """Whether init_process_group takes ``backend`` (collie's names and "gloo")."""
+    try:
+        _transport(backend)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def is_gloo_available() -> bool:
+    """True: "gloo" is accepted, and means "auto"."""
+    return True
+
+
+def is_nccl_available() -> bool:
+    return False
+
+
+def is_mpi_available() -> bool:
+    """False: there is no "mpi" backend (collie.MPI is mpi4py's API instead)."""
+    return False
+
+
+def get_backend(group: Optional[ProcessGroup] = None) -> str:
+    """The backend name init_process_group was given ("gloo" stays "gloo")."""
+    resolve(group).require_member("get_backend")
+    return world().backend
+
+
+def init_process_group(backend: Optional[str] = "auto", init_method: Optional[str] = None,
+                       timeout=timedelta(minutes=5), world_size: int = -1, rank: int = -1, store=None,
+                       group_name: str = "", token=None, pg_options=None, device_id=None) -> None:
     """Join the world: rendezvous with every rank, then connect to each peer.
 
     backend: "auto" (shared memory to peers on this host, TCP to the
-    others), "shm" or "tcp". init_method: "env://" (the default; reads what
-    collie run, torchrun, mpiexec or srun set), "tcp://host:port" or
-    "file:///path". timeout bounds every later wait for a peer. token (or
-    $COLLIE_TOKEN): a shared secret every connection must prove it knows.
+    others), "shm" or "tcp"; torch's "gloo" (or None) means "auto".
+    init_method: "env://" (the default; reads what collie run, torchrun,
+    mpiexec or srun set), "tcp://host:port" or "file:///path". timeout
+    bounds every later wait for a peer. token (or $COLLIE_TOKEN): a shared
+    secret every connection must prove it knows.
     """
     global _world
     from . import rendezvous as rdv
     from .auth import token_from_env
-    from .network import BACKENDS, Network
+    from .network import Network
 
     if _world is not None:
         raise CollieError("init_process_group was already called; call destroy_process_group() first")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
+    transport = _transport(backend)
     seconds = timeout_seconds(timeout)
     tok = token_from_env(token)
     if store is not None:
@@ -254,7 +402,7 @@ def init_process_group(backend: str = "auto", init_method: Optional[str] = None,
                               world_size=None if world_size is None or world_size < 0 else world_size,
                               timeout=seconds, token=tok)
     try:
-        network = Network(info.rank, info.world_size, info.store, info.job_id, backend=backend,
+        network = Network(info.rank, info.world_size, info.store, info.job_id, backend=transport,
                           timeout=seconds, token=tok, master_addr=info.master_addr,
                           local_world_size=info.local_world_size)
     except BaseException:
@@ -266,7 +414,8 @@ def init_process_group(backend: str = "auto", init_method: Optional[str] = None,
     from .collectives import meta_text
     network.meta_text = meta_text
     group = ProcessGroup(network, range(info.world_size), 0, seconds, group_name or "WORLD")
-    _world = _World(network=network, store=info.store, group=group, owns_store=store is None)
+    _world = _World(network=network, store=info.store, group=group, owns_store=store is None,
+                    backend="auto" if backend is None else backend.lower())
     import atexit
     atexit.register(_close_at_exit)
 
