@@ -189,7 +189,7 @@ def reduced(op, arrays, n: int) -> np.ndarray:
             factor = op.factor if name == "PREMUL_SUM" else 1
             out = np.sum([a * factor for a in arrays], axis=0).astype(arrays[0].dtype)
         if name == "AVG":
-            out = (out * (1.0 / n)).astype(arrays[0].dtype)
+            out = (out / n).astype(arrays[0].dtype)
         return out
     ufunc = {"PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
              "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[name]

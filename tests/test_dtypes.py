@@ -35,7 +35,7 @@ def _reference(op: str, arrays, n: int):
     if op in ("SUM", "AVG", "PREMUL_SUM"):
         factor = 0.5 if op == "PREMUL_SUM" else 1
         out = np.sum([x * factor for x in a], axis=0).astype(a[0].dtype)
-        return (out * (1.0 / n)).astype(a[0].dtype) if op == "AVG" else out
+        return (out / n).astype(a[0].dtype) if op == "AVG" else out
     return {"PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum, "BAND": np.bitwise_and,
             "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[op].reduce(a).astype(a[0].dtype)
 
@@ -125,3 +125,28 @@ def test_torch_tensors_that_cannot_be_viewed_are_refused_by_name():
         to_numpy(torch.ones(2, dtype=torch.complex64).conj(), "x")
     bits, logical = to_numpy(torch.tensor([1.0], dtype=torch.bfloat16))
     assert logical == "bfloat16" and bits.dtype == np.uint16 and bits[0] == 0x3F80
+
+
+def _average_of_three(rank, size):
+    import collie
+    import torch
+    got = {}
+    for dtype in ("float16", "float32", "float64", "complex64"):
+        x = np.array([(1, 2, 4)[rank]], dtype)
+        collie.all_reduce(x, op=collie.ReduceOp.AVG)
+        got[dtype] = x[0]
+    t = torch.tensor([(1.0, 2.0, 4.0)[rank]], dtype=torch.bfloat16)
+    collie.all_reduce(t, op=collie.ReduceOp.AVG)
+    got["bfloat16"] = float(t[0])
+    return got
+
+
+def test_avg_is_the_correctly_rounded_quotient():
+    # 7 / 3: one rounding, as torch's division gives; multiplying by a
+    # rounded 1/3 gave 2.3320 in float16 and 2.3333335 in float32.
+    import torch
+    for got in run_ranks(_average_of_three, 3):
+        for dtype in ("float16", "float32", "float64"):
+            assert got[dtype] == np.array(7, dtype) / np.array(3, dtype), (dtype, got[dtype])
+        assert got["complex64"] == np.float32(7) / np.float32(3)
+        assert got["bfloat16"] == float(torch.tensor(7.0 / 3, dtype=torch.bfloat16))

@@ -32,7 +32,7 @@ from . import algorithms, engine
 from .arrays import Buffer
 from .errors import CollieError, CollieTimeout, MismatchError, PeerError
 from .group import ProcessGroup, resolve, timeout_seconds, world
-from .ops import ReduceOp, as_op, check_op, kernel, scale
+from .ops import ReduceOp, as_op, average, check_op, kernel, scale
 from .schedule import COLLECTIVES
 from .tuner import Tuner
 from .work import CompletedWork, Work
@@ -325,7 +325,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
 
     if op.name == "AVG":
         def after():
-            scale(buf.flat, 1.0 / g.size, buf.dtype_name)
+            average(buf.flat, g.size, buf.dtype_name)
             buf.finish()
     else:
         after = buf.finish
@@ -357,7 +357,7 @@ def reduce(tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async
     def after():
         if g.rank == root:
             if op.name == "AVG":
-                scale(buf.flat, 1.0 / g.size, buf.dtype_name)
+                average(buf.flat, g.size, buf.dtype_name)
             buf.finish()
 
     return _run(g, "reduce", {"out": work}, {"out": (buf.count,)}, dtype_name=buf.dtype_name, op=op,
@@ -539,7 +539,7 @@ def _reduce_scatter(g, out: Buffer, joined: np.ndarray, sizes, op, dtype_name, a
 
     def after():
         if op.name == "AVG":
-            scale(out.flat, 1.0 / g.size, dtype_name)
+            average(out.flat, g.size, dtype_name)
         out.finish()
 
     # The meta word's count is the whole input, which every rank agrees on

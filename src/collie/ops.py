@@ -122,9 +122,22 @@ def kernel(op: ReduceOp, dtype_name: str) -> Callable[[np.ndarray, np.ndarray], 
 
 
 def scale(arr: np.ndarray, factor, dtype_name: str) -> None:
-    """arr *= factor in place (AVG's division, PREMUL_SUM's premultiply)."""
+    """arr *= factor in place (PREMUL_SUM's premultiply)."""
     if dtype_name == BFLOAT16:
         wide = _bf16_to_f32(arr) * np.float32(factor)
         _f32_to_bf16(wide, arr)
     else:
         np.multiply(arr, factor, out=arr, casting="unsafe")
+
+
+def average(arr: np.ndarray, n: int, dtype_name: str) -> None:
+    """arr /= n in place: AVG's last step. A division, not a multiplication
+    by 1/n, so that the result is the correctly rounded quotient (as
+    torch's): 7/3 in float32 is 2.3333333, where 7 * float32(1/3) gives
+    2.3333335."""
+    if dtype_name == BFLOAT16:
+        _f32_to_bf16(_bf16_to_f32(arr) / np.float32(n), arr)
+        return
+    if arr.dtype.kind == "c":  # each part by n (NumPy's complex division rounds worse)
+        arr = arr.view(arr.real.dtype)
+    np.divide(arr, n, out=arr, casting="unsafe")
