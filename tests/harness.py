@@ -32,6 +32,12 @@ import numpy as np
 _ctx = mp.get_context("fork")
 
 
+# Small shared-memory slots, single-copy threshold and window, for runs
+# whose larger calls should take the transport's multi-slot and slicing paths.
+SMALL_SHM = {"COLLIE_SHM_SLOT_BYTES": "4096", "COLLIE_SHM_SLOTS": "2", "COLLIE_SHM_CMA_BYTES": "8192",
+             "COLLIE_SHM_WINDOW_BYTES": "16384"}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -20,7 +20,7 @@ order), so each checks its own results locally. A failure names the call
 import numpy as np
 import pytest
 
-from harness import reduce_ops, reduced, run_ranks, same, small_ints
+from harness import SMALL_SHM, reduce_ops, reduced, run_ranks, same, small_ints
 
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather_into_tensor", "all_gather",
                "reduce_scatter_tensor", "reduce_scatter", "all_to_all_single", "all_to_all",
@@ -29,8 +29,6 @@ SCHEDULE_OF = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": 
                "all_to_all_single": "all_to_all"}  # the schedule family a call runs
 DTYPES = ("float32", "float64", "int32", "int64", "int8", "uint8", "float16", "complex64", "bool")
 LAYOUTS = ("plain", "plain", "strided", "torch", "in_place")
-SMALL_SHM = {"COLLIE_SHM_SLOT_BYTES": "4096", "COLLIE_SHM_SLOTS": "2", "COLLIE_SHM_CMA_BYTES": "8192",
-             "COLLIE_SHM_WINDOW_BYTES": "16384"}
 
 
 def _pass_as(x: np.ndarray, layout: str):
