@@ -320,3 +320,33 @@ def _sliced_uneven_body(rank, size):
 def test_shm_algorithm_slices_uneven_blocks_to_fit_the_window():
     results = run_ranks(_sliced_uneven_body, 4, backend="shm", env={"COLLIE_SHM_WINDOW_BYTES": "4096"})
     assert not any(results), results
+
+
+def _torch_213_names_body(rank, size):
+    from datetime import timedelta
+    import time
+    import collie
+    x = np.arange(4.0) + 10 * rank
+    gathered = np.zeros(4 * size)
+    collie.all_gather_single(gathered, x)
+    scattered = np.zeros(4)
+    collie.reduce_scatter_single(scattered, np.arange(4.0 * size) * (rank + 1))
+    if rank == size - 1:
+        time.sleep(3)  # never calls the barrier below before the others give up on it
+        return gathered, scattered, None
+    try:
+        collie.barrier(timeout=timedelta(seconds=1))
+    except collie.CollieTimeout as exc:
+        return gathered, scattered, exc.peers
+    return gathered, scattered, "passed"
+
+
+def test_torch_213_names_and_barrier_timeout():
+    # The group's timeout is 40 s, the harness gives up after 30: only the
+    # barrier's own 1 s timeout lets ranks 0 and 1 return in time.
+    results = run_ranks(_torch_213_names_body, 3, timeout=30, init_kwargs={"timeout": 40})
+    factor = sum(r + 1 for r in range(3))
+    for rank, (gathered, scattered, barrier) in enumerate(results):
+        assert gathered.tolist() == [float(v + 10 * r) for r in range(3) for v in range(4)]
+        assert scattered.tolist() == [float(factor * v) for v in range(4 * rank, 4 * rank + 4)]
+        assert barrier == (None if rank == 2 else (2,)), barrier

@@ -24,9 +24,9 @@ from .p2p import (P2POp, batch_isend_irecv, irecv, isend, recv, recv_object_list
 from .work import Work
 from .rendezvous import FileStore, Store, TCPStore
 from .ops import ReduceOp
-from .collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single,
-                          barrier, broadcast, gather, monitored_barrier, reduce, reduce_scatter,
-                          reduce_scatter_tensor, scatter)
+from .collectives import (all_gather, all_gather_into_tensor, all_gather_single, all_reduce, all_to_all,
+                          all_to_all_single, barrier, broadcast, gather, monitored_barrier, reduce,
+                          reduce_scatter, reduce_scatter_single, reduce_scatter_tensor, scatter)
 from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 
 __version__ = "0.1.0"
@@ -43,8 +43,9 @@ __all__ = [
     "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "send_object_list",
     "recv_object_list", "Work",
     # collectives
-    "ReduceOp", "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather",
-    "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier",
+    "ReduceOp", "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
+    "all_gather_single", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor",
+    "reduce_scatter_single", "all_to_all", "all_to_all_single", "barrier",
     "monitored_barrier",
     "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
     # errors

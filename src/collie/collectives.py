@@ -221,9 +221,10 @@ _PREPARED_PER_GROUP = 512
 
 def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_name: str,
          op: Optional[ReduceOp] = None, root: int = 0, count: int = 0, nbytes: int = 0,
-         algorithm: Optional[str] = None, async_op: bool = False, after=None):
+         algorithm: Optional[str] = None, async_op: bool = False, after=None, timeout=None):
     """Run collective ``name`` on the laid-out ``arrays``; ``after`` runs on
-    completion (copy-backs, AVG's division...)."""
+    completion (copy-backs, AVG's division...). ``timeout`` (seconds)
+    replaces the group's for this call."""
     # The op enters as its code: a call's program and meta word depend on
     # nothing else of it (PREMUL_SUM's factor is applied before the call),
     # and an int hashes without calling Python code.
@@ -237,16 +238,19 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
         prepared = cache[key] = _prepare(g, name, block_sizes, dtype_name, op, root, count, nbytes, algorithm)
     seq = g.seq
     g.seq += 1
+    if timeout is None:
+        timeout = g.timeout
     if async_op:
-        return _background().submit(lambda: _execute(g, name, prepared, arrays, seq, after), g.timeout)
+        return _background().submit(lambda: _execute(g, name, prepared, arrays, seq, after, timeout), timeout)
     background = world().background
     if background is not None:
         background.drain()
-    _execute(g, name, prepared, arrays, seq, after)
+    _execute(g, name, prepared, arrays, seq, after, timeout)
     return None
 
 
-def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq: int, after):
+def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq: int, after,
+             timeout: float):
     """Run call number ``seq`` of the group, then ``after``."""
     def describe(step: int) -> str:
         return (f"{name} (call #{seq} on group {g.name}, algorithm {prepared.choice.algorithm}, "
@@ -255,7 +259,7 @@ def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq:
     network = g.network
     try:
         engine.execute(prepared.program, arrays, network, g.collective_tag(seq), prepared.meta,
-                       describe, g.timeout)
+                       describe, timeout)
     except (MismatchError, PeerError) as exc:
         # Tell the group the root cause, so that ranks waiting on this one
         # report the dead peer or the mismatch, not just "rank r left".
@@ -618,13 +622,16 @@ def _splits(buf: Buffer, split_sizes, n: int, which: str) -> tuple:
 _BARRIER_TOKEN = np.zeros(0, dtype=np.uint8)
 
 
-def barrier(group=None, async_op: bool = False, device_ids=None, algorithm: Optional[str] = None):
-    """Return only once every rank of the group has called barrier."""
+def barrier(group=None, async_op: bool = False, device_ids=None, timeout=None,
+            algorithm: Optional[str] = None):
+    """Return only once every rank of the group has called barrier;
+    ``timeout`` (a timedelta or seconds) replaces the group's for this call."""
     g = _member(group, "barrier")
     if g.size == 1:
         return CompletedWork() if async_op else None
     return _run(g, "barrier", {"out": _BARRIER_TOKEN}, {"out": (0,)}, dtype_name="uint8",
-                algorithm=algorithm, async_op=async_op)
+                algorithm=algorithm, async_op=async_op,
+                timeout=None if timeout is None else timeout_seconds(timeout))
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
@@ -667,3 +674,15 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
                             f"{', '.join(map(str, missing))} did not reach it within {seconds:g}s",
                             tuple(missing))
     net.wait([net.isend(peer, tag, empty) for peer in g.ranks[1:]], timeout=seconds, describe=describe)
+
+
+def all_gather_single(output_tensor, input_tensor, group=None, async_op: bool = False,
+                      algorithm: Optional[str] = None):
+    """all_gather_into_tensor under torch 2.13's name for it."""
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algorithm)
+
+
+def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False,
+                          algorithm: Optional[str] = None):
+    """reduce_scatter_tensor under torch 2.13's name for it."""
+    return reduce_scatter_tensor(output, input, op, group, async_op, algorithm)

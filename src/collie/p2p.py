@@ -156,9 +156,10 @@ def batch_isend_irecv(p2p_op_list: list) -> list:
 
 
 def send_object_list(object_list: list, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
-                     device=None, group_dst: Optional[int] = None) -> None:
+                     device=None, group_dst: Optional[int] = None, use_batch: bool = False) -> None:
     """Send picklable objects to ``dst``, which calls recv_object_list with a
-    list of the same length."""
+    list of the same length. ``device`` and ``use_batch`` are torch's, and
+    change nothing here (the objects travel as two messages either way)."""
     g = resolve(group)
     peer = _peer(g, dst, group_dst, "dst", "send_object_list")
     payload = pickle.dumps(list(object_list), protocol=pickle.HIGHEST_PROTOCOL)
@@ -169,7 +170,7 @@ def send_object_list(object_list: list, dst: Optional[int] = None, group: Option
 
 
 def recv_object_list(object_list: list, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-                     device=None, group_src: Optional[int] = None) -> int:
+                     device=None, group_src: Optional[int] = None, use_batch: bool = False) -> int:
     """Receive objects sent by send_object_list into ``object_list`` (in
     place); returns the sender's global rank."""
     g = resolve(group)
