@@ -87,7 +87,7 @@ def _layers(rank: int) -> dict:
     def execute():
         seq = g.seq
         g.seq += 1
-        collectives._execute(g, "all_reduce", prepared, {"out": x}, seq, None)
+        collectives._execute(g, "all_reduce", prepared, {"out": x}, seq, None, g.timeout)
 
     def run():
         collectives._run(g, "all_reduce", {"out": x}, {"out": (2,)}, dtype_name="float32",
