@@ -838,12 +838,13 @@ def rank_main(cfg: Config, argv: list, where: str, mem: Optional[tuple], peer_ro
             write_plot(plot_path, everything)
 
 
-def _spawned_rank(rank: int, cfg: Config, argv, where, mem, peer_rows, json_path, plot_path,
-                  rows_path=None, banner=True) -> None:
+def _spawned_rank(rank: int, cfg: Config, argv, where, mem, peer_rows, rows_path, banner) -> None:
+    """A rank started by collie bench itself: rank 0 hands every row back in
+    ``rows_path`` (main() writes --json and --plot)."""
     import collie
     collie.init_process_group(backend=cfg.transport)
     try:
-        rank_main(cfg, argv, where, mem, peer_rows, json_path, plot_path, print_header=False,
+        rank_main(cfg, argv, where, mem, peer_rows, None, None, print_header=False,
                   rows_path=rows_path, banner=banner)
     finally:
         collie.destroy_process_group()
@@ -1027,18 +1028,17 @@ def main(argv: Optional[list] = None) -> int:
     peers = [peer for peer in peers if hints[peer] is None]
     from .launch import spawn
     try:
-        if not peers:
-            spawn(_spawned_rank, args=(cfg, argv, where, mem, [], opts.json, opts.plot), nprocs=n,
-                  start_method=start)
-            return 0
-        # Op by op: the peers, then collie's ranks, started anew for each op.
+        # With peers, op by op: the peers, then collie's ranks, started anew
+        # for each op. Rank 0 hands its rows back; --json and --plot are
+        # written here, from every batch's rows.
+        batches = [[op] for op in cfg.ops] if peers else [cfg.ops]
         everything: list = []
         with tempfile.TemporaryDirectory(prefix="collie-bench-") as tmp:
             rows_path = os.path.join(tmp, "rows.json")
-            for k, op in enumerate(cfg.ops):
-                one = cfg._replace(ops=[op])
-                peer_rows = [row for peer in peers for row in run_peer(peer, n, one)]
-                spawn(_spawned_rank, args=(one, argv, where, mem, peer_rows, None, None, rows_path, k == 0),
+            for k, ops in enumerate(batches):
+                part = cfg._replace(ops=ops)
+                peer_rows = [row for peer in peers for row in run_peer(peer, n, part)]
+                spawn(_spawned_rank, args=(part, argv, where, mem, peer_rows, rows_path, k == 0),
                       nprocs=n, start_method=start)
                 with open(rows_path) as f:
                     everything += json.load(f)
