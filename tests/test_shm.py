@@ -749,6 +749,22 @@ def test_single_copy_sends_in_flight_are_capped_by_the_acknowledgement_words(loc
     assert not a._out[1].pending and not b._in[0].posted
 
 
+def test_single_copy_message_already_waiting_is_read_as_the_receive_is_posted(local):
+    """A receive posted after its single-copy message came reads it inside
+    irecv and acknowledges it; one whose size differs fails there, and the
+    sender is still released."""
+    a, b = local(2, cma_bytes=64)
+    data = payload(0, 1, 1000)
+    first, second = a.isend(1, 1, mv(data)), a.isend(1, 2, mv(data))
+    got = np.zeros(1000, np.uint8)
+    ok = b.irecv(0, 1, mv(got))
+    assert ok.done and np.array_equal(got, data) and not b._in[0].busy  # no pass of progress needed
+    bad = b.irecv(0, 2, mv(np.zeros(999, np.uint8)))
+    assert isinstance(bad.error, MessageMismatch)
+    a.progress()
+    assert first.done and second.done and not a._out[1].pending
+
+
 def test_single_copy_send_fails_with_its_peer(local):
     a, b = local(2, cma_bytes=64)
     send = a.isend(1, 1, mv(payload(0, 1, 1000)))
@@ -831,8 +847,7 @@ def test_shared_copy_when_the_writer_takes_the_offer(local, monkeypatch, write_f
         def broken(*args):
             raise OSError(14, "Bad address")
         monkeypatch.setattr(cma, "write", broken)
-    recv = b.irecv(0, 1, mv(got))
-    b.progress()
+    recv = b.irecv(0, 1, mv(got))  # its message waits: read at once, with an offer
     assert len(b._in[0].shared) == 1 and not recv.finished  # the writer took the second half
     drive([a, b], [send, recv])
     check_ok([send, recv])
@@ -894,8 +909,7 @@ def test_shared_copy_fails_with_its_peer(local, monkeypatch):
     send = a.isend(1, 1, mv(payload(0, 1, 1000)))
     read = cma.read
     monkeypatch.setattr(cma, "read", lambda pid, dst, address: (a.progress(), read(pid, dst, address)))
-    recv = b.irecv(0, 1, mv(np.zeros(1000, np.uint8)))
-    b.progress()
+    recv = b.irecv(0, 1, mv(np.zeros(1000, np.uint8)))  # read at once, with an offer
     assert len(b._in[0].shared) == 1 and not recv.finished  # waiting for the writer's half
     err = PeerError("rank 0 died", 0)
     b.fail_peer(0, err)

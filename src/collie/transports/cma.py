@@ -21,30 +21,44 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import threading
 from typing import Optional
 
 import numpy as np
-
-
-class _IoVec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
 _functions: dict = {}
 
 
 def _function(name: str):
+    """process_vm_readv or _writev, called with ready-made ctypes arguments
+    (no argtypes: converting six Python arguments on every call cost more
+    than the system call itself for small reads)."""
     fn = _functions.get(name)
     if fn is None:
         libc = ctypes.CDLL(None, use_errno=True)
         fn = getattr(libc, name, None)
         if fn is None:
             raise OSError(errno.ENOSYS, f"{name} is not available")
-        fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p,
-                       ctypes.c_ulong, ctypes.c_ulong]
         fn.restype = ctypes.c_ssize_t
         _functions[name] = fn
     return fn
+
+
+_ONE, _NO_FLAGS = ctypes.c_ulong(1), ctypes.c_ulong(0)
+_IoVecPair = ctypes.c_ulong * 4  # local (base, len), then remote (base, len)
+
+
+class _Vectors(threading.local):
+    """Each thread's own iovec pair, made once: a transfer only fills it in."""
+
+    def __init__(self):
+        self.pair = _IoVecPair()
+        at = ctypes.addressof(self.pair)
+        self.local, self.remote = ctypes.c_void_p(at), ctypes.c_void_p(at + 16)
+
+
+_vectors = _Vectors()
 
 
 _YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
@@ -80,12 +94,12 @@ def _move(name: str, pid: int, local_at: int, remote_at: int, n: int) -> None:
     """n bytes between our address ``local_at`` and ``remote_at`` in process
     ``pid``, with process_vm_readv or _writev (which may move fewer per call)."""
     fn = _function(name)
-    local, remote = _IoVec(), _IoVec()
+    vectors = _vectors
+    pair = vectors.pair
     done = 0
     while done < n:
-        local.base, local.len = local_at + done, n - done
-        remote.base, remote.len = remote_at + done, n - done
-        got = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        pair[0], pair[1], pair[2], pair[3] = local_at + done, n - done, remote_at + done, n - done
+        got = fn(pid, vectors.local, _ONE, vectors.remote, _ONE, _NO_FLAGS)
         if got <= 0:
             err = ctypes.get_errno() if got < 0 else errno.EFAULT
             raise OSError(err, f"{name} with pid {pid}: {os.strerror(err)}")

@@ -152,6 +152,19 @@ def _put(out: "_Out", tag: int, meta: int, nbytes: int, offset: int, piece: memo
     ring.head[0] = out.head  # after the payload: see "Memory ordering"
 
 
+def _may_rendezvous(out: "_Out") -> bool:
+    """Whether the next single-copy send's acknowledgement word is free."""
+    return not out.pending or out.next_id + 1 - next(iter(out.pending)) < _ACKS
+
+
+def _rendezvous(out: "_Out", send: "_Send") -> None:
+    """Post a single-copy send (the ring has room): one slot saying where its
+    bytes are. It is done once the reader acknowledges it."""
+    out.next_id += 1
+    _put(out, send.tag, send.meta, send.nbytes, _RDV, _RDV_BODY.pack(cma.address(send.data), out.next_id))
+    out.pending[out.next_id] = send
+
+
 def _seen_tail(out: "_Out") -> int:
     """Re-read how far the reader of ``out``'s ring has got (when it looks full)."""
     out.tail = out.ring.tail[0]
@@ -572,13 +585,24 @@ class ShmTransport(Transport):
         meta &= _MASK64
         nbytes = data.nbytes
         ring = out.ring
-        if (out.error is None and not out.queue and nbytes <= ring.slot_bytes and nbytes < out.cma_bytes
+        if (out.error is None and not out.queue
                 and (out.head - out.tail < ring.slots or out.head - _seen_tail(out) < ring.slots)):
-            # The fast path: the whole message fits in a free slot, and is
-            # sent once written there.
-            _put(out, tag, meta, nbytes, 0, data)
-            out.bell.wake()
-            return _Sent(peer, tag, nbytes)
+            if nbytes <= ring.slot_bytes and nbytes < out.cma_bytes:
+                # The fast path of small messages: the whole message fits in
+                # a free slot, and is sent once written there.
+                _put(out, tag, meta, nbytes, 0, data)
+                out.bell.wake()
+                return _Sent(peer, tag, nbytes)
+            if nbytes >= out.cma_bytes and _may_rendezvous(out):
+                # The fast path of single-copy messages: say where the bytes
+                # are; the send is done once the reader acknowledges it.
+                req = _Send(peer, tag, data, meta)
+                _rendezvous(out, req)
+                out.bell.wake()
+                if not out.busy:
+                    out.busy = True
+                    self._out_busy.append(out)
+                return req
         req = _Send(peer, tag, data, meta)
         if out.error is not None:
             req.error = out.error
@@ -624,20 +648,29 @@ class ShmTransport(Transport):
         return req
 
     def _take_waiting(self, inb: _In, req: _Recv) -> bool:
-        """Complete ``req`` at once if the next message in the ring is its
-        own and whole in one slot: a receive posted after its message came
-        (in a lockstep exchange, the later rank's), with nothing else read or
+        """Take ``req``'s message at once if it is next in the ring, whole in
+        one slot or single copy: a receive posted after its message came (in
+        a lockstep exchange, the later rank's), with nothing else read or
         awaited from this peer (``inb`` not busy). It then skips the books of
         posted receives and a pass of progress. Anything else (another tag,
-        a mismatch, a single-copy or a multi-slot message) is left to
-        progress(), which handles every case."""
+        a mismatch in the ring, a multi-slot message) is left to progress(),
+        which handles every case."""
         ring = inb.ring
         tail = inb.tail
         if ring.head[0] == tail:
             return False
         k = tail % ring.slots
         tag, meta, nbytes, offset, _ = _HEADER.unpack_from(ring.mm, ring.headers + k * _LINE)
-        if (tag != req.tag or offset != 0 or nbytes != req.nbytes or nbytes > ring.slot_bytes
+        if tag != req.tag:
+            return False
+        if offset == _RDV:
+            rdv = _RDV_BODY.unpack_from(ring.mm, ring.offsets[k])
+            inb.tail = tail + 1
+            ring.tail[0] = tail + 1
+            _freed(inb, tail)
+            self._read_single_copy(inb, req, nbytes, meta, rdv)  # acknowledges, mismatch or not
+            return True
+        if (offset != 0 or nbytes != req.nbytes or nbytes > ring.slot_bytes
                 or (req.meta is not None and req.meta != meta)):
             return False
         if not nbytes or _deliver(req, 0, ring.payload[k] if nbytes == ring.slot_bytes else ring.payload[k][:nbytes]):
@@ -723,13 +756,9 @@ class ShmTransport(Transport):
                         break
                 send = queue[0]
                 if send.nbytes >= out.cma_bytes:
-                    if out.pending and out.next_id + 1 - next(iter(out.pending)) >= _ACKS:
+                    if not _may_rendezvous(out):
                         break  # its acknowledgement word is still taken
-                    out.next_id += 1
-                    _put(out, send.tag, send.meta, send.nbytes, _RDV,
-                         _RDV_BODY.pack(cma.address(send.data), out.next_id))
-                    queue.popleft()
-                    out.pending[out.next_id] = send  # done once the reader acknowledges
+                    _rendezvous(out, queue.popleft())
                     wrote = True
                     continue
                 n = min(size, send.nbytes - send.offset)
