@@ -23,10 +23,18 @@ import collie
 def _call(op: str, nbytes: int):
     x = np.zeros(max(1, nbytes // 4), np.float32)
     out, single = np.zeros(2 * x.size, np.float32), np.zeros(x.size, np.float32)
+    peer = 1 - collie.get_rank()
+    pair = [collie.P2POp(collie.isend, x, peer), collie.P2POp(collie.irecv, single, peer)]
+
+    def sendrecv():  # as `collie bench` runs it
+        for work in collie.batch_isend_irecv(pair):
+            work.wait()
+
     return {"all_reduce": lambda: collie.all_reduce(x),
             "broadcast": lambda: collie.broadcast(x, src=1),  # rank 0 receives
             "all_gather": lambda: collie.all_gather_into_tensor(out, x),
-            "all_to_all": lambda: collie.all_to_all_single(single, x)}[op]
+            "all_to_all": lambda: collie.all_to_all_single(single, x),
+            "sendrecv": sendrecv}[op]
 
 
 def body(rank: int, op: str, nbytes: int, calls: int) -> None:
@@ -75,7 +83,7 @@ def report(executed: Counter, entered: Counter, op: str, nbytes: int, calls: int
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--op", default="all_reduce", choices=("all_reduce", "broadcast", "all_gather", "all_to_all"))
+    p.add_argument("--op", default="all_reduce", choices=("all_reduce", "broadcast", "all_gather", "all_to_all", "sendrecv"))
     p.add_argument("--bytes", type=int, default=8)
     p.add_argument("--calls", type=int, default=200)
     opts = p.parse_args(argv)
