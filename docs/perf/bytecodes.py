@@ -1,7 +1,7 @@
 """Where a small call's Python goes, counted rather than timed: the bytecodes
 each function of collie executes per call, on rank 0 of 2.
 
-    python docs/perf/bytecodes.py [--op all_reduce] [--bytes 8] [--calls 200]
+    python docs/perf/bytecodes.py [--op all_reduce|...|sendrecv] [--bytes 8] [--calls 200]
 
 Timings on a shared 2-core machine move by 20-100% between runs; bytecode
 counts do not (rank 0 runs traced, about fifty times slower, so its peer's
@@ -83,7 +83,8 @@ def report(executed: Counter, entered: Counter, op: str, nbytes: int, calls: int
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--op", default="all_reduce", choices=("all_reduce", "broadcast", "all_gather", "all_to_all", "sendrecv"))
+    p.add_argument("--op", default="all_reduce",
+                   choices=("all_reduce", "broadcast", "all_gather", "all_to_all", "sendrecv"))
     p.add_argument("--bytes", type=int, default=8)
     p.add_argument("--calls", type=int, default=200)
     opts = p.parse_args(argv)
