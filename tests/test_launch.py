@@ -332,6 +332,60 @@ def test_spawn_child_exit(out, how, code, name):
     assert not any(_alive(pid) for pid in _pids(out).values())
 
 
+class _StandIn:
+    """What SpawnContext.join reads of a process. ``exit_after`` reads of
+    exitcode say None, the next ones ``code``; ``sentinel`` is readable once
+    the process has exited (here: at once, as a closed pipe)."""
+
+    def __init__(self, pid: int, code, exit_after: int):
+        self.pid, self._code, self._reads = pid, code, exit_after
+        read, write = os.pipe()
+        if code is not None:
+            os.close(write)  # a sentinel at end of file: the process is gone
+        else:
+            self._keep = write  # never readable: the process runs on
+        self.sentinel = read
+        self.terminated = False
+
+    def close(self):
+        os.close(self.sentinel)
+        if self._code is None:
+            os.close(self._keep)
+
+    @property
+    def exitcode(self):
+        if self.terminated:
+            return -signal.SIGTERM
+        self._reads -= 1
+        return None if self._reads >= 0 or self._code is None else self._code
+
+    def terminate(self):
+        self.terminated = True
+
+    def join(self, timeout=None):
+        pass
+
+    def kill(self):
+        self.terminated = True
+
+
+def test_join_sees_a_rank_that_exits_between_two_looks():
+    """A rank that fails after join() looked at the exit codes, before it
+    chose what to wait on, must still end the wait: join() once slept on
+    the other ranks alone (caught under load, fork-started ranks)."""
+    from collie.launch import SpawnContext
+    sleeper, failing = _StandIn(1001, None, 0), _StandIn(1002, 3, exit_after=1)
+    ctx = SpawnContext([sleeper, failing], [], "standin" + uuid.uuid4().hex[:6])
+    start = time.monotonic()
+    try:
+        with pytest.raises(ProcessExitedException, match="rank 1 .*exited with code 3"):
+            ctx.join(timeout=5)
+        assert time.monotonic() - start < 2 and sleeper.terminated
+    finally:
+        sleeper.close()
+        failing.close()
+
+
 def test_spawn_join_false():
     ctx = spawn(_sleep, args=(0.5,), nprocs=2, start_method="fork", join=False)
     try:

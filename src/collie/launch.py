@@ -366,26 +366,25 @@ class SpawnContext:
         try:
             while True:
                 self._read_errors()
-                # A rank that reported an exception has failed, whatever its
-                # exit status says. In a hang caught under load (fork-started
-                # ranks), the rank that raised was gone and its report read,
-                # yet join waited on the other rank only, as if that rank had
-                # exited 0; why is not established.
-                failed = [i for i, p in enumerate(self.processes)
-                          if i in self._errors or p.exitcode not in (None, 0)]
+                # One look at the exit codes per pass: a rank that exits
+                # after it must still be waited on below, or join() would
+                # sleep on the other ranks alone (a rank that closed its
+                # report pipe and exited between two looks hung it so).
+                codes = [p.exitcode for p in self.processes]
+                # A rank that reported an exception has failed, before its
+                # exit status is in.
+                failed = [i for i, code in enumerate(codes) if i in self._errors or code not in (None, 0)]
                 if failed:
                     self._finish()
                     raise self._error(failed[0])
-                if all(p.exitcode == 0 for p in self.processes):
+                if all(code == 0 for code in codes):
                     self._finish()
                     return True
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                waitables = [p.sentinel for p in self.processes if p.exitcode is None]
-                waitables += list(self._readers.values())
-                if waitables:  # none: every rank exited since the checks above; look again
-                    wait_any(waitables, timeout=left)
+                waitables = [p.sentinel for p, code in zip(self.processes, codes) if code is None]
+                wait_any(waitables + list(self._readers.values()), timeout=left)
         except BaseException:
             self._finish()  # also on KeyboardInterrupt in the parent: no orphans
             raise
