@@ -18,6 +18,7 @@ destroy_process_group. It is also reachable as ``collie.group.WORLD``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Optional, Sequence
@@ -220,7 +221,6 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=
 def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
     """This process's rank on its machine, from LOCAL_RANK (set by collie
     run and torchrun), else ``fallback_rank``, as in torch."""
-    import os
     if "LOCAL_RANK" in os.environ:
         return int(os.environ["LOCAL_RANK"])
     if fallback_rank is not None:
@@ -231,7 +231,6 @@ def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
 
 def is_torchelastic_launched() -> bool:
     """Whether torchrun started this process (it sets TORCHELASTIC_RUN_ID)."""
-    import os
     return os.environ.get("TORCHELASTIC_RUN_ID") is not None
 
 
@@ -423,7 +422,6 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
 def _store_job_id(store, rank: int) -> str:
     """A job id every rank agrees on, for a store the user gave us."""
     if rank == 0:
-        import os
         store.set("collie/job_id", os.urandom(6).hex().encode())
     return store.get("collie/job_id").decode()
 
