@@ -233,14 +233,14 @@ def test_monitored_barrier_names_the_ranks_that_did_not_come():
 
 def test_backend_names_follow_torch():
     import collie
-    from collie.group import _transport
+    from collie.group import _transports_for
     assert collie.Backend("GLOO") == collie.Backend.GLOO == "gloo" and collie.Backend("tcp") == "tcp"
     with pytest.raises(ValueError, match="Invalid backend"):
         collie.Backend("carrier-pigeon")
-    assert [_transport(b) for b in (None, "gloo", "cpu:gloo,cuda:nccl", "SHM", "tcp")] == \
+    assert [_transports_for(b) for b in (None, "gloo", "cpu:gloo,cuda:nccl", "SHM", "tcp")] == \
         ["auto", "auto", "auto", "shm", "tcp"]
     for bad in ("nccl", "cuda:nccl", "mpi"):
         with pytest.raises(ValueError, match="'nccl' and other GPU backends do not apply"):
-            _transport(bad)
+            _transports_for(bad)
     assert collie.is_available() and collie.is_gloo_available() and not collie.is_nccl_available()
     assert collie.is_backend_available("gloo") and not collie.is_backend_available("nccl")

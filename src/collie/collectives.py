@@ -166,9 +166,19 @@ def _background() -> _Background:
     return w.background
 
 
+def _after_async_calls() -> None:
+    """Wait for this process's earlier async calls: a blocking call runs
+    after them, in the order the ranks issued them."""
+    background = world().background
+    if background is not None:
+        background.drain()
+
+
 # ---- the shared path of every collective ----
 
 def _transport(g: ProcessGroup) -> str:
+    """"shm" when every peer of the group is on this host, else "tcp": what
+    the tuner's rules key on."""
     kinds = {g.network.backend_of[r] for r in g.ranks if r != g.network.rank}
     return "shm" if kinds <= {"shm"} else "tcp"
 
@@ -242,9 +252,7 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
         timeout = g.timeout
     if async_op:
         return _background().submit(lambda: _execute(g, name, prepared, arrays, seq, after, timeout), timeout)
-    background = world().background
-    if background is not None:
-        background.drain()
+    _after_async_calls()
     _execute(g, name, prepared, arrays, seq, after, timeout)
     return None
 
@@ -644,9 +652,7 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
     if g.size == 1:
         return
     seconds = g.timeout if timeout is None else timeout_seconds(timeout)
-    background = world().background
-    if background is not None:
-        background.drain()  # earlier async calls come first, as for any blocking call
+    _after_async_calls()
     seq = g.seq  # a collective's number and tag: no user message can match it
     g.seq += 1
     tag, net, first = g.collective_tag(seq), g.network, g.ranks[0]

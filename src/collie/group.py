@@ -312,7 +312,7 @@ class Backend(str):
         return value
 
 
-def _transport(backend: Optional[str]) -> str:
+def _transports_for(backend: Optional[str]) -> str:
     """collie's transports for a backend name: its own ("auto", "shm",
     "tcp"), torch's CPU backend "gloo" (as "auto"), None (torch's "pick
     one", also "auto"), or torch's "device:backend" lists, whose cpu entry
@@ -342,7 +342,7 @@ def is_available() -> bool:
 def is_backend_available(backend: str) -> bool:
     """Whether init_process_group takes ``backend`` (collie's names and "gloo")."""
     try:
-        _transport(backend)
+        _transports_for(backend)
     except (TypeError, ValueError):
         return False
     return True
@@ -387,7 +387,7 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
 
     if _world is not None:
         raise CollieError("init_process_group was already called; call destroy_process_group() first")
-    transport = _transport(backend)
+    transport = _transports_for(backend)
     seconds = timeout_seconds(timeout)
     tok = token_from_env(token)
     if store is not None:
