@@ -586,30 +586,27 @@ class ShmTransport(Transport):
         meta &= _MASK64
         nbytes = data.nbytes
         ring = out.ring
-        if (out.error is None and not out.queue
-                and (out.head - out.tail < ring.slots or out.head - _seen_tail(out) < ring.slots)):
-            if nbytes <= ring.slot_bytes and nbytes < out.cma_bytes:
-                # The fast path of small messages: the whole message fits in
-                # a free slot, and is sent once written there.
-                _put(out, tag, meta, nbytes, 0, data)
-                out.bell.wake()
-                return _Sent(peer, tag, nbytes)
-            if nbytes >= out.cma_bytes and _may_rendezvous(out):
-                # The fast path of single-copy messages: say where the bytes
-                # are; the send is done once the reader acknowledges it.
-                req = _Send(peer, tag, data, meta)
-                _rendezvous(out, req)
-                out.bell.wake()
-                if not out.busy:
-                    out.busy = True
-                    self._out_busy.append(out)
-                return req
+        room = (out.error is None and not out.queue
+                and (out.head - out.tail < ring.slots or out.head - _seen_tail(out) < ring.slots))
+        if room and nbytes <= ring.slot_bytes and nbytes < out.cma_bytes:
+            # The fast path of small messages: the whole message fits in a
+            # free slot, and is sent once written there.
+            _put(out, tag, meta, nbytes, 0, data)
+            out.bell.wake()
+            return _Sent(peer, tag, nbytes)
         req = _Send(peer, tag, data, meta)
         if out.error is not None:
             req.error = out.error
             return req
-        out.queue.append(req)
-        self._push(out)
+        if room and nbytes >= out.cma_bytes and _may_rendezvous(out):
+            # The fast path of single-copy messages: say where the bytes are
+            # at once, without the queue; the send is done once the reader
+            # acknowledges it.
+            _rendezvous(out, req)
+            out.bell.wake()
+        else:
+            out.queue.append(req)
+            self._push(out)
         if (out.queue or out.pending) and not out.busy:
             out.busy = True
             self._out_busy.append(out)
