@@ -35,7 +35,7 @@ from .group import ProcessGroup, resolve, timeout_seconds, world
 from .ops import ReduceOp, as_op, average, check_op, kernel, scale
 from .schedule import COLLECTIVES
 from .tuner import Tuner
-from .work import CompletedWork, Work
+from .work import CompletedWork, Work, wait_seconds
 
 __all__ = ["ReduceOp", "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
            "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
@@ -137,11 +137,9 @@ class AsyncWork(Work):
         self._timeout = timeout
 
     def wait(self, timeout=None) -> bool:
-        if hasattr(timeout, "total_seconds"):
-            timeout = timeout.total_seconds()
         # The call itself times out after the group's timeout; waiting a
         # little longer than that turns a lost thread into an error too.
-        limit = timeout if timeout is not None else self._timeout + 30
+        limit = wait_seconds(timeout, self._timeout + 30)
         if not self._event.wait(limit):
             raise CollieError(f"asynchronous collective did not finish within {limit:g}s")
         self._finished = True
@@ -635,11 +633,11 @@ def barrier(group=None, async_op: bool = False, device_ids=None, timeout=None,
     """Return only once every rank of the group has called barrier;
     ``timeout`` (a timedelta or seconds) replaces the group's for this call."""
     g = _member(group, "barrier")
+    seconds = timeout_seconds(timeout, "barrier", default=g.timeout)
     if g.size == 1:
         return CompletedWork() if async_op else None
     return _run(g, "barrier", {"out": _BARRIER_TOKEN}, {"out": (0,)}, dtype_name="uint8",
-                algorithm=algorithm, async_op=async_op,
-                timeout=None if timeout is None else timeout_seconds(timeout))
+                algorithm=algorithm, async_op=async_op, timeout=seconds)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
@@ -649,9 +647,9 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
     did not come (every one, with ``wait_all_ranks``); the others wait for
     its answer. For debugging hangs: it costs 2(n-1) messages through one rank."""
     g = _member(group, "monitored_barrier")
+    seconds = timeout_seconds(timeout, "monitored_barrier", default=g.timeout)
     if g.size == 1:
         return
-    seconds = g.timeout if timeout is None else timeout_seconds(timeout)
     _after_async_calls()
     seq = g.seq  # a collective's number and tag: no user message can match it
     g.seq += 1

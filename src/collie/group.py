@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Optional, Sequence
 
 from .errors import CollieError
+from .rendezvous import DEFAULT_TIMEOUT, _seconds
 
 TAG_BITS = 47                     # bits for a user tag or a collective's sequence number
 MAX_TAG = (1 << TAG_BITS) - 1
@@ -117,12 +118,18 @@ def resolve(group: Optional[ProcessGroup]) -> ProcessGroup:
     return group
 
 
-def timeout_seconds(timeout) -> float:
-    if isinstance(timeout, timedelta):
-        return timeout.total_seconds()
-    if timeout is None:
-        return 300.0
-    return float(timeout)
+def timeout_seconds(timeout, where: str, default: Optional[float] = None) -> float:
+    """A user's timeout (a timedelta or seconds) as seconds; None means
+    ``default`` (None: collie's 5 minutes). Every public call that takes a
+    timeout comes through here before it sends anything, so a negative or
+    NaN one is a ValueError naming the call (``where``) and the value. The
+    rule itself is the store's (rendezvous._seconds): one rule for both."""
+    if default is None:
+        default = DEFAULT_TIMEOUT.total_seconds()
+    try:
+        return _seconds(timeout, default)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def _agree_context(parent: ProcessGroup, count: int, extra=()) -> tuple[int, list]:
@@ -165,8 +172,8 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout=None, backend=None,
         members.sort()
     if not members:
         raise ValueError("new_group: ranks must not be empty")
+    seconds = timeout_seconds(timeout, "new_group", default=w.group.timeout)
     context, _ = _agree_context(w.group, 1)
-    seconds = w.group.timeout if timeout is None else timeout_seconds(timeout)
     group = ProcessGroup(w.network, members, context, seconds, group_desc or f"group{context}")
     w.groups.append(group)
     return group
@@ -210,6 +217,8 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=
                 raise ValueError(f"new_subgroups_by_enumeration: rank {r} is in subgroup {seen[r]} "
                                  f"and in subgroup {i}")
             seen[r] = i
+    if timeout is not None:  # checked once, before the first group is made
+        timeout = timeout_seconds(timeout, "new_subgroups")
     me = world().network.rank
     subgroups = [new_group(list(ranks), timeout=timeout,
                            group_desc=f"{group_desc}_{i}" if group_desc else None)
@@ -388,7 +397,7 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
     if _world is not None:
         raise CollieError("init_process_group was already called; call destroy_process_group() first")
     transport = _transports_for(backend)
-    seconds = timeout_seconds(timeout)
+    seconds = timeout_seconds(timeout, "init_process_group")
     tok = token_from_env(token)
     if store is not None:
         if rank is None or rank < 0 or world_size is None or world_size < 1:

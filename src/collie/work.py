@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Callable, Optional
+
+from .group import timeout_seconds
 
 
 class Work:
@@ -28,12 +29,11 @@ class Work:
         self._result = None
 
     def wait(self, timeout=None) -> bool:
-        """Block until complete; True on success, raises on failure."""
+        """Block until complete; True on success, raises on failure.
+        ``timeout`` (a timedelta or seconds) bounds this wait; None, or
+        zero as torch's default ``timedelta(0)``, leaves the call's own."""
         if not self._finished:
-            if timeout is None:
-                timeout = self._timeout
-            elif isinstance(timeout, timedelta):
-                timeout = timeout.total_seconds()
+            timeout = wait_seconds(timeout, self._timeout)
             try:
                 self._network.wait(self._requests, timeout=timeout, describe=self._describe)
                 if self._on_done is not None:
@@ -81,3 +81,13 @@ class CompletedWork(Work):
         super().__init__(None, (), lambda: "")
         self._finished = True
         self._result = result
+
+
+def wait_seconds(timeout, own: Optional[float]) -> Optional[float]:
+    """How long a Work.wait(timeout) waits: the given timeout, or the call's
+    ``own`` for None and for zero, which torch's Work.wait means as "no
+    timeout of its own" (its default is timedelta(0))."""
+    if timeout is None:
+        return own
+    seconds = timeout_seconds(timeout, "Work.wait")
+    return own if seconds == 0 else seconds
