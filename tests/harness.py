@@ -10,9 +10,9 @@ becomes a test failure rather than a stuck suite. ``expect_errors=True``
 returns exceptions (re-created from their type name and message) in place
 of results instead of failing.
 
-Bodies check results against NumPy with the helpers at the end: small_ints
-(inputs exact in any order), reduce_ops (the ops a dtype takes), reduced (the
-reference) and same.
+Bodies check results against NumPy with collie.soak's reference, imported
+here: small_ints (inputs exact in any order), reduce_ops (the ops a dtype
+takes), reduced (the reference) and same.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ import socket
 import time
 import traceback
 import uuid
-import zlib
 
-import numpy as np
+from collie.soak import reduce_ops, reduced, same, small_ints  # noqa: F401 - for the tests
 
 _ctx = mp.get_context("fork")
 
@@ -156,59 +155,3 @@ def shm_leftovers(job: str | None = None) -> list[str]:
         return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
     except FileNotFoundError:
         return []
-
-
-def small_ints(seed: str, count: int, dtype: str) -> np.ndarray:
-    """Deterministic small integers (1..3; 0/1 for bool; complex parts too)
-    of ``dtype``, so that sums and products are exact in any order. The seed
-    is hashed with crc32, not hash(), so any process computes the same data."""
-    rng = np.random.default_rng(zlib.crc32(seed.encode()))
-    if dtype == "bool":
-        return rng.integers(0, 2, count).astype(bool)
-    values = rng.integers(1, 4, count)
-    if np.dtype(dtype).kind == "c":
-        return (values + 1j * rng.integers(0, 3, count)).astype(dtype)
-    return values.astype(dtype)
-
-
-def reduce_ops(dtype: str) -> list:
-    """The reduce ops collie takes for ``dtype``."""
-    import collie
-    kind = np.dtype(dtype).kind
-    ops = [collie.ReduceOp.SUM]
-    if kind in "biu":
-        ops += [collie.ReduceOp.BAND, collie.ReduceOp.BOR, collie.ReduceOp.BXOR]
-    if kind != "c":
-        ops += [collie.ReduceOp.MIN, collie.ReduceOp.MAX]
-    if kind in "fc":
-        ops += [collie.ReduceOp.AVG, collie.ReduceOp.PREMUL_SUM(2.0), collie.ReduceOp.PRODUCT]
-    return ops
-
-
-def reduced(op, arrays, n: int) -> np.ndarray:
-    """NumPy's answer for reducing ``arrays`` (of ``n`` ranks) with ``op``."""
-    name = op.name
-    if name in ("SUM", "AVG", "PREMUL_SUM"):
-        if arrays[0].dtype == bool:
-            out = np.logical_or.reduce(arrays)
-        else:
-            factor = op.factor if name == "PREMUL_SUM" else 1
-            out = np.sum([a * factor for a in arrays], axis=0).astype(arrays[0].dtype)
-        if name == "AVG":
-            out = (out / n).astype(arrays[0].dtype)
-        return out
-    ufunc = {"PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
-             "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[name]
-    if arrays[0].dtype == bool and name == "PRODUCT":
-        ufunc = np.logical_and
-    return ufunc.reduce(arrays).astype(arrays[0].dtype)
-
-
-def same(a, b) -> bool:
-    """Equal, or for floating dtypes close (AVG divides)."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape:
-        return False
-    if a.dtype.kind in "fc":
-        return np.allclose(a, b, rtol=2e-3, atol=1e-3)
-    return np.array_equal(a, b)
