@@ -45,8 +45,22 @@ def test_the_table_names_every_figure():
     assert verdict.startswith("no wrong result") and "RSS growth" in verdict and "fd growth" in verdict
 
 
+def test_a_fault_run_reports_each_survivor_and_the_times():
+    proc = _soak("-n", "3", "--fault", "kill", "--runs", "2", "--backend", "tcp", "--seed", "5")
+    run1, run2, summary = proc.stdout.strip().splitlines()
+    assert run1.startswith("seed 5: kill rank ") and run2.startswith("seed 6: kill rank "), proc.stdout
+    assert run1.count(" ms") == 2 and "PeerError" in run1, run1
+    assert summary.startswith("time to error after kill, tcp, 3 ranks, 2 runs: 4 of 4 survivors raised, ")
+    assert "min " in summary and "median " in summary and "max " in summary, summary
+    # the exit status is the verdict: 1 exactly when a survivor did not name the dead rank
+    named = int(summary.split("survivors raised, ")[1].split()[0])
+    assert proc.returncode == (0 if named == 4 else 1), proc.stderr
+    assert proc.stderr.count("collie soak: seed ") == 4 - named, proc.stderr
+
+
 def test_bad_arguments_exit_2():
-    for args in (["-n", "0"], ["--calls", "0"], ["--fault", "burn"], ["-n", "1", "--fault", "kill"]):
+    for args in (["-n", "0"], ["--calls", "0"], ["--fault", "burn"], ["-n", "1", "--fault", "kill"],
+                 ["--fault", "stop", "--timeout", "-1"], ["--fault", "stop", "--timeout", "nan"]):
         proc = _soak(*args)
         assert proc.returncode == 2 and "collie soak" in proc.stderr, (args, proc.stderr)
 
