@@ -7,12 +7,19 @@ hands the schedule to the engine. src/dst are global ranks, as in torch
 (group_src/group_dst are ranks within the group).
 
 Mismatch detection: every message of a collective carries a 64-bit *meta*
-word packing the collective, dtype, reduce op, root and element count of the
-sender's call, and every receive checks it against its own call. A rank that
-finds a difference raises MismatchError naming both calls and tells the
-group's other ranks, which raise MismatchError too instead of waiting. The
-check costs a few integer operations per call and nothing on the wire
-(the word rides in the header every message has anyway).
+word packing the collective, dtype, reduce op, root, algorithm and element
+count of the sender's call, and every receive checks it against its own call
+(and its size: splits that disagree). A rank that finds a difference raises
+MismatchError naming both calls and tells the group's other ranks, which
+raise MismatchError too, in their current call or, if they already finished
+it, in their next one. A rank can finish a call without receiving anything
+from a peer that called it differently (two ranks that each think they are a
+broadcast's root only send): data that arrives for a call this rank has
+finished is such a difference too (Network._unexpected), and a rooted call
+looks for it as it ends. Ranks stuck for a second in calls that exchange
+nothing tell each other what they called (Network._check_states). The checks
+cost a few integer operations per call and nothing on the wire (the word
+rides in the header every message has anyway).
 
 Asynchronous calls (async_op=True) run in call order on one background
 thread per process; a blocking call first waits for those to finish, so
@@ -31,7 +38,7 @@ import numpy as np
 from . import algorithms, engine
 from .arrays import Buffer
 from .errors import CollieError, CollieTimeout, MismatchError, PeerError
-from .group import ProcessGroup, resolve, timeout_seconds, world
+from .group import LEAVE_CONTEXT, ProcessGroup, resolve, timeout_seconds, world
 from .ops import ReduceOp, as_op, average, check_op, kernel, scale
 from .schedule import COLLECTIVES
 from .tuner import Tuner
@@ -48,7 +55,11 @@ _DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64
            "clongdouble")
 _DTYPE_CODES = {name: i for i, name in enumerate(_DTYPES)}
 _OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "PREMUL_SUM")
-_COUNT_BITS = 34
+# Every algorithm name of every collective, in a fixed order (15: another one).
+_ALGORITHMS = ("direct", "ring", "tree", "dbtree", "recursive_doubling", "rabenseifner", "bruck",
+               "pairwise", "shm")
+_ALGORITHM_CODES = {name: i for i, name in enumerate(_ALGORITHMS)}
+_COUNT_BITS = 30  # counts compare modulo 2**30 here; a message's size is checked too
 
 _tuner: Optional[Tuner] = None
 
@@ -62,11 +73,13 @@ def tuner() -> Tuner:
 
 # ---- the meta word: what each rank called ----
 
-def pack_meta(collective: str, dtype_name: str, op: Optional[ReduceOp], root: int, count: int) -> int:
+def pack_meta(collective: str, dtype_name: str, op: Optional[ReduceOp], root: int, count: int,
+              algorithm: str = "") -> int:
+    """bits 0-3 collective, 4-8 dtype, 9-12 op, 13-28 root, 29-32 algorithm, 33-62 count."""
     code = _DTYPE_CODES.get(dtype_name, 31)
     opc = 15 if op is None else op.code
     return (_CODES[collective] | code << 4 | opc << 9 | (root & 0xFFFF) << 13
-            | (count & ((1 << _COUNT_BITS) - 1)) << 29)
+            | _ALGORITHM_CODES.get(algorithm, 15) << 29 | (count & ((1 << _COUNT_BITS) - 1)) << 33)
 
 
 def meta_text(meta: int) -> str:
@@ -75,12 +88,14 @@ def meta_text(meta: int) -> str:
     code = (meta >> 4) & 0x1F
     opc = (meta >> 9) & 0xF
     root = (meta >> 13) & 0xFFFF
-    count = meta >> 29
+    algorithm = (meta >> 29) & 0xF
+    count = meta >> 33
     parts = [f"dtype={_DTYPES[code] if code < len(_DTYPES) else '?'}", f"count={count}"]
     if opc != 15:
         parts.append(f"op={_OPS[opc]}")
     if COLLECTIVES.get(coll) is not None and COLLECTIVES[coll].rooted:
         parts.append(f"root={root} (group rank)")
+    parts.append(f"algorithm={_ALGORITHMS[algorithm] if algorithm < len(_ALGORITHMS) else '?'}")
     return f"{coll}({', '.join(parts)})"
 
 
@@ -202,6 +217,7 @@ class _Prepared(NamedTuple):
     program: engine.Program   # the plan, bound to the dtype, op and group
     meta: int
     nsteps: int               # steps of the whole call, for error messages
+    rooted: bool              # a rank may finish it without hearing from every peer
 
 
 def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op, root: int, count: int,
@@ -220,8 +236,8 @@ def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op,
     window = g.network.window_capacity() // dtype.itemsize if schedule.win_like is not None else 0
     plan = engine.plan(schedule, block_sizes, window)
     program = engine.bind(plan, dtype, kernel(op, dtype_name) if op is not None else None, g.ranks)
-    return _Prepared(choice, program, pack_meta(name, dtype_name, op, root, count),
-                     len(plan.steps) * len(plan.slices))
+    return _Prepared(choice, program, pack_meta(name, dtype_name, op, root, count, choice.algorithm),
+                     len(plan.steps) * len(plan.slices), COLLECTIVES[name].rooted)
 
 
 _PREPARED_PER_GROUP = 512
@@ -263,14 +279,29 @@ def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq:
                 f"step {step + 1} of {prepared.nsteps})")
 
     network = g.network
+    tag = g.collective_tag(seq)
+    network.current = tag
     try:
-        engine.execute(prepared.program, arrays, network, g.collective_tag(seq), prepared.meta,
-                       describe, timeout)
-    except (MismatchError, PeerError) as exc:
-        # Tell the group the root cause, so that ranks waiting on this one
-        # report the dead peer or the mismatch, not just "rank r left".
-        network.abort(g.ranks, type(exc).__name__, str(exc))
+        engine.execute(prepared.program, arrays, network, tag, prepared.meta, describe, timeout)
+    except CollieError as exc:
+        if isinstance(exc, (MismatchError, PeerError, CollieTimeout)) and g.context != LEAVE_CONTEXT:
+            # Tell the group the root cause, so that ranks waiting on this one
+            # report the dead peer, the mismatch or the absent rank, not "rank r left".
+            network.abort(g.ranks, exc)
+        network.finish(tag, prepared.meta, g.ranks, failed=True)  # what it left behind is dropped
         raise
+    if prepared.rooted:
+        # The root of a broadcast only sends: a peer that called it with
+        # another root shows only by data left for this call (_unexpected).
+        network.finish(tag, prepared.meta, g.ranks)
+        if network._abort is not None:
+            try:
+                network.check(lambda: describe(prepared.nsteps - 1), tag)
+            except MismatchError as exc:
+                network.abort(g.ranks, exc)
+                raise
+    else:
+        network.finish(tag, prepared.meta)
     return after() if after is not None else None
 
 
@@ -654,11 +685,21 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
     seq = g.seq  # a collective's number and tag: no user message can match it
     g.seq += 1
     tag, net, first = g.collective_tag(seq), g.network, g.ranks[0]
-    empty = memoryview(bytearray(0))
 
     def describe() -> str:
         return f"monitored_barrier (call #{seq} on group {g.name})"
 
+    try:
+        _monitored(g, net, tag, first, seconds, wait_all_ranks, describe)
+    except CollieError:
+        net.finish(tag, 0, failed=True)  # late arrivals are dropped
+        raise
+    net.finish(tag, 0)
+
+
+def _monitored(g: ProcessGroup, net, tag: int, first: int, seconds: float, wait_all_ranks: bool,
+               describe) -> None:
+    empty = memoryview(bytearray(0))
     if net.rank != first:
         net.wait([net.isend(first, tag, empty)], timeout=seconds, describe=describe)
         net.wait([net.irecv(first, tag, empty, meta=0)], timeout=seconds, describe=describe)

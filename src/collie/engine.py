@@ -319,7 +319,7 @@ def execute(program: Program, arrays: dict, network, tag: int, meta: int,
         views[buf] = spare[1] if buf == "tmp" else memoryview(arrays[buf]).cast("B")
 
     exchange = network.exchange
-    call = (tag, meta, peers)
+    call = (tag, meta, peers, schedule.parts)  # what a stuck rank tells its peers
     for index, local, recvs, sends in program.steps:
         for kind, peer, pairs in local:
             if kind == COPY:

@@ -46,7 +46,12 @@ class CollieTimeout(CollieError, TimeoutError):
 
 class MismatchError(CollieError):
     """Ranks of a group called different collectives, or the same one with a
-    different dtype, element count, root or reduce op."""
+    different dtype, element count, root, reduce op, algorithm or split.
+    ``peer`` is the rank whose call differs from this rank's (None: unknown)."""
+
+    def __init__(self, message: str, peer: int | None = None):
+        super().__init__(message)
+        self.peer = peer
 
 
 class AuthError(CollieError):

@@ -51,6 +51,7 @@ class ProcessGroup:
         self.seq = 0       # collectives run so far: the same on every member
         self.prepared: dict = {}  # call shape -> algorithm, plan, meta (collectives._prepare)
         self.p2p_ops = 0   # point-to-point calls so far (this rank only, for messages)
+        network.groups[context] = (self.ranks, name)  # for errors that come in by tag
 
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.name} ranks={list(self.ranks)} rank={self.rank}>"
@@ -462,7 +463,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
 
 
 LEAVE_TIMEOUT = 2.0
-_LEAVE_CONTEXT = MAX_CONTEXTS - 1  # never given to a user group (see _agree_context)
+LEAVE_CONTEXT = MAX_CONTEXTS - 1  # never given to a user group (see _agree_context)
 
 
 def _leave_together(w: _World) -> None:
@@ -475,7 +476,8 @@ def _leave_together(w: _World) -> None:
     from .collectives import barrier
     if w.group.size == 1:
         return
-    leave = ProcessGroup(w.network, w.group.ranks, _LEAVE_CONTEXT, LEAVE_TIMEOUT, "leave")
+    leave = ProcessGroup(w.network, w.group.ranks, LEAVE_CONTEXT, LEAVE_TIMEOUT, "leave")
+    w.network.announce_leaving()  # a peer still waiting for this rank fails now, not in 2 s
     try:
         barrier(group=leave)
         if leave.rank == 0 and w.owns_store:

@@ -26,6 +26,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from .errors import AbortedError, CollieError, CollieTimeout, MismatchError, PeerError
+from .group import LEAVE_CONTEXT, MAX_TAG, TAG_BITS
 from .transports.base import Request, Transport
 from .transports.doorbell import Doorbell
 
@@ -50,7 +51,14 @@ SLEEP_SLICE = 0.1
 # ranks blocked in calls that differ but exchange no message (a broadcast
 # with two different roots) find out, instead of waiting for the timeout.
 ANNOUNCE_AFTER = 1.0
-_STATE = struct.Struct("<qq")  # tag, meta of the call a stuck rank is in
+_STATE = struct.Struct("<qqq")  # tag, meta, pipeline parts of the call a stuck rank is in
+# A call that times out asks its group's ranks where they are, and waits
+# this long for the answers, to name the ranks that never arrived.
+QUERY_GRACE = 0.5
+_QUERY = struct.Struct("<q")        # the context asked about
+_ANSWER = struct.Struct("<qqq")     # context, last call finished on it (-1: none), tag of the call now running
+_CONTEXT_SHIFT = TAG_BITS + 1       # a tag is context << 48 | collective bit << 47 | sequence
+_ERRORS = {"MismatchError": MismatchError, "PeerError": PeerError, "CollieTimeout": CollieTimeout}
 
 
 def host_identity() -> str:
@@ -92,8 +100,21 @@ class Network:
         self.lock = threading.RLock()
         self._lost: dict[int, BaseException] = {}   # peer -> why it is gone (set by tcp threads)
         self._failed_seen: set[int] = set()
-        self._abort: Optional[tuple[int, str, str]] = None  # (peer, error kind, message)
-        self._states: dict[int, tuple[int, int]] = {}        # peer -> (tag, meta) it is stuck in
+        # Why this rank's communication is broken, once it is: (the rank that
+        # said so, error kind, culprit ranks, message). From then on every call raises it.
+        self._abort: Optional[tuple[int, str, tuple, str]] = None
+        self._told = False  # whether this rank has told its groups of _abort
+        self._states: dict[int, tuple[int, int, int]] = {}   # peer -> (tag, meta, parts) it is stuck in
+        self._leaving: set[int] = set()                       # peers that said they are leaving
+        self._answers: dict[int, tuple[int, int, int]] = {}  # peer -> its _ANSWER to our last query
+        #: The tag of the collective this rank is running (0: none), and per
+        #: group context the (sequence, meta) of the last one it finished:
+        #: what tells a stale message (see _unexpected) and answers queries.
+        self.current = 0
+        self.done: dict[int, tuple[int, int]] = {}
+        self._failed: set[tuple[int, int]] = set()  # (context, sequence) of calls that failed here
+        #: context -> (global ranks, name) of every group made on this network.
+        self.groups: dict[int, tuple[tuple, str]] = {}
         self.meta_text: Optional[Callable[[int], str]] = None  # decodes meta words for errors
         self._closed = False
 
@@ -132,6 +153,8 @@ class Network:
             self.shm if p in shm_peers else (self.tcp if p != rank else None) for p in range(size)]
         self.transports: tuple[Transport, ...] = tuple(t for t in (self.shm, self.tcp) if t is not None)
         self._progress = tuple(t.progress for t in self.transports)  # looked up once: progress() runs often
+        for t in self.transports:
+            t.unexpected = self._unexpected
         self.backend_of = ["self" if p == rank else self.routes[p].name for p in range(size)]
 
     def _exchange_hosts(self, store, job_id: str) -> list[str]:
@@ -145,12 +168,62 @@ class Network:
         self.doorbell.ring()
 
     def _control(self, peer: int, payload: bytes) -> None:
-        if payload.startswith(b"state:"):
-            self._states[peer] = _STATE.unpack(payload[len(b"state:"):])
-        elif payload.startswith(b"abort:"):
+        """A control message from ``peer`` (on its TCP receiver thread)."""
+        kind, _, body = payload.partition(b":")
+        if kind == b"state":
+            self._states[peer] = _STATE.unpack(body)
+        elif kind == b"abort":
             if self._abort is None:
-                kind, _, message = payload[len(b"abort:"):].decode(errors="replace").partition("\0")
-                self._abort = (peer, kind, message)
+                error, culprits, message = body.decode(errors="replace").split("\0", 2)
+                self._abort = (peer, error, tuple(int(r) for r in culprits.split(",") if r), message)
+        elif kind == b"leaving":
+            self._leaving.add(peer)
+        elif kind == b"query":
+            (context,) = _QUERY.unpack(body)
+            seq = self.done.get(context, (-1, 0))[0]
+            self.send_control(peer, b"answer:" + _ANSWER.pack(context, seq, self.current))
+        elif kind == b"answer":
+            self._answers[peer] = _ANSWER.unpack(body)
+        self.doorbell.ring()
+
+    def _unexpected(self, peer: int, tag: int, meta: int, nbytes: int) -> bool:
+        """A transport's hook for a message no posted receive takes: True
+        if no receive ever will. That is a message of a collective call this
+        rank has already finished: the sender's call needed this rank to
+        receive it and this rank's did not, so the two called it differently
+        (a broadcast's root of one only sends). Such a message is dropped,
+        and the group told. Called on transport threads too."""
+        if not (tag >> TAG_BITS) & 1:
+            return False  # point to point: a receive may come any time
+        context, seq = tag >> _CONTEXT_SHIFT, tag & MAX_TAG
+        if self._abort is not None and context != LEAVE_CONTEXT:
+            return True  # broken: no collective will take it
+        done = self.done.get(context)
+        if done is None or seq > done[0]:
+            return False  # a call this rank has not run yet
+        if (context, seq) in self._failed:
+            return True  # a late arrival to a call that timed out or failed here: just drop it
+        ranks, name = self.groups.get(context, ((peer,), f"of context {context}"))
+        text = self.meta_text or (lambda m: f"meta {m:#x}")
+        mine = text(done[1]) if seq == done[0] else "it differently"
+        self.fail(ranks, "MismatchError", (peer,),
+                  f"rank {peer} called {text(meta)} but rank {self.rank} called {mine} (call #{seq} "
+                  f"on group {name}: rank {peer} sent data that rank {self.rank}'s call did not take)")
+        return True
+
+    def fail(self, ranks: Iterable[int], kind: str, culprits: tuple, reason: str) -> None:
+        """Record that communication is broken (the first reason wins) and
+        tell ``ranks`` once, so that their waits raise ``kind`` at once and
+        their later calls raise it too, instead of waiting on this rank."""
+        if self._abort is None:
+            self._abort = (self.rank, kind, tuple(culprits), reason)
+        if not self._told:
+            self._told = True
+            told_by, kind, culprits, reason = self._abort
+            payload = f"abort:{kind}\0{','.join(map(str, culprits))}\0{reason}".encode()
+            for p in ranks:
+                if p != self.rank:
+                    self.send_control(p, payload)
         self.doorbell.ring()
 
     # ---- posting ----
@@ -235,6 +308,8 @@ class Network:
         receive of a step writes what a send of it reads, so the order is free.
         ``describe(step)`` names the call in errors; ``call`` as for wait()."""
         routes = self.routes
+        if self._abort is not None:
+            self.check(lambda: describe(step), tag)
         with self.lock:
             if self._lost:
                 self._fail_lost()
@@ -264,13 +339,40 @@ class Network:
             except OSError:
                 pass  # the peer is gone; its death is reported elsewhere
 
-    def abort(self, peers: Iterable[int], kind: str, reason: str) -> None:
-        """Tell ``peers`` to stop waiting: their waits raise an error of
-        ``kind`` ("MismatchError", else AbortedError) quoting ``reason``."""
-        payload = b"abort:" + kind.encode() + b"\0" + reason.encode()
-        for p in peers:
+    def abort(self, peers: Iterable[int], error: CollieError) -> None:
+        """A call of this rank failed with ``error``: tell ``peers`` (its
+        group), whose waits then raise the same kind of error naming the
+        same culprits, not "rank r left"."""
+        culprits = getattr(error, "peers", ()) or (() if getattr(error, "peer", None) is None
+                                                     else (error.peer,))
+        self.fail(peers, type(error).__name__, culprits, str(error))
+
+    def announce_leaving(self) -> None:
+        """Tell every peer this rank is leaving (destroy_process_group): a
+        peer still waiting for a message from it learns at once that none
+        will come. Sent after everything this rank sent before (one stream
+        per peer), so a peer has all of that when it reads this."""
+        for p in range(self.size):
             if p != self.rank:
-                self.send_control(p, payload)
+                self.send_control(p, b"leaving:")
+
+    def finish(self, tag: int, meta: int, sweep=(), failed: bool = False) -> None:
+        """Collective ``tag`` is over on this rank (``failed``: with an
+        error): record it (a message for it from now on is stale), and drop
+        the stale messages already here from the group ranks ``sweep``."""
+        self.done[tag >> _CONTEXT_SHIFT] = (tag & MAX_TAG, meta)
+        self.current = 0
+        if failed:
+            self._failed.add((tag >> _CONTEXT_SHIFT, tag & MAX_TAG))
+        if sweep:
+            with self.lock:
+                for t in self.transports:
+                    t.drop_stale([p for p in sweep if self.routes[p] is t])
+
+    def check(self, describe: Callable[[], str], tag: int = 0) -> None:
+        """Raise why communication is broken, if it is (but for the leave barrier)."""
+        if self._abort is not None and tag >> _CONTEXT_SHIFT != LEAVE_CONTEXT:
+            self._raise_abort(describe)
 
     # ---- progress and waiting ----
 
@@ -347,8 +449,13 @@ class Network:
         start = time.monotonic()
         spin_until = start + self._spin
         announced = call is None
+        tag = call[0] if call is not None else 0
+        leave = tag >> _CONTEXT_SHIFT == LEAVE_CONTEXT  # the leave barrier ignores what broke
         spin = None  # decided the first time nothing moved (most waits end before)
         while True:
+            # Taken before the progress pass: a peer's "leaving" follows all it
+            # sent, so after this pass what waits on such a peer never comes.
+            leaving = set(self._leaving) if self._leaving and not leave else None
             moved = self.progress()
             for req in anys:
                 if self._step_any(req):
@@ -356,21 +463,23 @@ class Network:
             open_ = []
             for req in requests:
                 if req.error is not None:
-                    self._raise_abort(describe)  # the root cause, if a peer told us one
-                    raise self._explain(req, describe) from req.error
+                    self.check(describe, tag)  # the root cause, if a peer told us one
+                    raise self._explain(req, describe, call is not None) from req.error
                 if not req.done:
                     open_.append(req)
             if not open_:
                 return
             requests = open_
             if self._abort is not None:
-                self._raise_abort(describe)
+                self.check(describe, tag)
+            if leaving:
+                self._fail_left(requests, leaving, describe)
             now = time.monotonic()
-            if not announced and now - start >= ANNOUNCE_AFTER:
+            if not announced and now - start >= min(ANNOUNCE_AFTER, timeout / 2):
                 announced = True
                 for p in call[2]:
                     if p != self.rank:
-                        self.send_control(p, b"state:" + _STATE.pack(call[0], call[1]))
+                        self.send_control(p, b"state:" + _STATE.pack(call[0], call[1], call[3]))
             if call is not None and self._states:
                 self._check_states(call, describe)
             if moved:
@@ -379,11 +488,7 @@ class Network:
             if self._lost:
                 self._fail_departed(requests)
             if now >= start + timeout:
-                waiting = sorted({r.peer for r in requests if not r.done and r.peer >= 0})
-                raise CollieTimeout(
-                    f"rank {self.rank}: {describe()} timed out after {timeout:g}s waiting for "
-                    f"rank(s) {waiting or 'any'} (pending: "
-                    f"{', '.join(repr(r) for r in requests if not r.done)})", tuple(waiting))
+                raise self._timed_out(requests, timeout, describe, call)
             if spin is None:
                 spin = self.polls(every)
             if spin and now < spin_until:
@@ -391,9 +496,62 @@ class Network:
                 continue
             # Look once more as a sleeper: a peer that announces anything
             # from now on wakes us (see doorbell.py).
+            nleaving = len(self._leaving)
             self.doorbell.sleep(min(SLEEP_SLICE, start + timeout - now),
-                                lambda: self.progress() or self._abort is not None
+                                lambda: self.progress() or (self._abort is not None and not leave)
+                                or len(self._leaving) != nleaving
                                 or any(r.finished for r in open_))
+
+    def _fail_left(self, requests, leaving: set, describe) -> None:
+        """Raise PeerError if a request waits on a peer that has left."""
+        for req in requests:
+            if req.peer in leaving and not req.finished:
+                error = PeerError(f"rank {self.rank}: {describe()} failed: rank {req.peer} left "
+                                  f"(destroy_process_group) before sending or receiving what this "
+                                  f"call needs from it ({req!r})", req.peer)
+                error.left = True
+                raise error
+
+    def _timed_out(self, requests, timeout: float, describe, call) -> CollieTimeout:
+        """The timeout error of a wait: it names the ranks that never
+        arrived. A rank waits on its neighbours, who may be waiting on
+        theirs, so the peers it waits for are not the culprits: a collective
+        asks every rank of its group which call it is in (QUERY_GRACE),
+        and blames those that have not reached it, or do not answer."""
+        pending = [r for r in requests if not r.done]
+        waiting = sorted({p for r in pending
+                          for p in (r.candidates if isinstance(r, AnySourceRequest) and r.peer < 0
+                                    else (r.peer,)) if p >= 0})
+        text = (f"rank {self.rank}: {describe()} timed out after {timeout:g}s waiting for "
+                f"rank(s) {waiting or 'any'} (pending: {', '.join(repr(r) for r in pending)})")
+        if call is None:
+            return CollieTimeout(text, tuple(waiting))
+        tag, peers = call[0], [p for p in call[2] if p != self.rank and p not in self._lost]
+        context, seq = tag >> _CONTEXT_SHIFT, tag & MAX_TAG
+        for p in peers:
+            self._answers.pop(p, None)
+            self.send_control(p, b"query:" + _QUERY.pack(context))
+        deadline = time.monotonic() + QUERY_GRACE
+        while time.monotonic() < deadline and not all(p in self._answers for p in peers):
+            self.doorbell.sleep(min(0.05, deadline - time.monotonic()),
+                                lambda: all(p in self._answers for p in peers))
+        absent, why = [], []
+        for p in peers:
+            answer = self._answers.get(p)
+            if self._states.get(p, (0,))[0] == tag or (answer is not None and (
+                    answer[2] == tag or answer[1] >= seq)):
+                continue  # in this call, or past it
+            absent.append(p)
+            if answer is None:
+                why.append(f"rank {p} did not answer (stopped, or hung without releasing the GIL)")
+            elif answer[1] < 0:
+                why.append(f"rank {p} has called no collective on this group yet")
+            else:
+                why.append(f"rank {p} has not called it (its last on this group is call #{answer[1]})")
+        if not absent:
+            return CollieTimeout(text + "; every rank of the group is in this call", tuple(waiting))
+        return CollieTimeout(f"rank {self.rank}: {describe()} timed out after {timeout:g}s: "
+                             f"rank(s) {absent} never arrived ({'; '.join(why)}); {text}", tuple(absent))
 
     def polls(self, requests) -> bool:
         """Whether a waiter on ``requests`` should poll for a while before it
@@ -426,19 +584,34 @@ class Network:
         return all(r.finished for r in requests)
 
     def _raise_abort(self, describe) -> None:
-        if self._abort is not None:
-            peer, kind, reason = self._abort
-            error = {"MismatchError": MismatchError, "PeerError": PeerError}.get(kind, AbortedError)
-            raise error(f"rank {self.rank}: {describe()} stopped, because rank {peer} "
-                        f"reported: {reason}")
+        """Raise why communication is broken, naming the culprits (a
+        relayed error names the rank at fault, not the rank that relayed it)."""
+        if self._abort is None:
+            return
+        told_by, kind, culprits, reason = self._abort
+        if told_by == self.rank:
+            text = f"rank {self.rank}: {describe()} stopped: {reason}"
+        else:
+            text = f"rank {self.rank}: {describe()} stopped, because rank {told_by} reported: {reason}"
+        first = culprits[0] if culprits else None
+        if kind == "MismatchError" and first == self.rank:
+            first = told_by  # the two calls differ: for this rank, the other one is at fault
+        if kind == "CollieTimeout":
+            raise CollieTimeout(text, culprits)
+        if kind in _ERRORS:
+            raise _ERRORS[kind](text, first)
+        raise AbortedError(text)
 
     def _check_states(self, call, describe) -> None:
-        tag, meta, _ = call
-        for peer, (their_tag, their_meta) in list(self._states.items()):
-            if their_tag == tag and their_meta != meta:
+        tag, meta, _, parts = call
+        for peer, (their_tag, their_meta, their_parts) in list(self._states.items()):
+            if their_tag == tag and (their_meta != meta or their_parts != parts):
                 text = self.meta_text or (lambda m: f"meta {m:#x}")
+                mine, theirs = text(meta), text(their_meta)
+                if their_meta == meta:
+                    mine, theirs = f"{mine} in {parts} segments", f"{theirs} in {their_parts} segments"
                 raise MismatchError(f"rank {self.rank}: {describe()}: rank {peer} called "
-                                    f"{text(their_meta)} but rank {self.rank} called {text(meta)}")
+                                    f"{theirs} but rank {self.rank} called {mine}", peer)
 
     def _step_any(self, req: AnySourceRequest) -> bool:
         """Advance an any-source receive; True if it found its peer just now."""
@@ -455,17 +628,24 @@ class Network:
                 req.done = True
         return found
 
-    def _explain(self, req: Request, describe) -> BaseException:
-        """Turn a transport's error into one that names the operation."""
+    def _explain(self, req: Request, describe, collective: bool = False) -> BaseException:
+        """Turn a transport's error into one that names the operation. In a
+        collective a message of the wrong size is a mismatch too (uneven
+        splits that disagree, another segmentation), not a bad argument."""
         from .transports.base import MessageMismatch
         err = req.error
         what = describe()
         if isinstance(err, MessageMismatch):
+            text = self.meta_text or (lambda m: f"meta {m:#x}")
             if err.expected_meta is not None and err.meta != err.expected_meta:
-                text = self.meta_text or (lambda m: f"meta {m:#x}")
                 return MismatchError(
                     f"rank {self.rank}: {what}: rank {err.peer} called {text(err.meta)} but rank "
-                    f"{self.rank} called {text(err.expected_meta)}")
+                    f"{self.rank} called {text(err.expected_meta)}", err.peer)
+            if collective:
+                return MismatchError(
+                    f"rank {self.rank}: {what}: rank {err.peer} sent {err.nbytes} bytes where rank "
+                    f"{self.rank} expected {err.expected_nbytes} (both called {text(err.meta)}: their "
+                    f"splits or segments differ)", err.peer)
             return ValueError(f"rank {self.rank}: {what}: the message from rank {err.peer} has "
                               f"{err.nbytes} bytes but the receive buffer has {err.expected_nbytes} bytes")
         if isinstance(err, PeerError):

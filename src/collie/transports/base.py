@@ -42,6 +42,18 @@ fail_peer(peer, error)
     Fails every pending request with ``peer`` with ``error`` (the Network
     calls it when it learns that the peer died).
 
+drop_stale(peers) -> None
+    Looks at the messages from ``peers`` that no receive has taken (set
+    aside, or still waiting in a ring) and offers each to ``unexpected``.
+
+unexpected(peer, tag, meta, nbytes) -> bool
+    Set by the Network (None: never called). A transport calls it for a
+    message that no posted receive takes; True means nobody ever will (it
+    belongs to a collective this rank has finished: the ranks disagreed
+    about that call), and the transport consumes and drops the message, so
+    that neither its bytes nor a writer waiting on it are left behind. It may
+    be called more than once for one message, and from a transport thread.
+
 close()
     Releases everything the transport holds. Idempotent.
 
@@ -108,6 +120,7 @@ class Transport(ABC):
     """Moves tagged messages between this rank and a set of peers."""
 
     name = "transport"
+    unexpected: Optional[Callable[[int, int, int, int], bool]] = None
 
     @abstractmethod
     def isend(self, peer: int, tag: int, data: memoryview, meta: int = 0) -> Request: ...
@@ -124,6 +137,9 @@ class Transport(ABC):
 
     @abstractmethod
     def fail_peer(self, peer: int, error: BaseException) -> None: ...
+
+    @abstractmethod
+    def drop_stale(self, peers) -> None: ...
 
     @abstractmethod
     def close(self) -> None: ...

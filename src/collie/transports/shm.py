@@ -792,10 +792,13 @@ class ShmTransport(Transport):
             if msg is None:
                 tag, meta, nbytes, offset, _ = _HEADER.unpack_from(ring.mm, ring.headers + k * _LINE)
                 queue = inb.posted.get(tag)
+                stale = not queue and self._stale(inb.peer, tag, meta, nbytes)
                 if offset == _RDV:
                     rdv = _RDV_BODY.unpack_from(ring.mm, ring.offsets[k])
                     if queue:
                         self._read_single_copy(inb, _take_posted(inb, tag, queue), nbytes, meta, rdv)
+                    elif stale:
+                        _acknowledge(inb, rdv[1], True)  # never read: the writer's send completes
                     elif inb.nposted or inb.stash:  # in the way of another tag: set it aside
                         inb.unexpected.append(_Message(tag, meta, nbytes, rdv=rdv))
                     else:
@@ -815,7 +818,7 @@ class ShmTransport(Transport):
                     tail += 1
                     ring.tail[0] = tail
                     continue
-                msg = self._start(inb, tag, meta, nbytes)
+                msg = _Message(tag, meta, nbytes) if stale else self._start(inb, tag, meta, nbytes)
                 if msg is None:
                     break
                 inb.current = msg
@@ -840,6 +843,26 @@ class ShmTransport(Transport):
         inb.tail = tail
         _freed(inb, start)
         return True
+
+    def _stale(self, peer: int, tag: int, meta: int, nbytes: int) -> bool:
+        """Whether a message no receive is posted for will never have one."""
+        return self.unexpected is not None and self.unexpected(peer, tag, meta, nbytes)
+
+    def drop_stale(self, peers) -> None:
+        for peer in peers:
+            inb = self._in.get(peer)
+            if inb is None or inb.error is not None:
+                continue
+            for msg in list(inb.unexpected):
+                if msg.claimed is None and self._stale(peer, msg.tag, msg.meta, msg.nbytes):
+                    inb.unexpected.remove(msg)
+                    if msg.rdv is not None:
+                        _acknowledge(inb, msg.rdv[1], True)
+                    msg.buf = None  # if still arriving, the rest is read and dropped
+            if inb.ring.head[0] != inb.tail:
+                self._pull(inb)  # offers what waits at the head of the ring
+                if inb.current is not None:
+                    self._mark_busy(inb)  # progress() reads the rest of a dropped message
 
     def _start(self, inb: _In, tag: int, meta: int, nbytes: int) -> Optional[_Message]:
         """Decide where a new message at the head of a ring goes."""

@@ -467,12 +467,21 @@ class TcpTransport(Transport):
             r = queue.popleft() if queue else None
             if queue is not None and not queue:
                 del p.posted[tag]  # tags are mostly used once: keep the dict small
-            if r is None:
+            # Checked under the lock that drop_stale takes: a message either
+            # is found stale here or is queued before drop_stale looks.
+            stale = r is None and self.unexpected is not None and self.unexpected(p.rank, tag, meta, nbytes)
+            if stale:
+                pass
+            elif r is None:
                 msg = _Message(nbytes, meta)
                 p.unexpected.setdefault(tag, deque()).append(msg)
                 p.arriving = msg
             else:
                 p.active = r
+        if stale:  # never buffered: its bytes are read and dropped
+            reader.skip(nbytes, self._scratch(p))
+            reader.ring_due = True
+            return
         if r is None:
             reader.ring_due = True  # probe can now see it
             data = _aligned_empty(nbytes)
@@ -686,6 +695,21 @@ class TcpTransport(Transport):
 
     def fail_peer(self, peer: int, error: BaseException) -> None:
         self._fail(self._peer(peer), error)
+
+    def drop_stale(self, peers) -> None:
+        if self.unexpected is None:
+            return
+        for peer in peers:
+            p = self._peers[peer] if 0 <= peer < self.size else None
+            if p is None or not p.unexpected:
+                continue
+            with p.lock:
+                for tag, queue in list(p.unexpected.items()):
+                    for msg in list(queue):
+                        if msg.taker is None and self.unexpected(peer, tag, msg.meta, msg.nbytes):
+                            queue.remove(msg)  # one still arriving is forgotten once read
+                    if not queue:
+                        del p.unexpected[tag]
 
     def close(self) -> None:
         with self._close_lock:
