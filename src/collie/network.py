@@ -345,6 +345,8 @@ class Network:
         same culprits, not "rank r left"."""
         culprits = getattr(error, "peers", ()) or (() if getattr(error, "peer", None) is None
                                                      else (error.peer,))
+        if isinstance(error, PeerError):
+            peers = range(self.size)  # a dead rank breaks every group it was in: tell them all
         self.fail(peers, type(error).__name__, culprits, str(error))
 
     def announce_leaving(self) -> None:
