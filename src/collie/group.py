@@ -30,6 +30,8 @@ TAG_BITS = 47                     # bits for a user tag or a collective's sequen
 MAX_TAG = (1 << TAG_BITS) - 1
 _COLLECTIVE_BIT = 1 << TAG_BITS   # set in tags of collectives, clear in point-to-point tags
 MAX_CONTEXTS = 1 << 15  # context << 48 must fit a signed 64-bit tag
+LEAVE_CONTEXT = MAX_CONTEXTS - 1  # the barriers of destroy_process_group (_leave_together)
+SELF_CONTEXT = MAX_CONTEXTS - 2   # one-rank groups made without a collective (MPI_COMM_SELF)
 
 
 class ProcessGroup:
@@ -145,8 +147,8 @@ def _agree_context(parent: ProcessGroup, count: int, extra=()) -> tuple[int, lis
     all_gather_into_tensor(every, mine, group=parent)
     rows = every.reshape(parent.size, mine.size)
     base = int(rows[:, 0].max())
-    if base + count > MAX_CONTEXTS - 1:  # the last one is for leaving
-        raise CollieError(f"too many groups: at most {MAX_CONTEXTS - 1} can be created")
+    if base + count > SELF_CONTEXT:  # the last two are for leaving and for MPI_COMM_SELF
+        raise CollieError(f"too many groups: at most {SELF_CONTEXT - 1} can be created")
     w.next_context = base + count
     return base, rows[:, 1:].tolist()
 
@@ -463,7 +465,6 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
 
 
 LEAVE_TIMEOUT = 2.0
-LEAVE_CONTEXT = MAX_CONTEXTS - 1  # never given to a user group (see _agree_context)
 
 
 def _leave_together(w: _World) -> None:

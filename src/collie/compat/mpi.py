@@ -1631,7 +1631,8 @@ def _comm(which: str) -> Intracomm:
         else:
             # Only this rank: nothing ever leaves the process (messages to
             # oneself are delivered locally, collectives of one rank copy).
-            me = ProcessGroup(world.network, [world.network.rank], 0, world.timeout, "MPI_COMM_SELF")
+            me = ProcessGroup(world.network, [world.network.rank], _group.SELF_CONTEXT, world.timeout,
+                              "MPI_COMM_SELF")
             comm = Intracomm(me, "MPI_COMM_SELF")
         comm._owner = world
         _cache[which] = comm
