@@ -51,7 +51,7 @@ def _peer(g: ProcessGroup, rank: Optional[int], group_rank: Optional[int], role:
 def _describe(g: ProcessGroup, what: str, peer, tag: int):
     g.p2p_ops += 1
     n = g.p2p_ops
-    return lambda: f"{what} {'from any rank' if peer is None else ('rank %d' % peer)} " \
+    return lambda: f"{what} {'any rank' if peer is None else ('rank %d' % peer)} " \
                    f"(group {g.name}, tag {tag}, point-to-point call #{n})"
 
 
