@@ -25,6 +25,8 @@ import threading
 import time
 from typing import Callable, Iterable, Optional
 
+import numpy as np
+
 from .errors import AbortedError, CollieError, CollieTimeout, MismatchError, PeerError
 from .group import LEAVE_CONTEXT, MAX_TAG, TAG_BITS
 from .transports.base import Request, Transport
@@ -56,7 +58,8 @@ _STATE = struct.Struct("<qqq")  # tag, meta, pipeline parts of the call a stuck 
 # this long for the answers, to name the ranks that never arrived.
 QUERY_GRACE = 0.5
 _QUERY = struct.Struct("<q")        # the context asked about
-_ANSWER = struct.Struct("<qqq")     # context, last call finished on it (-1: none), tag of the call now running
+_ANSWER = struct.Struct("<qqq")     # context, last call finished on it (-1: none), tag of the call now running;
+                                    # then the ranks the answering rank is waiting for (int32 each)
 _CONTEXT_SHIFT = TAG_BITS + 1       # a tag is context << 48 | collective bit << 47 | sequence
 _ERRORS = {"MismatchError": MismatchError, "PeerError": PeerError, "CollieTimeout": CollieTimeout}
 
@@ -73,6 +76,18 @@ def host_identity() -> str:
     except OSError:
         boot = ""
     return f"{socket.gethostname()}/{boot}"
+
+
+def _peers_of(requests) -> tuple:
+    """The ranks some request of ``requests`` waits on (every candidate of
+    an any-source receive still looking for its sender)."""
+    peers = set()
+    for r in requests:
+        if r.peer >= 0:
+            peers.add(r.peer)
+        elif isinstance(r, AnySourceRequest):
+            peers.update(r.candidates)
+    return tuple(peers)
 
 
 class AnySourceRequest(Request):
@@ -106,7 +121,8 @@ class Network:
         self._told = False  # whether this rank has told its groups of _abort
         self._states: dict[int, tuple[int, int, int]] = {}   # peer -> (tag, meta, parts) it is stuck in
         self._leaving: set[int] = set()                       # peers that said they are leaving
-        self._answers: dict[int, tuple[int, int, int]] = {}  # peer -> its _ANSWER to our last query
+        self._answers: dict[int, tuple] = {}  # peer -> (context, done seq, current tag, ranks it waits for)
+        self._waiting: tuple = ()  # the ranks this rank's _wait is waiting for (answers to queries)
         #: The tag of the collective this rank is running (0: none), and per
         #: group context the (sequence, meta) of the last one it finished:
         #: what tells a stale message (see _unexpected) and answers queries.
@@ -181,9 +197,11 @@ class Network:
         elif kind == b"query":
             (context,) = _QUERY.unpack(body)
             seq = self.done.get(context, (-1, 0))[0]
-            self.send_control(peer, b"answer:" + _ANSWER.pack(context, seq, self.current))
+            waiting = np.array(self._waiting, np.int32).tobytes()
+            self.send_control(peer, b"answer:" + _ANSWER.pack(context, seq, self.current) + waiting)
         elif kind == b"answer":
-            self._answers[peer] = _ANSWER.unpack(body)
+            waiting = tuple(np.frombuffer(body, np.int32, offset=_ANSWER.size).tolist())
+            self._answers[peer] = _ANSWER.unpack_from(body) + (waiting,)
         self.doorbell.ring()
 
     def _unexpected(self, peer: int, tag: int, meta: int, nbytes: int) -> bool:
@@ -446,6 +464,13 @@ class Network:
 
     def _wait(self, requests, timeout: float, describe: Callable[[], str], call) -> None:
         """wait()'s loop: progress, spin a little, then sleep on the doorbell."""
+        self._waiting = _peers_of(requests)  # for the queries of a rank that times out
+        try:
+            self._wait_loop(requests, timeout, describe, call)
+        finally:
+            self._waiting = ()
+
+    def _wait_loop(self, requests, timeout: float, describe: Callable[[], str], call) -> None:
         every = requests = list(requests)
         anys = [r for r in requests if isinstance(r, AnySourceRequest)]
         start = time.monotonic()
@@ -515,45 +540,57 @@ class Network:
                 raise error
 
     def _timed_out(self, requests, timeout: float, describe, call) -> CollieTimeout:
-        """The timeout error of a wait: it names the ranks that never
-        arrived. A rank waits on its neighbours, who may be waiting on
-        theirs, so the peers it waits for are not the culprits: a collective
-        asks every rank of its group which call it is in (QUERY_GRACE),
-        and blames those that have not reached it, or do not answer."""
+        """The timeout error of a wait: it names the ranks at fault. A rank
+        waits on its neighbours, who may wait on theirs (in this call, or
+        blocked in another one), so the peers it waits for are seldom the
+        culprits. A collective asks every rank where it is and whom it waits
+        for (QUERY_GRACE), follows those waits from this rank, and blames
+        where they end: a rank that does not answer (stopped, hung), or one
+        that waits for nobody and has not reached the call."""
         pending = [r for r in requests if not r.done]
-        waiting = sorted({p for r in pending
-                          for p in (r.candidates if isinstance(r, AnySourceRequest) and r.peer < 0
-                                    else (r.peer,)) if p >= 0})
+        waiting = sorted(_peers_of(pending))
         text = (f"rank {self.rank}: {describe()} timed out after {timeout:g}s waiting for "
                 f"rank(s) {waiting or 'any'} (pending: {', '.join(repr(r) for r in pending)})")
         if call is None:
             return CollieTimeout(text, tuple(waiting))
-        tag, peers = call[0], [p for p in call[2] if p != self.rank and p not in self._lost]
+        tag = call[0]
         context, seq = tag >> _CONTEXT_SHIFT, tag & MAX_TAG
-        for p in peers:
+        asked = [p for p in range(self.size) if p != self.rank and p not in self._lost]
+        for p in asked:
             self._answers.pop(p, None)
             self.send_control(p, b"query:" + _QUERY.pack(context))
         deadline = time.monotonic() + QUERY_GRACE
-        while time.monotonic() < deadline and not all(p in self._answers for p in peers):
+        while time.monotonic() < deadline and not all(p in self._answers for p in asked):
             self.doorbell.sleep(min(0.05, deadline - time.monotonic()),
-                                lambda: all(p in self._answers for p in peers))
-        absent, why = [], []
-        for p in peers:
-            answer = self._answers.get(p)
-            if self._states.get(p, (0,))[0] == tag or (answer is not None and (
-                    answer[2] == tag or answer[1] >= seq)):
-                continue  # in this call, or past it
-            absent.append(p)
+                                lambda: all(p in self._answers for p in asked))
+        answers = dict(self._answers)
+        culprits, why, seen, todo = [], [], {self.rank}, list(waiting)
+        while todo:  # follow who waits for whom, from this rank
+            p = todo.pop(0)
+            if p in seen:
+                continue
+            seen.add(p)
+            answer = answers.get(p)
+            if answer is not None and answer[3]:
+                todo.extend(answer[3])  # blocked on others: not the cause
+                continue
+            if answer is not None and p in call[2] and (answer[2] == tag or answer[1] >= seq):
+                continue  # in this call and busy, or past it: not waiting on anyone
+            culprits.append(p)
             if answer is None:
                 why.append(f"rank {p} did not answer (stopped, or hung without releasing the GIL)")
+            elif p not in call[2]:
+                why.append(f"rank {p} is in no call")
             elif answer[1] < 0:
                 why.append(f"rank {p} has called no collective on this group yet")
             else:
                 why.append(f"rank {p} has not called it (its last on this group is call #{answer[1]})")
-        if not absent:
-            return CollieTimeout(text + "; every rank of the group is in this call", tuple(waiting))
+        if not culprits:
+            return CollieTimeout(text + "; every rank it waits on, directly or not, is waiting too",
+                                 tuple(waiting))
         return CollieTimeout(f"rank {self.rank}: {describe()} timed out after {timeout:g}s: "
-                             f"rank(s) {absent} never arrived ({'; '.join(why)}); {text}", tuple(absent))
+                             f"rank(s) {culprits} never arrived ({'; '.join(why)}); {text}",
+                             tuple(culprits))
 
     def polls(self, requests) -> bool:
         """Whether a waiter on ``requests`` should poll for a while before it
