@@ -363,8 +363,11 @@ class Network:
         same culprits, not "rank r left"."""
         culprits = getattr(error, "peers", ()) or (() if getattr(error, "peer", None) is None
                                                      else (error.peer,))
-        if isinstance(error, PeerError):
-            peers = range(self.size)  # a dead rank breaks every group it was in: tell them all
+        if isinstance(error, (PeerError, CollieTimeout)):
+            # A dead or stuck rank breaks every group it is in, and the
+            # ranks blocked on it in other calls should hear the cause
+            # before they hear that this rank left: tell them all.
+            peers = range(self.size)
         self.fail(peers, type(error).__name__, culprits, str(error))
 
     def announce_leaving(self) -> None:
