@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Optional, Sequence
 
-from .errors import AuthError, CollieError
+from .errors import CollieError
 
 TAG_BITS = 47                     # bits for a user tag or a collective's sequence number
 MAX_TAG = (1 << TAG_BITS) - 1
@@ -386,6 +386,7 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
     global _world
     from . import rendezvous as rdv
     from .auth import token_from_env
+    from .errors import AuthError
     from .network import Network
 
     if _world is not None:
