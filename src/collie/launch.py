@@ -460,9 +460,9 @@ class SpawnContext:
     """The ranks of one spawn(); ``processes[i]`` is rank i.
 
     A thread per rank reads what the rank reports and waits for it to exit,
-    and queues (rank, failed) as that happens, so join() raises for the
-    first rank to fail, not for the lowest-numbered one of those it finds
-    failed when it looks.
+    and queues each as it happens (rank, True: it raised; rank, None: it
+    ended), so join() raises for the first rank to fail, not for the
+    lowest-numbered one of those it finds failed when it looks.
     """
 
     def __init__(self, processes: list, readers: list, job_id: str):
@@ -481,8 +481,10 @@ class SpawnContext:
 
     def _watch(self, rank: int, proc, reader) -> None:
         """On a thread: read the rank's report while it runs (a large one
-        would block it on a full pipe), then reap it (this thread alone
-        does) and queue its end."""
+        would block it on a full pipe), and queue its end as soon as its
+        sentinel shows it. It never reaps the process: that stays with the
+        caller's thread (join(), or the caller's own look at
+        ``processes``), since two threads reaping one process race."""
         with reader:
             while True:
                 ready = wait_any([reader, proc.sentinel])
@@ -493,8 +495,8 @@ class SpawnContext:
                 except (EOFError, OSError):
                     break  # it closed the pipe: no (more) report
                 self._events.put((rank, True))
-        proc.join()
-        self._events.put((rank, proc.exitcode != 0))
+        wait_any([proc.sentinel])
+        self._events.put((rank, None))  # ended: join() reads how
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: forever) for the ranks.
@@ -513,6 +515,9 @@ class SpawnContext:
                     rank, failed = self._events.get(timeout=left)
                 except queue.Empty:
                     return False
+                if failed is None:  # it ended: how?
+                    self.processes[rank].join()
+                    failed = self.processes[rank].exitcode != 0
                 if failed:  # an exception reported, or a bad exit
                     self._finish()
                     raise self._error(rank)
@@ -524,8 +529,8 @@ class SpawnContext:
             raise
 
     def _finish(self) -> None:
-        """Stop the ranks still running (SIGTERM, SIGKILL after GRACE_S), wait
-        for their watchers, and release the job's shared memory."""
+        """Stop the ranks still running (SIGTERM, SIGKILL after GRACE_S), reap
+        them, and release the job's shared memory."""
         live = [(p, t) for p, t in zip(self.processes, self._watchers) if t.is_alive()]
         for p, _ in live:
             p.terminate()
@@ -535,6 +540,8 @@ class SpawnContext:
             if t.is_alive():
                 p.kill()
                 t.join()
+        for p in self.processes:
+            p.join()
         remove_shm(self.job_id)
 
     def _error(self, rank: int) -> BaseException:
