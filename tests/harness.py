@@ -3,7 +3,7 @@
     results = run_ranks(body, 4, backend="shm")   # body(rank, size, *args)
 
 Each rank is a forked process that joins a fresh world (env://, a free port,
-its own job id), runs ``body``, and sends back its return value or its
+its own job id and token), runs ``body``, and sends back its return value or its
 exception. The call fails with every rank's traceback if any rank raised,
 and kills every rank still running after ``timeout`` seconds, so a hang
 becomes a test failure rather than a stuck suite. ``expect_errors=True``
@@ -20,6 +20,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import secrets
 import signal
 import socket
 import time
@@ -110,7 +111,8 @@ def run_ranks(body, size: int, *args, backend: str = "auto", timeout: float = 60
     ``kill`` maps rank -> seconds after start at which the test SIGKILLs it.
     """
     job = uuid.uuid4().hex[:10]
-    base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "COLLIE_JOB_ID": job}
+    base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "COLLIE_JOB_ID": job,
+                "COLLIE_TOKEN": secrets.token_hex(16)}  # env={"COLLIE_TOKEN": ""}: none
     base_env.update(env or {})
     procs, conns = start_ranks(_ctx, size, lambda rank, conn: (
         _child, (conn, rank, size, dict(base_env), body, args, backend, init, dict(init_kwargs or {}))))

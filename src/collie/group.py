@@ -19,6 +19,7 @@ destroy_process_group. It is also reachable as ``collie.group.WORLD``.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Optional, Sequence
@@ -390,11 +391,14 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
     init_method: "env://" (the default; reads what collie run, torchrun,
     mpiexec or srun set), "tcp://host:port" or "file:///path". timeout
     bounds every later wait for a peer. token (or $COLLIE_TOKEN): a shared
-    secret every connection must prove it knows.
+    secret every connection must prove it knows; a job of several ranks
+    without one warns on rank 0, and COLLIE_REQUIRE_TOKEN=1 refuses it
+    (docs/security.md).
     """
     global _world
     from . import rendezvous as rdv
     from .auth import token_from_env
+    from .errors import AuthError
     from .network import Network
 
     if _world is not None:
@@ -402,6 +406,8 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
     transport = _transports_for(backend)
     seconds = timeout_seconds(timeout, "init_process_group")
     tok = token_from_env(token)
+    if token_required() and tok is None:
+        raise AuthError(NO_TOKEN_REFUSED)
     if store is not None:
         if rank is None or rank < 0 or world_size is None or world_size < 1:
             raise ValueError("init_process_group(store=...) needs rank= and world_size=")
@@ -412,6 +418,8 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         info = rdv.rendezvous(init_method, rank=None if rank is None or rank < 0 else rank,
                               world_size=None if world_size is None or world_size < 0 else world_size,
                               timeout=seconds, token=tok)
+    if tok is None and info.rank == 0 and info.world_size > 1:
+        _warn_no_token(info)
     try:
         network = Network(info.rank, info.world_size, info.store, info.job_id, backend=transport,
                           timeout=seconds, token=tok, master_addr=info.master_addr,
@@ -429,6 +437,36 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
                     backend="auto" if backend is None else backend.lower())
     import atexit
     atexit.register(_close_at_exit)
+
+
+NO_TOKEN_WARNING = (
+    "collie: this job has no token: any process that can reach {reach} can join it as a rank{store} "
+    "and send pickled objects that object collectives unpickle, i.e. run code as this user. Set "
+    "the same COLLIE_TOKEN on every rank (a fresh secrets.token_hex(16)), or start the job with "
+    "collie run or collie.spawn, which make one. COLLIE_REQUIRE_TOKEN=1 makes this an error "
+    "(docs/security.md)")
+NO_TOKEN_REFUSED = (
+    "COLLIE_REQUIRE_TOKEN=1 and this job has no token: set the same COLLIE_TOKEN on every rank "
+    "(or pass token=), or start the job with collie run or collie.spawn, which make one")
+
+
+def token_required() -> bool:
+    """Whether COLLIE_REQUIRE_TOKEN=1 forbids a job without a token."""
+    value = os.environ.get("COLLIE_REQUIRE_TOKEN", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"COLLIE_REQUIRE_TOKEN must be 0 or 1, not {value!r}")
+    return value == "1"
+
+
+def _warn_no_token(info) -> None:
+    """Say on rank 0 what a job without a token lays open. A UserWarning, as
+    torch.distributed's own warnings are: shown once per call site, at the
+    caller's init_process_group line, and silenced or made an error with the
+    warnings module (-W) like any other."""
+    tcp_store = f"its store at {info.master_addr}:{info.master_port} or " if info.master_port else ""
+    warnings.warn(NO_TOKEN_WARNING.format(reach=tcp_store + "a rank's port",
+                                          store=", read and write the store" if tcp_store else ""),
+                  UserWarning, stacklevel=3)
 
 
 def _store_job_id(store, rank: int) -> str:

@@ -3,16 +3,27 @@
 Both follow one policy, so a job never half-dies and never hangs:
 
 - every rank gets the env:// variables (RANK, WORLD_SIZE, LOCAL_RANK,
-  LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) and COLLIE_JOB_ID,
-  a short id shared by the ranks of one launch;
+  LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), COLLIE_JOB_ID, a
+  short id shared by the ranks of one launch, and COLLIE_TOKEN, the job's
+  secret (docs/security.md): the user's own if set, else a fresh one. It
+  travels in the environment, never on a command line. Several hosts must
+  share one, so ``collie run --nnodes K`` takes it from COLLIE_TOKEN or
+  ``--token-file`` and makes none up;
 - the first rank that fails (non-zero exit, a signal, an exception) makes the
-  launcher stop the others: SIGTERM, then SIGKILL after GRACE_S seconds;
+  launcher stop the others: SIGTERM, then SIGKILL after GRACE_S seconds. A
+  thread per rank waits for it, so "first" is the order in which the ranks
+  exit, not the order of a polling pass, and the others' exits, caused by
+  the launcher, are never blamed;
 - once every rank is gone, shared-memory files named ``collie-{job}-*`` are
   removed from /dev/shm. The shm transport names its segments that way and
   unlinks them itself; this is the safety net for ranks that were SIGKILLed.
 
-``collie run`` starts each rank in its own session, so that a signal reaches
-the rank and anything it started, and forwards Ctrl-C / SIGTERM to them.
+``collie run`` starts each rank in its own session (so its process group is
+the rank and everything it started), forwards Ctrl-C / SIGTERM to them, and
+when the job ends, however it ends, signals every rank's process group, also
+of ranks that already exited: a ``sleep 300 &`` a rank left behind goes too.
+A rank that exited is reaped only after that, so its pid, the group's id,
+cannot be taken by an unrelated process meanwhile.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import hashlib
 import multiprocessing
 import os
 import pickle
+import queue
 import secrets
 import signal
 import socket
@@ -32,7 +44,7 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import wait as wait_any
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, Callable, Mapping, Optional, TextIO
 
 __all__ = [
     "spawn",
@@ -45,8 +57,6 @@ __all__ = [
 
 GRACE_S = 3.0
 """Seconds a rank gets between SIGTERM and SIGKILL."""
-
-_POLL_S = 0.05
 
 
 # -- shared by `collie run` and spawn() ---------------------------------------
@@ -78,6 +88,11 @@ def rank_env(rank: int, world_size: int, local_rank: int, local_world_size: int,
         "MASTER_PORT": str(master_port),
         "COLLIE_JOB_ID": job_id,
     }
+
+
+def new_token() -> str:
+    """A fresh secret for one job: 128 random bits, in hex."""
+    return secrets.token_hex(16)
 
 
 def remove_shm(job_id: str) -> list[str]:
@@ -114,6 +129,11 @@ def _ranks(ranks: list[int]) -> str:
 # -- collie run ---------------------------------------------------------------
 
 
+NO_TOKEN_HINT = ("no token: any process that can reach {where} can join this job; to protect it, "
+                 "make a secret once (python3 -c 'import secrets; print(secrets.token_hex(16))') and "
+                 "give it to every host as COLLIE_TOKEN, or in a file only you can read: --token-file PATH")
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="collie run",
@@ -129,6 +149,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="rendezvous port (default: a free port; required with --nnodes > 1)")
     p.add_argument("--job-id", default=None,
                    help="COLLIE_JOB_ID (default: random; with several hosts derived from A:P)")
+    p.add_argument("--token-file", default=None, metavar="PATH",
+                   help="read the job's secret from PATH (mode 600), the same file on every host "
+                        "(default: $COLLIE_TOKEN, else a fresh secret on one host, none on several)")
     p.add_argument("--tag-output", action="store_true",
                    help="prefix each line a rank prints with '[RANK]: '")
     p.add_argument("-m", "--module", action="store_true",
@@ -151,7 +174,50 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                 f"collie-JOB-...), got {opts.job_id!r}")
     if not opts.module and not os.path.isfile(opts.target):
         p.error(f"no such script: {opts.target!r} (use -m to run a module)")
+    try:
+        opts.token = _job_token(opts)
+    except ValueError as exc:
+        p.error(str(exc))
     return opts
+
+
+def read_token_file(path: str) -> str:
+    """The secret in ``path``, stripped. Like ssh with a private key, refuse
+    a file that group or others may read or write: the secret would not be
+    one."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise ValueError(f"--token-file {path}: {exc.strerror}") from None
+    with open(fd, encoding="utf-8", errors="replace") as f:
+        mode = os.fstat(fd).st_mode & 0o777
+        token = f.read().strip()
+    if mode & 0o077:
+        raise ValueError(f"--token-file {path} is open to group or others (mode {mode:o}): "
+                         f"chmod 600 {path}")
+    if not token:
+        raise ValueError(f"--token-file {path} is empty")
+    return token
+
+
+def _job_token(opts: argparse.Namespace) -> Optional[str]:
+    """The secret the ranks get in COLLIE_TOKEN: --token-file, else
+    $COLLIE_TOKEN, else on one host a fresh one. The hosts of a multi-node
+    job cannot agree on a secret made up on each, so there none is made up:
+    say in one line how to share one, and go on without (the ranks refuse
+    to start under COLLIE_REQUIRE_TOKEN=1, so refuse here already)."""
+    from .group import token_required
+    if opts.token_file is not None:
+        return read_token_file(opts.token_file)
+    if os.environ.get("COLLIE_TOKEN"):
+        return os.environ["COLLIE_TOKEN"]
+    if opts.nnodes == 1:
+        return new_token()
+    if token_required():
+        raise ValueError("COLLIE_REQUIRE_TOKEN=1 and no token: set the same COLLIE_TOKEN on "
+                         "every host, or pass --token-file PATH")
+    _say(NO_TOKEN_HINT.format(where=f"{opts.master_addr}:{opts.master_port}"))
+    return None
 
 
 def _forward(pipe, out: TextIO, prefix: str, lock: threading.Lock) -> threading.Thread:
@@ -187,27 +253,64 @@ def die_with_parent() -> None:
         pass  # not Linux: the launcher's own signal handling still applies
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def _watch(rank: int, proc: subprocess.Popen, events: queue.SimpleQueue) -> None:
+    """On a thread: wait for the rank to exit and queue (rank, exit code),
+    Popen-style. WNOWAIT leaves it unreaped (see _stop)."""
     try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:
+        return  # reaped already: the job is over
+    code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+    events.put((rank, code))
 
 
-def _stop(procs: Mapping[int, subprocess.Popen]) -> list[int]:
-    """SIGTERM every running rank's process group, SIGKILL those still there
-    after GRACE_S; returns the ranks that were still running."""
-    live = {rank: p for rank, p in procs.items() if p.poll() is None}
-    for p in live.values():
-        _signal_group(p, signal.SIGTERM)
+def _signal_groups(procs: Mapping[int, subprocess.Popen], sig: int) -> None:
+    """Send ``sig`` to the process group of every rank not yet reaped: an
+    unreaped rank's pid (a zombie's, if it exited) is still its group's id,
+    and no other process can have it."""
+    for p in procs.values():
+        if p.returncode is None:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _exited(proc: subprocess.Popen) -> bool:
+    """Whether the rank has exited (reaped or not), without reaping it."""
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None
+    except ChildProcessError:
+        return True
+
+
+def _stop(procs: Mapping[int, subprocess.Popen], events: queue.SimpleQueue) -> list[int]:
+    """End the job: SIGTERM every rank's process group, wait up to GRACE_S
+    for the ranks still running (another signal to the launcher cuts that
+    short), SIGKILL the groups (what is left of them: ranks that did not
+    stop, what the ranks started), then reap the ranks. Idempotent.
+    Returns the ranks that were still running."""
+    running = sorted(r for r, p in procs.items() if not _exited(p))
+    _signal_groups(procs, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S
-    for p in live.values():
+    while not all(_exited(procs[r]) for r in running):
         try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal_group(p, signal.SIGKILL)
-            p.wait()
-    return sorted(live)
+            rank, _ = events.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if rank is None:
+            break  # Ctrl-C again: no more grace
+    _signal_groups(procs, signal.SIGKILL)
+    for p in procs.values():
+        if p.returncode is None:
+            try:
+                os.kill(p.pid, signal.SIGKILL)  # in case it left its group
+            except ProcessLookupError:
+                pass
+        p.wait()
+    return running
 
 
 def _say(message: str) -> None:
@@ -215,32 +318,32 @@ def _say(message: str) -> None:
     sys.stderr.flush()
 
 
-def _supervise(procs: dict[int, subprocess.Popen], caught: list[int]) -> int:
+def _supervise(procs: dict[int, subprocess.Popen], events: queue.SimpleQueue) -> int:
     """Wait for every rank; at the first failure or signal, stop the others.
-    Returns the launcher's exit code."""
-    running = dict(procs)
+    ``events`` holds (rank, exit code) as the ranks exit, and (None, signal)
+    when the launcher gets one. Returns the launcher's exit code."""
+    running = set(procs)
     while running:
-        if caught:
-            name = signal_name(caught[0])
-            stopped = _stop(running)
+        rank, code = events.get()
+        if rank is None:
+            stopped = _stop(procs, events)
+            name = signal_name(code)
             _say(f"got {name}, stopped {_ranks(stopped)}" if stopped else f"got {name}")
-            return 128 + caught[0]
-        failed = []
-        for rank in sorted(running):
-            code = running[rank].poll()
-            if code is not None:
-                del running[rank]
-                if code != 0:
-                    failed.append((rank, code))
-        if failed:
-            for rank, code in failed:
-                _say(f"rank {rank} {describe_exit(code)}")
-            stopped = _stop(running)
+            return 128 + code
+        running.discard(rank)
+        if code != 0:
+            _say(f"rank {rank} {describe_exit(code)}")
+            while True:  # those that failed on their own too, before the launcher stepped in
+                try:
+                    other, other_code = events.get_nowait()
+                except queue.Empty:
+                    break
+                if other is not None and other_code != 0:
+                    _say(f"rank {other} {describe_exit(other_code)}")
+            stopped = _stop(procs, events)
             if stopped:
-                _say(f"stopped {_ranks(stopped)} after rank {failed[0][0]} failed")
-            code = failed[0][1]
+                _say(f"stopped {_ranks(stopped)} after rank {rank} failed")
             return code if code > 0 else 128 - code
-        time.sleep(_POLL_S)
     return 0
 
 
@@ -255,12 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     pipe = subprocess.PIPE if opts.tag_output else None
 
     # The ranks live in their own sessions, so the terminal's Ctrl-C reaches
-    # only the launcher; it records the signal and the loop stops the ranks.
-    caught: list[int] = []
+    # only the launcher; it queues the signal and _supervise stops the ranks.
+    # (SimpleQueue.put may be called from a signal handler.)
+    events: queue.SimpleQueue = queue.SimpleQueue()
     handled = (signal.SIGINT, signal.SIGTERM)
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {s: signal.signal(s, lambda num, frame: caught.append(num)) for s in handled}
+        previous = {s: signal.signal(s, lambda num, frame: events.put((None, num))) for s in handled}
 
     procs: dict[int, subprocess.Popen] = {}
     threads: list[threading.Thread] = []
@@ -271,16 +375,22 @@ def main(argv: list[str] | None = None) -> int:
             env = dict(os.environ)
             env.update(rank_env(rank, n * opts.nnodes, local_rank, n, opts.node_rank,
                                 opts.master_addr, port, job_id))
+            if opts.token:
+                env["COLLIE_TOKEN"] = opts.token
             if opts.tag_output:
                 env.setdefault("PYTHONUNBUFFERED", "1")  # a pipe would block-buffer
             procs[rank] = p = subprocess.Popen(cmd, env=env, stdout=pipe, stderr=pipe,
                                                start_new_session=True, preexec_fn=die_with_parent)
+            threading.Thread(target=_watch, args=(rank, p, events), name=f"collie-watch-{rank}",
+                             daemon=True).start()
             if opts.tag_output:
                 threads.append(_forward(p.stdout, sys.stdout, f"[{rank}]: ", lock))
                 threads.append(_forward(p.stderr, sys.stderr, f"[{rank}]: ", lock))
-        return _supervise(procs, caught)
+        return _supervise(procs, events)
     finally:
-        _stop(procs)  # only does something if starting or supervising raised
+        # After a failure or a signal the ranks are gone already; after a
+        # clean end this ends what they left running. Then reap them.
+        _stop(procs, events)
         deadline = time.monotonic() + 2.0  # a grandchild may hold a pipe open
         for t in threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -347,13 +457,46 @@ def _run_rank(fn: Callable[..., Any], rank: int, args: tuple, env: dict[str, str
 
 
 class SpawnContext:
-    """The ranks of one spawn(); ``processes[i]`` is rank i."""
+    """The ranks of one spawn(); ``processes[i]`` is rank i.
+
+    A thread per rank reads what the rank reports and waits for it to exit,
+    and queues each as it happens (rank, True: it raised; rank, None: it
+    ended), so join() raises for the first rank to fail, not for the
+    lowest-numbered one of those it finds failed when it looks.
+    """
 
     def __init__(self, processes: list, readers: list, job_id: str):
         self.processes = processes
-        self._readers = dict(enumerate(readers))
-        self._errors: dict[int, tuple[bytes | None, str]] = {}
         self.job_id = job_id
+        self._errors: dict[int, tuple[bytes | None, str]] = {}
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: set[int] = set()  # ranks that exited cleanly
+        for conn in readers[len(processes):]:  # of a rank that did not start
+            conn.close()
+        self._watchers = [threading.Thread(target=self._watch, args=(rank, proc, readers[rank]),
+                                           name=f"collie-watch-{rank}", daemon=True)
+                          for rank, proc in enumerate(processes)]
+        for t in self._watchers:
+            t.start()
+
+    def _watch(self, rank: int, proc, reader) -> None:
+        """On a thread: read the rank's report while it runs (a large one
+        would block it on a full pipe), and queue its end as soon as its
+        sentinel shows it. It never reaps the process: that stays with the
+        caller's thread (join(), or the caller's own look at
+        ``processes``), since two threads reaping one process race."""
+        with reader:
+            while True:
+                ready = wait_any([reader, proc.sentinel])
+                if reader not in ready:
+                    break  # it exited; a report it sent first would have been ready too
+                try:
+                    self._errors[rank] = reader.recv()
+                except (EOFError, OSError):
+                    break  # it closed the pipe: no (more) report
+                self._events.put((rank, True))
+        wait_any([proc.sentinel])
+        self._events.put((rank, None))  # ended: join() reads how
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: forever) for the ranks.
@@ -364,58 +507,41 @@ class SpawnContext:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while True:
-                self._read_errors()
-                # One look at the exit codes per pass: a rank that exits
-                # after it must still be waited on below, or join() would
-                # sleep on the other ranks alone (a rank that closed its
-                # report pipe and exited between two looks hung it so).
-                codes = [p.exitcode for p in self.processes]
-                # A rank that reported an exception has failed, before its
-                # exit status is in.
-                failed = [i for i, code in enumerate(codes) if i in self._errors or code not in (None, 0)]
-                if failed:
-                    self._finish()
-                    raise self._error(failed[0])
-                if all(code == 0 for code in codes):
-                    self._finish()
-                    return True
+            while len(self._done) < len(self.processes):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                waitables = [p.sentinel for p, code in zip(self.processes, codes) if code is None]
-                wait_any(waitables + list(self._readers.values()), timeout=left)
+                try:
+                    rank, failed = self._events.get(timeout=left)
+                except queue.Empty:
+                    return False
+                if failed is None:  # it ended: how?
+                    self.processes[rank].join()
+                    failed = self.processes[rank].exitcode != 0
+                if failed:  # an exception reported, or a bad exit
+                    self._finish()
+                    raise self._error(rank)
+                self._done.add(rank)
+            self._finish()
+            return True
         except BaseException:
             self._finish()  # also on KeyboardInterrupt in the parent: no orphans
             raise
 
-    def _read_errors(self) -> None:
-        """Collect the reports ranks sent. Reading while they run matters: a
-        large report would otherwise block its rank on a full pipe."""
-        for rank, conn in list(self._readers.items()):
-            try:
-                while conn.poll():
-                    self._errors[rank] = conn.recv()
-            except (EOFError, OSError):
-                conn.close()
-                del self._readers[rank]
-
     def _finish(self) -> None:
-        """Stop the ranks still running (SIGTERM, SIGKILL after GRACE_S), then
-        release the pipes and the job's shared memory."""
-        live = [p for p in self.processes if p.exitcode is None]
-        for p in live:
+        """Stop the ranks still running (SIGTERM, SIGKILL after GRACE_S), reap
+        them, and release the job's shared memory."""
+        live = [(p, t) for p, t in zip(self.processes, self._watchers) if t.is_alive()]
+        for p, _ in live:
             p.terminate()
         deadline = time.monotonic() + GRACE_S
-        for p in live:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.exitcode is None:
+        for p, t in live:
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
                 p.kill()
-                p.join()
-        self._read_errors()
-        for conn in self._readers.values():
-            conn.close()
-        self._readers.clear()
+                t.join()
+        for p in self.processes:
+            p.join()
         remove_shm(self.job_id)
 
     def _error(self, rank: int) -> BaseException:
@@ -460,9 +586,10 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
     torch.multiprocessing.spawn.
 
     Each process gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-    GROUP_RANK, MASTER_ADDR (127.0.0.1), MASTER_PORT (a free port) and
-    COLLIE_JOB_ID in its environment, so ``collie.init_process_group()``
-    works in ``fn``; ``env`` adds to or overrides them.
+    GROUP_RANK, MASTER_ADDR (127.0.0.1), MASTER_PORT (a free port),
+    COLLIE_JOB_ID and COLLIE_TOKEN (the caller's, else a fresh secret) in
+    its environment, so ``collie.init_process_group()`` works in ``fn``;
+    ``env`` adds to or overrides them.
 
     Args:
         fn: a picklable function (module level) unless start_method is "fork".
@@ -477,7 +604,7 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
         None when ``join`` is True, else a SpawnContext.
 
     Raises:
-        At the first failed rank, after stopping the others: the exception
+        At the first rank to fail, after stopping the others: the exception
         that rank raised, with ``__cause__`` a RemoteTraceback holding its
         traceback text; ProcessRaisedException if it did not pickle;
         ProcessExitedException if the rank exited non-zero or by a signal.
@@ -489,6 +616,7 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
         _preload_in_forkserver(ctx)
     extra = {k: str(v) for k, v in (env or {}).items()}
     job_id = extra.get("COLLIE_JOB_ID") or secrets.token_hex(4)
+    token = os.environ.get("COLLIE_TOKEN") or new_token()
     port = free_port("127.0.0.1")
     processes, readers = [], []
     try:
@@ -496,6 +624,7 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
             # The child sets its env itself: with forkserver, the server's
             # environment is fixed when it starts, not when a child is made.
             child_env = rank_env(rank, nprocs, rank, nprocs, 0, "127.0.0.1", port, job_id)
+            child_env["COLLIE_TOKEN"] = token
             child_env.update(extra)
             reader, writer = ctx.Pipe(duplex=False)
             readers.append(reader)

@@ -146,15 +146,16 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=2000, help="round trips per repeat (default 2000)")
     p.add_argument("--reps", type=int, default=8, help="large messages per repeat (default 8)")
     opts = p.parse_args(argv)
-    from .launch import free_port
+    from .launch import free_port, new_token
     n, iters, reps = opts.bytes, opts.iters, opts.reps
     print(f"# collie pingpong --bytes {n} --iters {iters} --reps {reps}   ({os.cpu_count()} cores)")
     print(f"# {'between two processes':<22}{'8-byte round trip':>20}{f'{n >> 20} MiB one way':>20}")
     ways = []
     for backend in ("shm", "tcp"):
-        def collie_args(rank, backend=backend, port=free_port()):
+        def collie_args(rank, backend=backend, port=free_port(), token=new_token()):
             env = dict(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), COLLIE_JOB_ID=f"pingpong{port}")
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), COLLIE_JOB_ID=f"pingpong{port}",
+                       COLLIE_TOKEN=token)  # one secret per pair, as collie run gives
             return (rank, env, backend, n, iters, reps)
         ways.append((f"collie {backend}", _collie_rank, collie_args))
     a, b = mp.get_context("fork").Pipe(duplex=True)

@@ -74,8 +74,10 @@ is SIGKILLed later. A segment is a memfd (it has no name at all) that peers
 open through /proc/<pid>/fd/<fd> while its owner is alive. Where that does not
 work (a peer in another pid namespace, a hardened /proc), the segment is a
 file /dev/shm/collie-<job>-<rank>-<pid>, unlinked as soon as every peer has
-mapped it; if a rank dies during setup, the launcher removes collie-<job>-*.
-COLLIE_SHM_MEMFD=0 (or ``memfd=False``) forces the file.
+mapped it; if a rank dies during setup, the launcher removes collie-<job>-*,
+and where no launcher is left to do so, the next setup on the host removes
+the files of dead owners (sweep_segments). COLLIE_SHM_MEMFD=0 (or
+``memfd=False``) forces the file.
 
 Tuning: COLLIE_SHM_SLOTS (default 8) and COLLIE_SHM_SLOT_BYTES (default
 256 KiB, a multiple of 64) size every ring this rank reads; writers use the
@@ -86,9 +88,12 @@ touched only as rings fill.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import mmap
 import os
+import re
+import stat
 import struct
 from collections import deque
 from typing import Optional
@@ -330,8 +335,16 @@ class _In:
         self.error: Optional[BaseException] = None
 
 
+SHM_DIR = "/dev/shm"
+_SEGMENT_FILE = re.compile(r"collie-.+-\d+-(\d+)")  # collie-<job>-<rank>-<owner's pid>
+
+
 class _Segment:
-    """One shared-memory segment: a memfd or a /dev/shm file, and its mapping."""
+    """One shared-memory segment: a memfd or a /dev/shm file, and its mapping.
+
+    A file's owner holds an exclusive flock on it until it unlinks it, so
+    that a later job can tell a file left by a dead owner (sweep_segments).
+    """
 
     def __init__(self, size: int, memfd: bool, name: str):
         self.size = size
@@ -339,9 +352,11 @@ class _Segment:
         if memfd:
             self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
         else:
-            self.path = f"/dev/shm/{name}"
+            self.path = f"{SHM_DIR}/{name}"
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
+            if not memfd:
+                fcntl.flock(self.fd, fcntl.LOCK_EX)  # waits out a sweeper looking at it
             os.ftruncate(self.fd, size)
             self.mm = mmap.mmap(self.fd, size)
         except BaseException:
@@ -363,6 +378,60 @@ class _Segment:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def sweep_segments() -> list[str]:
+    """Remove the segment files in /dev/shm whose owner is dead; returns
+    their paths.
+
+    A file lives only while its owner sets up, but an owner SIGKILLed then,
+    with no launcher left to remove it (torchrun, mpiexec, a killed
+    ``collie run``), leaves it behind; every later setup on the host sweeps.
+    A file goes only if it is this user's, has collie's name, its owner's
+    pid is not alive here, and its lock is free: a live owner in another
+    pid namespace still holds the lock.
+    """
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    for name in names:
+        match = _SEGMENT_FILE.fullmatch(name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        path = f"{SHM_DIR}/{name}"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue  # gone already, or not ours to open
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            now = os.stat(path, follow_symlinks=False)
+            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):  # not a new file of that name
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's
+    return True
 
 
 def _map_peer(info: dict) -> mmap.mmap:
@@ -447,6 +516,7 @@ class ShmTransport(Transport):
         window_at = _align(Doorbell.RESERVED, _PAGE) + ring * len(self.peers)
         size = window_at + self.window_bytes
         name = f"collie-{self.job_id}-{self.rank}-{os.getpid()}"
+        sweep_segments()
         try:
             seg = _Segment(size, memfd, name)
         except OSError:
