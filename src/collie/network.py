@@ -197,7 +197,9 @@ class Network:
         elif kind == b"query":
             (context,) = _QUERY.unpack(body)
             seq = self.done.get(context, (-1, 0))[0]
-            waiting = np.array(self._waiting, np.int32).tobytes()
+            # A rank whose call already failed waits, in effect, on whom it blamed.
+            blocked = self._waiting or (self._abort[2] if self._abort is not None else ())
+            waiting = np.array(blocked, np.int32).tobytes()
             self.send_control(peer, b"answer:" + _ANSWER.pack(context, seq, self.current) + waiting)
         elif kind == b"answer":
             waiting = tuple(np.frombuffer(body, np.int32, offset=_ANSWER.size).tolist())
@@ -494,7 +496,12 @@ class Network:
             for req in requests:
                 if req.error is not None:
                     self.check(describe, tag)  # the root cause, if a peer told us one
-                    raise self._explain(req, describe, call is not None) from req.error
+                    error = self._explain(req, describe, call is not None)
+                    if isinstance(error, PeerError) and not getattr(req.error, "left", False):
+                        # A death seen in any wait (point to point too) is news for
+                        # every rank, before this one leaves and they hear only that.
+                        self.fail(range(self.size), "PeerError", (error.peer,), str(error))
+                    raise error from req.error
                 if not req.done:
                     open_.append(req)
             if not open_:
