@@ -553,7 +553,7 @@ class Network:
         """The timeout error of a wait: it names the ranks at fault. A rank
         waits on its neighbours, who may wait on theirs (in this call, or
         blocked in another one), so the peers it waits for are seldom the
-        culprits. A collective asks every rank where it is and whom it waits
+        culprits. This rank asks every rank where it is and whom it waits
         for (QUERY_GRACE), follows those waits from this rank, and blames
         where they end: a rank that does not answer (stopped, hung), or one
         that waits for nobody and has not reached the call."""
@@ -561,9 +561,10 @@ class Network:
         waiting = sorted(_peers_of(pending))
         text = (f"rank {self.rank}: {describe()} timed out after {timeout:g}s waiting for "
                 f"rank(s) {waiting or 'any'} (pending: {', '.join(repr(r) for r in pending)})")
-        if call is None:
-            return CollieTimeout(text, tuple(waiting))
-        tag = call[0]
+        # A point-to-point wait has no call the others could be in: only
+        # the waits are followed.
+        tag = call[0] if call is not None else pending[0].tag if pending else 0
+        members = call[2] if call is not None else ()
         context, seq = tag >> _CONTEXT_SHIFT, tag & MAX_TAG
         asked = [p for p in range(self.size) if p != self.rank and p not in self._lost]
         for p in asked:
@@ -584,13 +585,13 @@ class Network:
             if answer is not None and answer[3]:
                 todo.extend(answer[3])  # blocked on others: not the cause
                 continue
-            if answer is not None and p in call[2] and (answer[2] == tag or answer[1] >= seq):
+            if answer is not None and p in members and (answer[2] == tag or answer[1] >= seq):
                 continue  # in this call and busy, or past it: not waiting on anyone
             culprits.append(p)
             if answer is None:
                 why.append(f"rank {p} did not answer (stopped, or hung without releasing the GIL)")
-            elif p not in call[2]:
-                why.append(f"rank {p} is in no call")
+            elif p not in members:
+                why.append(f"rank {p} is waiting for nobody")
             elif answer[1] < 0:
                 why.append(f"rank {p} has called no collective on this group yet")
             else:
