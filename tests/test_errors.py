@@ -187,3 +187,19 @@ def _async_body(rank, size):
 def test_async_collectives_complete_in_call_order():
     res = run_ranks(_async_body, 3)
     assert res == [(3.0, 3.0, 6.0, True, True)] * 3
+
+
+def _file_init_body(rank, size, path):
+    import collie
+    collie.init_process_group(init_method=f"file://{path}", rank=rank, world_size=size, timeout=30)
+    try:
+        x = np.array([float(rank)])
+        collie.all_reduce(x)
+        return x[0]
+    finally:
+        collie.destroy_process_group()
+
+
+def test_file_init_joins_ranks_that_share_a_file(tmp_path):
+    # file:// names no address for the ranks' own connections: they use loopback here
+    assert run_ranks(_file_init_body, 3, str(tmp_path / "store"), init=False) == [3.0] * 3

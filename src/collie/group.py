@@ -422,7 +422,10 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         _warn_no_token(info)
     try:
         network = Network(info.rank, info.world_size, info.store, info.job_id, backend=transport,
-                          timeout=seconds, token=tok, master_addr=info.master_addr,
+                          timeout=seconds, token=tok,
+                          # file:// names no address: the ranks listen where MASTER_ADDR
+                          # routes to, if set, else on loopback (one host)
+                          master_addr=info.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1",
                           local_world_size=info.local_world_size)
     except BaseException:
         if store is None:
