@@ -9,9 +9,13 @@ a loopback address, else the local address that routes toward MASTER_ADDR),
 publishes "host:port" in the store under ``tcp/{job_id}/{rank}``, connects to
 every lower rank and accepts a connection from every higher one. Each
 connection starts with collie.auth.handshake, then the connecting rank says
-who it is (rank, world size, job id). While a rank waits for connections it
-also watches those it already has, so one rank's failure during setup (a bad
-token, a crash) spreads to the others in moments instead of a timeout.
+who it is (rank, world size, job id). The listener runs the handshakes of
+all incoming connections side by side and drops any that fails, claims a
+rank it should not, or stays silent, so a stray connection (a port scanner,
+junk, a stranger) never stops setup. While a rank waits for connections it
+also watches those it already has, so one rank's failure during setup (a
+crash) spreads to the others in moments instead of a timeout; a rank refused
+for a wrong token says so in the store, which ends the others' wait too.
 
 Wire format. A frame is a 25-byte header, ``HEADER`` = (kind u8, tag i64,
 meta i64, nbytes u64), then nbytes of payload. Kinds: DATA (a message),
@@ -63,9 +67,11 @@ a bare socket: the kernel wakes the receiver, which wakes the waiting thread.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import ipaddress
 import logging
-import select
+import selectors
 import socket
 import struct
 import threading
@@ -75,8 +81,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..auth import handshake, recv_exact
-from ..errors import CollieError, CollieTimeout, PeerError
+from ..auth import Handshake, Pending, RefusalLog, handshake
+from ..errors import AuthError, CollieError, CollieTimeout, PeerError
 from .base import Combine, MessageMismatch, Request, Transport
 
 __all__ = ["TcpTransport", "HEADER", "DATA", "CONTROL", "BYE"]
@@ -89,10 +95,12 @@ _HELLO = struct.Struct("<qqH")  # rank, world size, length of the job id that fo
 
 PIECE = 2 << 20  # bytes per combine call: a multiple of 16 (256 KiB..4 MiB measured alike)
 LINGER = 5.0  # seconds close() waits for queued sends and for peers to hang up
+LOOK = 0.5  # seconds between looks in the store for a rank refused during setup
 _READ_BUFFER = 1 << 16  # headers and small payloads are read through this buffer
 _SMALL_COPY = 1 << 16  # larger copies go through NumPy, which releases the GIL
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+_OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 class _EndOfStream(Exception):
@@ -153,6 +161,48 @@ class _Peer:
         self.receiver: Optional[threading.Thread] = None
         self.sender: Optional[threading.Thread] = None
         self.bounce: Optional[memoryview] = None  # for combine; receiver thread only
+
+
+class _Incoming:
+    """A connection to the setup listener until it has said which rank it
+    is: the handshake, then _HELLO and the job id, read as they arrive, each
+    message exactly (nothing beyond it is buffered)."""
+
+    __slots__ = ("sock", "origin", "shake", "buf", "hello")
+
+    def __init__(self, sock: socket.socket, origin: str, token: Optional[bytes]):
+        self.sock = sock
+        self.origin = origin
+        self.shake = Handshake(token, server=True, what=f"the connection from {origin}")
+        self.buf = bytearray()
+        self.hello: Optional[tuple] = None  # (rank, world size, job id length) once read
+
+    def advance(self) -> Optional[tuple]:
+        """Read what has arrived, without blocking; return (rank, world size,
+        job id) once all of it is here, else None. Raises AuthError if the
+        handshake fails, ConnectionError if the other end hangs up."""
+        try:
+            while True:
+                out = self.shake.take()
+                if out:
+                    self.sock.sendall(out)  # a few bytes into an empty buffer
+                if self.shake.refused is not None:
+                    raise self.shake.refused
+                need = self.shake.need or (self.hello[2] if self.hello else _HELLO.size)
+                while len(self.buf) < need:
+                    data = self.sock.recv(need - len(self.buf))
+                    if not data:
+                        raise ConnectionError("it hung up before saying which rank it is")
+                    self.buf += data
+                message, self.buf = bytes(self.buf), bytearray()
+                if self.shake.need:
+                    self.shake.feed(message)
+                elif self.hello is None:
+                    self.hello = _HELLO.unpack(message)
+                else:
+                    return self.hello[0], self.hello[1], message.decode(errors="replace")
+        except (BlockingIOError, InterruptedError):
+            return None
 
 
 def _byte_view(buffer) -> memoryview:
@@ -275,7 +325,7 @@ class TcpTransport(Transport):
             for each CONTROL frame; keep it short (it delays that peer's data).
         master_addr: where rank 0's host is reached; picks the interface.
 
-    Raises (from the constructor): AuthError if a handshake fails,
+    Raises (from the constructor): AuthError if a rank's handshake fails,
     CollieTimeout if peers do not show up in time, PeerError if a peer
     fails during setup.
     """
@@ -323,13 +373,14 @@ class TcpTransport(Transport):
         with socket.socket(family, socket.SOCK_STREAM) as listener:
             _tune(listener)
             listener.bind((host, 0))
-            listener.listen(self.size)
+            listener.listen(socket.SOMAXCONN)  # stray connections must not fill the queue ahead of the ranks
+            listener.setblocking(False)
             port = listener.getsockname()[1]
             store.set(f"tcp/{job_id}/{self.rank}", _format_address(host, port).encode())
             hello = _HELLO.pack(self.rank, self.size, len(job_id.encode())) + job_id.encode()
             for peer in range(self.rank):
                 self._connect_to(peer, store, job_id, token, hello, deadline)
-            self._accept_higher(listener, job_id, token, deadline)
+            self._accept_higher(listener, store, job_id, token, deadline)
 
     def _remaining(self, deadline: float, waiting_for: str, peers: tuple) -> float:
         left = deadline - time.monotonic()
@@ -364,6 +415,13 @@ class TcpTransport(Transport):
         try:
             handshake(sock, token, server=False, what=f"rank {peer}")
             sock.sendall(hello)
+        except AuthError as exc:
+            # The listener drops a refused connection without a word (it
+            # cannot tell a rank from a stranger): say it where the ranks look.
+            with contextlib.suppress(Exception):
+                store.set(f"tcp/{job_id}/refused", f"rank {self.rank} could not authenticate with "
+                                                   f"rank {peer}: {exc}".encode())
+            raise
         except TimeoutError as exc:
             raise CollieTimeout(f"rank {self.rank}: rank {peer} did not finish the handshake in time",
                                 (peer,)) from exc
@@ -371,66 +429,127 @@ class TcpTransport(Transport):
             raise PeerError(f"rank {peer} hung up on rank {self.rank} during the handshake: {exc} "
                             f"(rank {peer} failed during setup?)", peer) from exc
 
-    def _accept_higher(self, listener: socket.socket, job_id: str, token, deadline: float) -> None:
-        expected = set(range(self.rank + 1, self.size))
-        poller = select.poll()
-        poller.register(listener, select.POLLIN)
-        # Connections already made: if one ends now, that rank failed, and
-        # waiting for the others is pointless.
-        watched = {p.sock.fileno(): p for p in self._peers if p is not None}
-        for fd in watched:
-            poller.register(fd, select.POLLIN)
-        while expected:
-            left = self._remaining(deadline, f"rank(s) {sorted(expected)} to connect",
-                                   tuple(sorted(expected)))
-            for fd, _ in poller.poll(min(left, 1.0) * 1000):
-                if fd == listener.fileno():
-                    peer = self._accept_one(listener, job_id, token, deadline, expected)
-                    expected.discard(peer)
-                    watched[self._peers[peer].sock.fileno()] = self._peers[peer]
-                    poller.register(self._peers[peer].sock, select.POLLIN)
-                    continue
-                p = watched.pop(fd)
-                poller.unregister(fd)
-                try:
-                    alive = p.sock.recv(1, socket.MSG_PEEK | _DONTWAIT) != b""
-                except BlockingIOError:
-                    alive = True
-                except OSError:
-                    alive = False
-                if not alive:
-                    raise PeerError(f"rank {p.rank} closed its connection to rank {self.rank} during "
-                                    f"setup (it failed, e.g. a bad token or a crash)", p.rank)
-                # else it has already sent data: it finished setup and is alive
+    def _accept_higher(self, listener: socket.socket, store, job_id: str, token, deadline: float) -> None:
+        """Take a connection from every higher rank.
 
-    def _accept_one(self, listener: socket.socket, job_id: str, token, deadline: float,
-                    expected: set) -> int:
-        sock, addr = listener.accept()
-        origin = f"{addr[0]}:{addr[1]}"
+        Connections are taken as they come, and their handshakes run side by
+        side in this one loop, so that no stray connection holds up the
+        ranks: one that fails the handshake, claims to be a rank that is not
+        expected, or is silent past collie.auth.HANDSHAKE_SECONDS, is dropped
+        (logged once at most) and setup goes on; strangers are bounded as
+        collie.auth.Pending says. A real rank with a wrong token learns it
+        from its own handshake and says so in the store, which this loop
+        reads every LOOK seconds, so that the wait ends with AuthError here
+        too. And it watches the connections already made: one that ends
+        means that rank failed, and waiting for the others is pointless.
+        """
+        expected = set(range(self.rank + 1, self.size))
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ)
+        for p in self._peers:
+            if p is not None:
+                sel.register(p.sock, selectors.EVENT_READ, p)
+        pending: Pending[_Incoming] = Pending()
+        log_drop = RefusalLog(_log)
+        pause, resume_at = 0.0, None  # accepting pauses when out of file descriptors
+        look_at = time.monotonic() + LOOK
+
+        def drop(inc: _Incoming, why: str) -> None:
+            log_drop(f"rank {self.rank} dropped a connection from {inc.origin} during TCP setup: {why}")
+            pending.discard(inc)
+            sel.unregister(inc.sock)
+            inc.sock.close()
+
         try:
-            _tune(sock)
-            sock.settimeout(self._remaining(deadline, f"rank(s) {sorted(expected)} to connect",
-                                            tuple(sorted(expected))))
-            try:
-                handshake(sock, token, server=True, what=f"the rank connecting from {origin}")
-                peer, size, n = _HELLO.unpack(recv_exact(sock, _HELLO.size))
-                job = recv_exact(sock, n).decode(errors="replace")
-            except TimeoutError as exc:
-                raise CollieTimeout(f"rank {self.rank}: the rank connecting from {origin} did not finish "
-                                    f"the handshake in time", tuple(sorted(expected))) from exc
-            except OSError as exc:  # ConnectionError included; AuthError is not one
-                raise PeerError(f"rank {self.rank}: the rank connecting from {origin} hung up before "
-                                f"saying who it is: {exc}") from exc
-            if job != job_id or size != self.size or peer not in expected:
-                raise CollieError(
-                    f"rank {self.rank}: connection from {origin} claims to be rank {peer} of {size} "
-                    f"in job {job!r}; expected one of ranks {sorted(expected)} of {self.size} "
-                    f"in job {job_id!r}")
-        except BaseException:
-            sock.close()
-            raise
-        self._peers[peer] = _Peer(peer, sock)
-        return peer
+            while expected:
+                left = self._remaining(deadline, f"rank(s) {sorted(expected)} to connect",
+                                       tuple(sorted(expected)))
+                times = [t for t in (pending.next_deadline(), resume_at, look_at) if t is not None]
+                wait = max(0.0, min([time.monotonic() + left] + times) - time.monotonic())
+                for key, _ in sel.select(wait):
+                    if key.fileobj is listener:
+                        for _ in range(pending.limit):  # then serve the others before accepting more
+                            try:
+                                sock, addr = listener.accept()
+                            except (BlockingIOError, InterruptedError):
+                                break
+                            except ConnectionAbortedError:
+                                continue
+                            except OSError as exc:
+                                oldest = pending.oldest()
+                                if exc.errno in _OUT_OF_FDS and oldest is not None:
+                                    drop(oldest, f"closed to free a file descriptor ({exc.strerror})")
+                                    continue
+                                if not pause:
+                                    _log.warning("rank %d cannot accept connections during TCP setup (%s): "
+                                                 "trying again every 0.1 to 1 s", self.rank, exc)
+                                pause = min(max(2 * pause, 0.1), 1.0)
+                                resume_at = time.monotonic() + pause
+                                sel.unregister(listener)
+                                break
+                            pause = 0.0
+                            sock.setblocking(False)
+                            inc = _Incoming(sock, f"{addr[0]}:{addr[1]}", token)
+                            sel.register(sock, selectors.EVENT_READ, inc)
+                            for old in pending.add(inc, addr[0]):
+                                drop(old, "still in the handshake when newer connections came "
+                                          "(the oldest go first)")
+                            self._advance(inc, pending, expected, job_id, sel, drop)
+                    elif isinstance(key.data, _Incoming):
+                        self._advance(key.data, pending, expected, job_id, sel, drop)
+                    else:  # a connection made before: it either failed or is sending already
+                        p = key.data
+                        sel.unregister(p.sock)
+                        try:
+                            alive = p.sock.recv(1, socket.MSG_PEEK | _DONTWAIT) != b""
+                        except BlockingIOError:
+                            alive = True
+                        except OSError:
+                            alive = False
+                        if not alive:
+                            raise PeerError(f"rank {p.rank} closed its connection to rank {self.rank} "
+                                            f"during setup (it failed, e.g. a bad token or a crash)", p.rank)
+                for inc in pending.expired():
+                    drop(inc, f"did not finish the handshake within {pending.seconds:g} s")
+                now = time.monotonic()
+                if resume_at is not None and now >= resume_at:
+                    resume_at = None
+                    sel.register(listener, selectors.EVENT_READ)
+                if now >= look_at and expected:
+                    look_at = now + LOOK
+                    if store.check([f"tcp/{job_id}/refused"]):
+                        raise AuthError(f"rank {self.rank}: TCP setup failed: "
+                                        f"{store.get(f'tcp/{job_id}/refused').decode(errors='replace')}")
+        finally:
+            for key in list(sel.get_map().values()):
+                if isinstance(key.data, _Incoming):
+                    key.fileobj.close()
+            sel.close()
+
+    def _advance(self, inc: _Incoming, pending: Pending, expected: set, job_id: str, sel,
+                 drop: Callable[[_Incoming, str], None]) -> None:
+        """Take ``inc`` as far as what has arrived allows; once it has said
+        which rank it is, make it that rank's connection, or drop it."""
+        try:
+            said = inc.advance()
+        except OSError as exc:  # AuthError is not one
+            drop(inc, f"it hung up during the handshake ({exc})")
+            return
+        except AuthError as exc:
+            drop(inc, str(exc))
+            return
+        if inc.shake.proven:  # it may believe it is in: no longer pushed out or timed out
+            pending.discard(inc)
+        if said is None:
+            return
+        peer, size, job = said
+        if job != job_id or size != self.size or peer not in expected:
+            drop(inc, f"it claims to be rank {peer} of {size} in job {job!r}; rank {self.rank} "
+                      f"expects one of ranks {sorted(expected)} of {self.size} in job {job_id!r}")
+            return
+        p = self._peers[peer] = _Peer(peer, inc.sock)
+        sel.modify(inc.sock, selectors.EVENT_READ, p)  # watched from now on, as the others
+        expected.discard(peer)
 
     # ------------------------------------------------------------- receiving
 
