@@ -32,8 +32,8 @@ finished once the client has proved itself (or once the hellos matched, with
 no token), and the client finishes after the server: so closing a pending
 connection never cuts off a client that believes it is in.
 
-``RefusalLog`` says why connections were dropped without letting a flood of
-them flood the log.
+``QuietLog`` says why connections were dropped, and that a listener ran out
+of file descriptors, without letting a flood of them flood the log.
 """
 
 from __future__ import annotations
@@ -251,10 +251,11 @@ class Pending(Generic[C]):
         return None
 
 
-class RefusalLog:
-    """Logs why connections were dropped: the first one in full, then at
-    most one line every ``interval`` seconds, which counts the ones left out.
-    A stray connection thus costs at most one line, and a flood a few."""
+class QuietLog:
+    """A warning that a flood would repeat (a connection dropped, a listener
+    out of file descriptors): the first in full, then at most one line every
+    ``interval`` seconds, which counts the ones left out. So a stray
+    connection costs at most one line, and a flood a few."""
 
     def __init__(self, logger: logging.Logger, interval: float = 10.0):
         self._logger = logger
@@ -268,7 +269,7 @@ class RefusalLog:
             self._left_out += 1
             return
         if self._left_out:
-            message += f" ({self._left_out} more dropped and not logged since the last such message)"
+            message += f" ({self._left_out} more like it since the last such line)"
         self._logger.warning("%s", message)
         self._left_out = 0
         self._quiet_until = now + self._interval

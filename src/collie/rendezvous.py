@@ -42,7 +42,7 @@ from datetime import timedelta
 from typing import Iterable, Iterator, Mapping, Union
 from urllib.parse import parse_qs, urlsplit
 
-from .auth import Handshake, Pending, RefusalLog, handshake, recv_exact, token_from_env
+from .auth import Handshake, Pending, QuietLog, handshake, recv_exact, token_from_env
 from .errors import AuthError, CollieError, CollieTimeout, PeerError
 
 __all__ = [
@@ -319,8 +319,8 @@ class _Server:
     bytes are buffered. Out of file descriptors, the server first closes the
     oldest connection still in the handshake; with none left to close it
     stops watching the listener for a while (0.1 s, doubling up to 1 s)
-    instead of spinning on accept, and says so once. Each dropped connection
-    costs at most one line in the log (collie.auth.RefusalLog).
+    instead of spinning on accept, and says so once a minute at most. Each
+    dropped connection costs at most one line in the log (collie.auth.QuietLog).
     """
 
     def __init__(self, host: str, port: int, token: bytes | None, max_frame: int):
@@ -332,7 +332,8 @@ class _Server:
         self._token = token
         self._max_frame = max_frame
         self._pending: Pending[_Conn] = Pending()
-        self._log_drop = RefusalLog(log)
+        self._log_drop = QuietLog(log)
+        self._log_no_fds = QuietLog(log, interval=60.0)
         self._accept_pause = 0.0  # 0: accepting; else seconds of the current pause
         self._accept_resumes: float | None = None  # when a paused listener is watched again
         self._data: dict[bytes, bytes] = {}
@@ -444,9 +445,7 @@ class _Server:
                     continue
                 self._pause_accepting(exc)
                 return
-            if self._accept_pause:
-                log.warning("collie store on port %d accepts connections again", self.port)
-                self._accept_pause = 0.0
+            self._accept_pause = 0.0
             sock.setblocking(False)
             peer = f"{addr[0]}:{addr[1]}"
             conn = _Conn(sock, peer, Handshake(self._token, server=True, what=f"client {peer}"))
@@ -461,12 +460,9 @@ class _Server:
     def _pause_accepting(self, exc: OSError) -> None:
         """Stop watching the listener for a while: it would be ready again
         at once, and the loop would spin on the same error."""
-        if not self._accept_pause:
-            log.warning("collie store on port %d cannot accept connections (%s): trying again every "
-                        "%g to %g s until it can", self.port, exc, *_ACCEPT_PAUSE)
-            self._accept_pause = _ACCEPT_PAUSE[0]
-        else:
-            self._accept_pause = min(2 * self._accept_pause, _ACCEPT_PAUSE[1])
+        self._log_no_fds(f"collie store on port {self.port} cannot accept connections ({exc}): "
+                         f"trying again every {_ACCEPT_PAUSE[0]:g} to {_ACCEPT_PAUSE[1]:g} s until it can")
+        self._accept_pause = min(max(2 * self._accept_pause, _ACCEPT_PAUSE[0]), _ACCEPT_PAUSE[1])
         self._sel.unregister(self._listener)
         self._accept_resumes = time.monotonic() + self._accept_pause
 

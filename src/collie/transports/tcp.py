@@ -81,7 +81,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..auth import Handshake, Pending, RefusalLog, handshake
+from ..auth import Handshake, Pending, QuietLog, handshake
 from ..errors import AuthError, CollieError, CollieTimeout, PeerError
 from .base import Combine, MessageMismatch, Request, Transport
 
@@ -450,7 +450,7 @@ class TcpTransport(Transport):
             if p is not None:
                 sel.register(p.sock, selectors.EVENT_READ, p)
         pending: Pending[_Incoming] = Pending()
-        log_drop = RefusalLog(_log)
+        log_drop, log_no_fds = QuietLog(_log), QuietLog(_log, interval=60.0)
         pause, resume_at = 0.0, None  # accepting pauses when out of file descriptors
         look_at = time.monotonic() + LOOK
 
@@ -480,9 +480,8 @@ class TcpTransport(Transport):
                                 if exc.errno in _OUT_OF_FDS and oldest is not None:
                                     drop(oldest, f"closed to free a file descriptor ({exc.strerror})")
                                     continue
-                                if not pause:
-                                    _log.warning("rank %d cannot accept connections during TCP setup (%s): "
-                                                 "trying again every 0.1 to 1 s", self.rank, exc)
+                                log_no_fds(f"rank {self.rank} cannot accept connections during TCP "
+                                           f"setup ({exc}): trying again every 0.1 to 1 s")
                                 pause = min(max(2 * pause, 0.1), 1.0)
                                 resume_at = time.monotonic() + pause
                                 sel.unregister(listener)
