@@ -73,6 +73,7 @@ def _closed_by_peer(sock: socket.socket, within: float) -> bool:
 
 
 def _still_open(sock: socket.socket) -> bool:
+    sock.setblocking(False)  # with a timeout, a peek would wait for the data
     try:
         return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
     except BlockingIOError:
@@ -358,8 +359,10 @@ def test_store_out_of_file_descriptors(token):
             for sock in flood:
                 sock.close()
             flood.clear()
+            t0 = time.monotonic()
             with TCPStore(HOST, port, timeout=10, token=token) as late:  # served once the flood ends
                 assert late.get("k") == b"v"
+            assert time.monotonic() - t0 < 5
         here.send("stop")
         assert here.poll(10)
         lines = here.recv()

@@ -318,9 +318,10 @@ class _Server:
     declares more, or sends while it is owed an answer, is dropped before its
     bytes are buffered. Out of file descriptors, the server first closes the
     oldest connection still in the handshake; with none left to close it
-    stops watching the listener for a while (0.1 s, doubling up to 1 s)
-    instead of spinning on accept, and says so once a minute at most. Each
-    dropped connection costs at most one line in the log (collie.auth.QuietLog).
+    stops watching the listener until a connection closes or for a while
+    (0.1 s, doubling up to 1 s), instead of spinning on accept, and says so
+    once a minute at most. Each dropped connection costs at most one line in
+    the log (collie.auth.QuietLog).
     """
 
     def __init__(self, host: str, port: int, token: bytes | None, max_frame: int):
@@ -518,6 +519,8 @@ class _Server:
         self._conns.discard(conn)
         self._sel.unregister(conn.sock)
         conn.sock.close()
+        if self._accept_resumes is not None:
+            self._accept_resumes = 0.0  # paused for want of a descriptor: one is free now
         if conn.shake is not None:
             self._pending.discard(conn)
             return

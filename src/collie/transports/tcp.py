@@ -546,6 +546,7 @@ class TcpTransport(Transport):
             drop(inc, f"it claims to be rank {peer} of {size} in job {job!r}; rank {self.rank} "
                       f"expects one of ranks {sorted(expected)} of {self.size} in job {job_id!r}")
             return
+        _tune(inc.sock)
         p = self._peers[peer] = _Peer(peer, inc.sock)
         sel.modify(inc.sock, selectors.EVENT_READ, p)  # watched from now on, as the others
         expected.discard(peer)
