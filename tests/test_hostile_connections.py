@@ -402,6 +402,37 @@ def _slow_setup_then_all_reduce(rank, size, delay):
         collie.destroy_process_group()
 
 
+def _attacker(target, *args):
+    """Run ``target(*args, done, report)`` in a process of its own: forking
+    the ranks while a thread of the test runs could copy a lock it holds
+    (the import lock, in getaddrinfo) into a rank. Returns the process, the
+    event that ends the attack, and the pipe its report (a dict) comes on."""
+    done = CTX.Event()
+    here, there = CTX.Pipe(duplex=False)
+
+    def run():
+        report = {}
+        try:
+            target(*args, done, report)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            report["error"] = repr(exc)
+        there.send(report)
+
+    proc = CTX.Process(target=run, daemon=True)
+    proc.start()
+    there.close()
+    return proc, done, here
+
+
+def _attack_result(proc, done, pipe) -> dict:
+    done.set()
+    try:
+        assert pipe.poll(15), "the attacker did not report"
+        return pipe.recv()
+    finally:
+        reap([proc], [pipe])
+
+
 def _attack_listeners(port, job, token, ranks, done, report):
     """Connect junk, idle and lying connections to the setup listeners of
     ``ranks`` (their addresses are in the store) and hold them until ``done``."""
@@ -430,8 +461,6 @@ def _attack_listeners(port, job, token, ranks, done, report):
                     pass
         report.update(attacked=time.time(), refused=refused)
         done.wait(60)
-    except BaseException as exc:  # noqa: BLE001 - the test reports it
-        report["error"] = repr(exc)
     finally:
         for sock in held:
             sock.close()
@@ -444,19 +473,58 @@ def test_setup_goes_on_through_stray_connections(token):
     env = {"COLLIE_TOKEN": token} if token else {}
     for run in range(runs):
         port, job = free_port(), uuid.uuid4().hex[:10]
-        done, report = threading.Event(), {}
-        attacker = threading.Thread(target=_attack_listeners,
-                                    args=(port, job, token, range(size - 1), done, report))
-        attacker.start()
+        attacker = _attacker(_attack_listeners, port, job, token, range(size - 1))
         try:
             results = run_ranks(_slow_setup_then_all_reduce, size, 1.5, backend="tcp", init=False,
                                 timeout=60, env=dict(env, MASTER_PORT=str(port), COLLIE_JOB_ID=job))
         finally:
-            done.set()
-            attacker.join(10)
+            report = _attack_result(*attacker)
         assert "error" not in report, report
         assert report["refused"] == size - 1  # the guessed token, on every listener
         assert report["attacked"] < min(ready for ready, _ in results), \
             f"run {run}: the stray connections came after setup"
         for _, x in results:
             assert x == [sum(range(1, size + 1))] * 5
+
+
+def _out_of_fds_then_all_reduce(rank, size, delay, spare):
+    """Rank 0 has only ``spare`` descriptors left when it starts."""
+    lines: list[str] = []
+    if rank == 0:
+        logging.getLogger("collie.transports.tcp").addHandler(_count_records(lines))
+        used = len(os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (used + spare, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    ready, x = _slow_setup_then_all_reduce(rank, size, delay)
+    return ready, x, lines
+
+
+def _flood_listener(port, job, token, rank, count, done, report):
+    held = []
+    try:
+        with TCPStore(HOST, port, timeout=20, token=token) as store:
+            host, _, listen_port = store.get(f"tcp/{job}/{rank}", timeout=20).decode().rpartition(":")
+        for _ in range(count):
+            held.append(socket.create_connection((host, int(listen_port)), timeout=5))
+        report["attacked"] = time.time()
+        done.wait(60)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+@pytest.mark.timeout(120)
+def test_setup_goes_on_when_a_flood_takes_every_descriptor():
+    size, token = 2, "s3cret"
+    port, job = free_port(), uuid.uuid4().hex[:10]
+    attacker = _attacker(_flood_listener, port, job, token, 0, 300)
+    try:
+        results = run_ranks(_out_of_fds_then_all_reduce, size, 1.5, 20, backend="tcp", init=False,
+                            timeout=60, env=dict(COLLIE_TOKEN=token, MASTER_PORT=str(port), COLLIE_JOB_ID=job))
+    finally:
+        report = _attack_result(*attacker)
+    assert "error" not in report, report
+    assert report["attacked"] < min(ready for ready, _, _ in results)
+    assert [x for _, x, _ in results] == [[3.0] * 5] * size
+    lines = results[0][2]
+    assert any("closed to free a file descriptor" in line for line in lines), lines
+    assert len(lines) <= 3, lines
