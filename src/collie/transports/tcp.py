@@ -205,6 +205,133 @@ class _Incoming:
             return None
 
 
+class _Listener:
+    """A rank's setup listener while it waits for the higher ranks.
+
+    It takes connections as they come and runs their handshakes side by side
+    (each an _Incoming, read as its bytes arrive), so that no stray
+    connection holds up the ranks: one that fails the handshake, claims a
+    rank that is not expected, or is silent past collie.auth.HANDSHAKE_SECONDS
+    is dropped, logged once at most (collie.auth.QuietLog), and setup goes
+    on. Connections still in the handshake are bounded as collie.auth.Pending
+    says. Out of file descriptors, it first closes the oldest of them, and
+    with none left stops watching the listener for 0.1 s to 1 s instead of
+    spinning on accept. It also watches the connections already made (see
+    ``watch``), so that a waiting rank learns at once of one that ends.
+    """
+
+    def __init__(self, sock: socket.socket, rank: int, size: int, job_id: str, token: Optional[bytes]):
+        self.sock = sock
+        self.rank, self.size, self.job_id, self.token = rank, size, job_id, token
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(sock, selectors.EVENT_READ)
+        self.pending: Pending[_Incoming] = Pending()
+        self.log_drop, self.log_no_fds = QuietLog(_log), QuietLog(_log, interval=60.0)
+        self.pause = 0.0  # seconds accepting pauses for, when out of file descriptors
+        self.resume_at: Optional[float] = None
+
+    def watch(self, p: _Peer) -> None:
+        self.sel.register(p.sock, selectors.EVENT_READ, p)
+
+    def wait(self, timeout: float, expected: set) -> tuple[list, list]:
+        """Wait up to ``timeout`` seconds (less if a handshake's deadline
+        comes first) and handle what happened. Returns the ranks that said
+        who they are, as (rank, socket) pairs, which it takes out of
+        ``expected``, and the watched peers whose connection ended."""
+        joined: list[tuple[int, socket.socket]] = []
+        lost: list[_Peer] = []
+        times = [t for t in (self.pending.next_deadline(), self.resume_at) if t is not None]
+        timeout = max(0.0, min([time.monotonic() + timeout] + times) - time.monotonic())
+        for key, _ in self.sel.select(timeout):
+            if key.fileobj is self.sock:
+                for inc in self._accept():
+                    self._advance(inc, expected, joined)
+            elif isinstance(key.data, _Incoming):
+                self._advance(key.data, expected, joined)
+            else:  # a connection made before: it has either ended or already sends data
+                p = key.data
+                self.sel.unregister(p.sock)
+                try:
+                    alive = p.sock.recv(1, socket.MSG_PEEK | _DONTWAIT) != b""
+                except BlockingIOError:
+                    alive = True
+                except OSError:
+                    alive = False
+                if not alive:
+                    lost.append(p)
+        for inc in self.pending.expired():
+            self._drop(inc, f"did not finish the handshake within {self.pending.seconds:g} s")
+        if self.resume_at is not None and time.monotonic() >= self.resume_at:
+            self.resume_at = None
+            self.sel.register(self.sock, selectors.EVENT_READ)
+        return joined, lost
+
+    def _accept(self) -> list[_Incoming]:
+        accepted = []
+        for _ in range(self.pending.limit):  # then serve the others before accepting more
+            try:
+                sock, addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except ConnectionAbortedError:  # it hung up while waiting in the backlog
+                continue
+            except OSError as exc:
+                oldest = self.pending.oldest()
+                if exc.errno in _OUT_OF_FDS and oldest is not None:
+                    self._drop(oldest, f"closed to free a file descriptor ({exc.strerror})")
+                    continue
+                self.log_no_fds(f"rank {self.rank} cannot accept connections during TCP setup "
+                                f"({exc}): trying again every 0.1 to 1 s")
+                self.pause = min(max(2 * self.pause, 0.1), 1.0)
+                self.resume_at = time.monotonic() + self.pause
+                self.sel.unregister(self.sock)
+                break
+            self.pause = 0.0
+            sock.setblocking(False)
+            inc = _Incoming(sock, f"{addr[0]}:{addr[1]}", self.token)
+            self.sel.register(sock, selectors.EVENT_READ, inc)
+            for old in self.pending.add(inc, addr[0]):
+                self._drop(old, "still in the handshake when newer connections came (the oldest go first)")
+            accepted.append(inc)
+        return accepted
+
+    def _advance(self, inc: _Incoming, expected: set, joined: list) -> None:
+        if inc.sock.fileno() < 0:  # dropped earlier in this round
+            return
+        try:
+            said = inc.advance()
+        except OSError as exc:  # AuthError is not one
+            self._drop(inc, f"it hung up during the handshake ({exc})")
+            return
+        except AuthError as exc:
+            self._drop(inc, str(exc))
+            return
+        if inc.shake.proven:  # it may believe it is in: no longer pushed out or timed out
+            self.pending.discard(inc)
+        if said is None:
+            return
+        peer, size, job = said
+        if job != self.job_id or size != self.size or peer not in expected:
+            self._drop(inc, f"it claims to be rank {peer} of {size} in job {job!r}; rank {self.rank} "
+                            f"expects one of ranks {sorted(expected)} of {self.size} in job {self.job_id!r}")
+            return
+        self.sel.unregister(inc.sock)
+        expected.discard(peer)  # at once: a second claim to the same rank is a lie
+        joined.append((peer, inc.sock))
+
+    def _drop(self, inc: _Incoming, why: str) -> None:
+        self.log_drop(f"rank {self.rank} dropped a connection from {inc.origin} during TCP setup: {why}")
+        self.pending.discard(inc)
+        self.sel.unregister(inc.sock)
+        inc.sock.close()
+
+    def close(self) -> None:
+        """Close the connections that never said who they are."""
+        for key in list(self.sel.get_map().values()):
+            if isinstance(key.data, _Incoming):
+                key.data.sock.close()
+        self.sel.close()
+
 def _byte_view(buffer) -> memoryview:
     """A flat unsigned-byte view, so that slicing and lengths count bytes."""
     view = memoryview(buffer)
@@ -429,127 +556,38 @@ class TcpTransport(Transport):
             raise PeerError(f"rank {peer} hung up on rank {self.rank} during the handshake: {exc} "
                             f"(rank {peer} failed during setup?)", peer) from exc
 
-    def _accept_higher(self, listener: socket.socket, store, job_id: str, token, deadline: float) -> None:
-        """Take a connection from every higher rank.
-
-        Connections are taken as they come, and their handshakes run side by
-        side in this one loop, so that no stray connection holds up the
-        ranks: one that fails the handshake, claims to be a rank that is not
-        expected, or is silent past collie.auth.HANDSHAKE_SECONDS, is dropped
-        (logged once at most) and setup goes on; strangers are bounded as
-        collie.auth.Pending says. A real rank with a wrong token learns it
-        from its own handshake and says so in the store, which this loop
-        reads every LOOK seconds, so that the wait ends with AuthError here
-        too. And it watches the connections already made: one that ends
-        means that rank failed, and waiting for the others is pointless.
-        """
+    def _accept_higher(self, sock: socket.socket, store, job_id: str, token, deadline: float) -> None:
+        """Take a connection from every higher rank, through _Listener (which
+        drops stray connections), while watching the connections already
+        made: one that ends means that rank failed, and waiting for the
+        others is pointless. A real rank with a wrong token learns it from
+        its own handshake and says so in the store, which this loop reads
+        every LOOK seconds, so that the wait ends with AuthError here too."""
         expected = set(range(self.rank + 1, self.size))
-        sel = selectors.DefaultSelector()
-        sel.register(listener, selectors.EVENT_READ)
-        for p in self._peers:
-            if p is not None:
-                sel.register(p.sock, selectors.EVENT_READ, p)
-        pending: Pending[_Incoming] = Pending()
-        log_drop, log_no_fds = QuietLog(_log), QuietLog(_log, interval=60.0)
-        pause, resume_at = 0.0, None  # accepting pauses when out of file descriptors
-        look_at = time.monotonic() + LOOK
-
-        def drop(inc: _Incoming, why: str) -> None:
-            log_drop(f"rank {self.rank} dropped a connection from {inc.origin} during TCP setup: {why}")
-            pending.discard(inc)
-            sel.unregister(inc.sock)
-            inc.sock.close()
-
+        listener = _Listener(sock, self.rank, self.size, job_id, token)
         try:
+            for p in self._peers:
+                if p is not None:
+                    listener.watch(p)
+            look_at = time.monotonic() + LOOK
             while expected:
                 left = self._remaining(deadline, f"rank(s) {sorted(expected)} to connect",
                                        tuple(sorted(expected)))
-                times = [t for t in (pending.next_deadline(), resume_at, look_at) if t is not None]
-                wait = max(0.0, min([time.monotonic() + left] + times) - time.monotonic())
-                for key, _ in sel.select(wait):
-                    if key.fileobj is listener:
-                        for _ in range(pending.limit):  # then serve the others before accepting more
-                            try:
-                                sock, addr = listener.accept()
-                            except (BlockingIOError, InterruptedError):
-                                break
-                            except ConnectionAbortedError:
-                                continue
-                            except OSError as exc:
-                                oldest = pending.oldest()
-                                if exc.errno in _OUT_OF_FDS and oldest is not None:
-                                    drop(oldest, f"closed to free a file descriptor ({exc.strerror})")
-                                    continue
-                                log_no_fds(f"rank {self.rank} cannot accept connections during TCP "
-                                           f"setup ({exc}): trying again every 0.1 to 1 s")
-                                pause = min(max(2 * pause, 0.1), 1.0)
-                                resume_at = time.monotonic() + pause
-                                sel.unregister(listener)
-                                break
-                            pause = 0.0
-                            sock.setblocking(False)
-                            inc = _Incoming(sock, f"{addr[0]}:{addr[1]}", token)
-                            sel.register(sock, selectors.EVENT_READ, inc)
-                            for old in pending.add(inc, addr[0]):
-                                drop(old, "still in the handshake when newer connections came "
-                                          "(the oldest go first)")
-                            self._advance(inc, pending, expected, job_id, sel, drop)
-                    elif isinstance(key.data, _Incoming):
-                        self._advance(key.data, pending, expected, job_id, sel, drop)
-                    else:  # a connection made before: it either failed or is sending already
-                        p = key.data
-                        sel.unregister(p.sock)
-                        try:
-                            alive = p.sock.recv(1, socket.MSG_PEEK | _DONTWAIT) != b""
-                        except BlockingIOError:
-                            alive = True
-                        except OSError:
-                            alive = False
-                        if not alive:
-                            raise PeerError(f"rank {p.rank} closed its connection to rank {self.rank} "
-                                            f"during setup (it failed, e.g. a bad token or a crash)", p.rank)
-                for inc in pending.expired():
-                    drop(inc, f"did not finish the handshake within {pending.seconds:g} s")
-                now = time.monotonic()
-                if resume_at is not None and now >= resume_at:
-                    resume_at = None
-                    sel.register(listener, selectors.EVENT_READ)
-                if now >= look_at and expected:
-                    look_at = now + LOOK
+                joined, lost = listener.wait(min(left, max(0.0, look_at - time.monotonic())), expected)
+                for p in lost:
+                    raise PeerError(f"rank {p.rank} closed its connection to rank {self.rank} "
+                                    f"during setup (it failed, e.g. a bad token or a crash)", p.rank)
+                for peer, conn in joined:
+                    _tune(conn)
+                    self._peers[peer] = _Peer(peer, conn)
+                    listener.watch(self._peers[peer])
+                if expected and time.monotonic() >= look_at:
+                    look_at = time.monotonic() + LOOK
                     if store.check([f"tcp/{job_id}/refused"]):
-                        raise AuthError(f"rank {self.rank}: TCP setup failed: "
-                                        f"{store.get(f'tcp/{job_id}/refused').decode(errors='replace')}")
+                        why = store.get(f"tcp/{job_id}/refused").decode(errors="replace")
+                        raise AuthError(f"rank {self.rank}: TCP setup failed: {why}")
         finally:
-            for key in list(sel.get_map().values()):
-                if isinstance(key.data, _Incoming):
-                    key.fileobj.close()
-            sel.close()
-
-    def _advance(self, inc: _Incoming, pending: Pending, expected: set, job_id: str, sel,
-                 drop: Callable[[_Incoming, str], None]) -> None:
-        """Take ``inc`` as far as what has arrived allows; once it has said
-        which rank it is, make it that rank's connection, or drop it."""
-        try:
-            said = inc.advance()
-        except OSError as exc:  # AuthError is not one
-            drop(inc, f"it hung up during the handshake ({exc})")
-            return
-        except AuthError as exc:
-            drop(inc, str(exc))
-            return
-        if inc.shake.proven:  # it may believe it is in: no longer pushed out or timed out
-            pending.discard(inc)
-        if said is None:
-            return
-        peer, size, job = said
-        if job != job_id or size != self.size or peer not in expected:
-            drop(inc, f"it claims to be rank {peer} of {size} in job {job!r}; rank {self.rank} "
-                      f"expects one of ranks {sorted(expected)} of {self.size} in job {job_id!r}")
-            return
-        _tune(inc.sock)
-        p = self._peers[peer] = _Peer(peer, inc.sock)
-        sel.modify(inc.sock, selectors.EVENT_READ, p)  # watched from now on, as the others
-        expected.discard(peer)
+            listener.close()
 
     # ------------------------------------------------------------- receiving
 
