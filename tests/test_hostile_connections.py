@@ -301,6 +301,12 @@ def _count_records(records: list):
     return Counter()
 
 
+def _leave_spare_fds(spare: int) -> None:
+    """Lower this process's descriptor limit to what it uses plus ``spare``."""
+    used = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (used + spare, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
 def _store_with_few_fds(conn, token, spare):
     """Child: a store server in a process that has only ``spare`` file
     descriptors left; sends its port, and its log lines when told to stop."""
@@ -308,8 +314,7 @@ def _store_with_few_fds(conn, token, spare):
     logger = logging.getLogger("collie.rendezvous")
     logger.addHandler(_count_records(records))
     logger.setLevel(logging.INFO)
-    used = len(os.listdir("/proc/self/fd"))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (used + spare, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    _leave_spare_fds(spare)
     store = TCPStore(HOST, 0, is_server=True, timeout=30, token=token)
     conn.send(store.port)
     conn.recv()
@@ -492,8 +497,7 @@ def _out_of_fds_then_all_reduce(rank, size, delay, spare):
     lines: list[str] = []
     if rank == 0:
         logging.getLogger("collie.transports.tcp").addHandler(_count_records(lines))
-        used = len(os.listdir("/proc/self/fd"))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (used + spare, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        _leave_spare_fds(spare)
     ready, x = _slow_setup_then_all_reduce(rank, size, delay)
     return ready, x, lines
 
@@ -518,8 +522,9 @@ def test_setup_goes_on_when_a_flood_takes_every_descriptor():
     port, job = free_port(), uuid.uuid4().hex[:10]
     attacker = _attacker(_flood_listener, port, job, token, 0, 300)
     try:
+        env = dict(COLLIE_TOKEN=token, MASTER_PORT=str(port), COLLIE_JOB_ID=job)
         results = run_ranks(_out_of_fds_then_all_reduce, size, 1.5, 20, backend="tcp", init=False,
-                            timeout=60, env=dict(COLLIE_TOKEN=token, MASTER_PORT=str(port), COLLIE_JOB_ID=job))
+                            timeout=60, env=env)
     finally:
         report = _attack_result(*attacker)
     assert "error" not in report, report

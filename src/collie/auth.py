@@ -30,7 +30,10 @@ a flood can push it out, and retries if it is pushed out anyway (a closed
 connection is not a refusal). The server only counts a connection as
 finished once the client has proved itself (or once the hellos matched, with
 no token), and the client finishes after the server: so closing a pending
-connection never cuts off a client that believes it is in.
+connection never cuts off a client that believes it is in. Out of file
+descriptors, a listener closes the oldest connection still in the handshake,
+and with none left stops accepting for a while (ACCEPT_PAUSE) instead of
+spinning on accept().
 
 ``QuietLog`` says why connections were dropped, and that a listener ran out
 of file descriptors, without letting a flood of them flood the log.
@@ -38,6 +41,7 @@ of file descriptors, without letting a flood of them flood the log.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import logging
@@ -60,6 +64,11 @@ HANDSHAKE_SECONDS = 5.0
 #: from one address (see the module docstring for why the oldest go first).
 MAX_PENDING = 64
 MAX_PENDING_PER_SOURCE = 32
+#: accept() errors that mean "out of file descriptors (or memory)": the
+#: listener would be ready again at once, so it pauses instead, for the first
+#: of ACCEPT_PAUSE seconds, doubling up to the second while it lasts.
+OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_PAUSE = (0.1, 1.0)
 
 
 def token_from_env(token: str | bytes | None = None) -> bytes | None:

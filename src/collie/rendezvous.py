@@ -42,7 +42,8 @@ from datetime import timedelta
 from typing import Iterable, Iterator, Mapping, Union
 from urllib.parse import parse_qs, urlsplit
 
-from .auth import Handshake, Pending, QuietLog, handshake, recv_exact, token_from_env
+from .auth import (ACCEPT_PAUSE, OUT_OF_FDS, Handshake, Pending, QuietLog, handshake, recv_exact,
+                   token_from_env)
 from .errors import AuthError, CollieError, CollieTimeout, PeerError
 
 __all__ = [
@@ -281,13 +282,9 @@ class _Conn:
 #: this. The store only carries setup values (addresses, small tables).
 MAX_FRAME = 64 << 20
 
-# Seconds accepting pauses when the process is out of file descriptors:
-# first, then doubling up to the second.
-_ACCEPT_PAUSE = (0.1, 1.0)
-_OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-
 
 def _max_frame() -> int:
+    """MAX_FRAME, or $COLLIE_STORE_MAX_FRAME; ValueError if that is not usable."""
     raw = os.environ.get("COLLIE_STORE_MAX_FRAME", "").strip()
     if not raw:
         return MAX_FRAME
@@ -440,7 +437,7 @@ class _Server:
                 continue
             except OSError as exc:
                 oldest = self._pending.oldest()
-                if exc.errno in _OUT_OF_FDS and oldest is not None:
+                if exc.errno in OUT_OF_FDS and oldest is not None:
                     self._refuse(oldest, f"client {oldest.peer}, still in the handshake, closed to "
                                          f"free a file descriptor ({exc.strerror})")
                     continue
@@ -462,8 +459,8 @@ class _Server:
         """Stop watching the listener for a while: it would be ready again
         at once, and the loop would spin on the same error."""
         self._log_no_fds(f"collie store on port {self.port} cannot accept connections ({exc}): "
-                         f"trying again every {_ACCEPT_PAUSE[0]:g} to {_ACCEPT_PAUSE[1]:g} s until it can")
-        self._accept_pause = min(max(2 * self._accept_pause, _ACCEPT_PAUSE[0]), _ACCEPT_PAUSE[1])
+                         f"trying again every {ACCEPT_PAUSE[0]:g} to {ACCEPT_PAUSE[1]:g} s until it can")
+        self._accept_pause = min(max(2 * self._accept_pause, ACCEPT_PAUSE[0]), ACCEPT_PAUSE[1])
         self._sel.unregister(self._listener)
         self._accept_resumes = time.monotonic() + self._accept_pause
 

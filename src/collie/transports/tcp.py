@@ -68,7 +68,6 @@ a bare socket: the kernel wakes the receiver, which wakes the waiting thread.
 from __future__ import annotations
 
 import contextlib
-import errno
 import ipaddress
 import logging
 import selectors
@@ -81,7 +80,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..auth import Handshake, Pending, QuietLog, handshake
+from ..auth import ACCEPT_PAUSE, OUT_OF_FDS, Handshake, Pending, QuietLog, handshake
 from ..errors import AuthError, CollieError, CollieTimeout, PeerError
 from .base import Combine, MessageMismatch, Request, Transport
 
@@ -100,7 +99,6 @@ _READ_BUFFER = 1 << 16  # headers and small payloads are read through this buffe
 _SMALL_COPY = 1 << 16  # larger copies go through NumPy, which releases the GIL
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
-_OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 class _EndOfStream(Exception):
@@ -277,12 +275,12 @@ class _Listener:
                 continue
             except OSError as exc:
                 oldest = self.pending.oldest()
-                if exc.errno in _OUT_OF_FDS and oldest is not None:
+                if exc.errno in OUT_OF_FDS and oldest is not None:
                     self._drop(oldest, f"closed to free a file descriptor ({exc.strerror})")
                     continue
                 self.log_no_fds(f"rank {self.rank} cannot accept connections during TCP setup "
-                                f"({exc}): trying again every 0.1 to 1 s")
-                self.pause = min(max(2 * self.pause, 0.1), 1.0)
+                                f"({exc}): trying again every {ACCEPT_PAUSE[0]:g} to {ACCEPT_PAUSE[1]:g} s")
+                self.pause = min(max(2 * self.pause, ACCEPT_PAUSE[0]), ACCEPT_PAUSE[1])
                 self.resume_at = time.monotonic() + self.pause
                 self.sel.unregister(self.sock)
                 break
