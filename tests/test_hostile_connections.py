@@ -23,7 +23,7 @@ from harness import free_port, reap, run_ranks
 from collie import auth
 from collie.auth import MAGIC, Handshake, Pending, QuietLog, handshake
 from collie.errors import AuthError
-from collie.rendezvous import _GET, _LEN, _REQ, TCPStore, _pack_fields
+from collie.rendezvous import _GET, _LEN, _REQ, _SET, TCPStore, _pack_fields
 from collie.transports import tcp
 
 CTX = mp.get_context("fork")
@@ -204,6 +204,27 @@ def test_store_drops_junk_with_one_line_each_and_goes_on(caplog, token):
         with TCPStore(HOST, server.port, timeout=5, token=token) as late:
             assert late.get("k") == b"v"
         assert _dropped(caplog) == []
+
+
+def _set_request(key: bytes, value: bytes) -> bytes:
+    body = _REQ.pack(_SET, 0.0) + _pack_fields([key, value])
+    return _LEN.pack(len(body)) + body
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("claims_token", [False, True], ids=["no-token", "guessed-token"])
+def test_store_takes_nothing_from_a_client_that_fails_the_handshake(caplog, claims_token):
+    """A client of a store with a token sends its hello, a guessed proof and
+    verdict, and a set, all at once, without waiting: the set is never read."""
+    caplog.set_level(logging.WARNING, logger="collie.rendezvous")
+    with TCPStore(HOST, 0, is_server=True, timeout=5, token="s3cret") as server:
+        with socket.create_connection((HOST, server.port), timeout=5) as sock:
+            hello = MAGIC + (b"\x01" if claims_token else b"\x00") + os.urandom(16)
+            proof = os.urandom(32) + b"\x01" if claims_token else b""
+            sock.sendall(hello + proof + _set_request(b"planted", b"x"))
+            assert _closed_by_peer(sock, within=5)
+        assert not server.check(["planted"]) and server.num_keys() == 0
+        assert len(_dropped(caplog)) == 1
 
 
 @pytest.mark.timeout(60)
