@@ -18,7 +18,7 @@ import uuid
 
 import numpy as np
 import pytest
-from harness import free_port, reap, run_ranks
+from harness import free_port, open_sockets, reap, run_ranks
 
 from collie import auth
 from collie.auth import MAGIC, Handshake, Pending, QuietLog, handshake
@@ -31,27 +31,16 @@ HOST = "127.0.0.1"
 TOKENS = pytest.mark.parametrize("token", [None, "s3cret"], ids=["no-token", "token"])
 
 
-def _socket_fds() -> set[str]:
-    fds = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                fds.add(fd)
-        except OSError:
-            pass
-    return fds
-
-
 @pytest.fixture(autouse=True)
 def no_leaks(monkeypatch):
     """No thread or socket outlives a test; COLLIE_TOKEN is the test's own."""
     monkeypatch.delenv("COLLIE_TOKEN", raising=False)
-    threads, fds = set(threading.enumerate()), _socket_fds()
+    threads, fds = set(threading.enumerate()), open_sockets()
     yield
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         extra_threads = [t for t in threading.enumerate() if t not in threads]
-        extra_fds = _socket_fds() - fds
+        extra_fds = open_sockets() - fds
         if not (extra_threads or extra_fds):
             break
         time.sleep(0.05)

@@ -71,6 +71,11 @@ OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 ACCEPT_PAUSE = (0.1, 1.0)
 
 
+def next_pause(pause: float) -> float:
+    """The next of the ACCEPT_PAUSE pauses after ``pause`` (0: none yet)."""
+    return min(max(2 * pause, ACCEPT_PAUSE[0]), ACCEPT_PAUSE[1])
+
+
 def token_from_env(token: str | bytes | None = None) -> bytes | None:
     """The token given, else $COLLIE_TOKEN, else None (no authentication)."""
     if token is None:
@@ -242,6 +247,30 @@ class Pending(Generic[C]):
 
     def oldest(self) -> Optional[C]:
         return next(iter(self._conns), None)
+
+    def accept(self, listener: socket.socket, make_room: Callable[[C, OSError], None],
+               pause: Callable[[OSError], None]) -> Iterator[tuple[socket.socket, tuple]]:
+        """Accept from non-blocking ``listener`` what waits there, at most
+        ``limit`` at a time (then the caller serves the others). Out of file
+        descriptors, the oldest connection still in the handshake is closed
+        to make room (``make_room``); with none to close, ``pause(error)``
+        is called and accepting stops: the listener would be ready again at
+        once, and a loop would spin on the same error."""
+        for _ in range(self.limit):
+            try:
+                conn = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:  # it hung up while waiting in the backlog
+                continue
+            except OSError as exc:
+                oldest = self.oldest()
+                if exc.errno in OUT_OF_FDS and oldest is not None:
+                    make_room(oldest, exc)
+                    continue
+                pause(exc)
+                return
+            yield conn
 
     def expired(self) -> list[C]:
         """The connections past their deadline (they are the oldest)."""

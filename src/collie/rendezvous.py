@@ -42,7 +42,7 @@ from datetime import timedelta
 from typing import Iterable, Iterator, Mapping, Union
 from urllib.parse import parse_qs, urlsplit
 
-from .auth import (ACCEPT_PAUSE, OUT_OF_FDS, Handshake, Pending, QuietLog, handshake, recv_exact,
+from .auth import (ACCEPT_PAUSE, Handshake, Pending, QuietLog, handshake, next_pause, recv_exact,
                    token_from_env)
 from .errors import AuthError, CollieError, CollieTimeout, PeerError
 
@@ -428,21 +428,7 @@ class _Server:
         return max(0.0, min(times) - time.monotonic()) if times else None
 
     def _accept(self) -> None:
-        for _ in range(self._pending.limit):  # then serve the others before accepting more
-            try:
-                sock, addr = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except ConnectionAbortedError:  # it hung up while waiting in the backlog
-                continue
-            except OSError as exc:
-                oldest = self._pending.oldest()
-                if exc.errno in OUT_OF_FDS and oldest is not None:
-                    self._refuse(oldest, f"client {oldest.peer}, still in the handshake, closed to "
-                                         f"free a file descriptor ({exc.strerror})")
-                    continue
-                self._pause_accepting(exc)
-                return
+        for sock, addr in self._pending.accept(self._listener, self._make_room, self._pause_accepting):
             self._accept_pause = 0.0
             sock.setblocking(False)
             peer = f"{addr[0]}:{addr[1]}"
@@ -455,12 +441,16 @@ class _Server:
                                   f"{self._pending.per_source} from one address): closed, oldest first")
             self._shake(conn)  # its hello may be here already
 
+    def _make_room(self, oldest: _Conn, exc: OSError) -> None:
+        self._refuse(oldest, f"client {oldest.peer}, still in the handshake, closed to "
+                             f"free a file descriptor ({exc.strerror})")
+
     def _pause_accepting(self, exc: OSError) -> None:
         """Stop watching the listener for a while: it would be ready again
         at once, and the loop would spin on the same error."""
         self._log_no_fds(f"collie store on port {self.port} cannot accept connections ({exc}): "
                          f"trying again every {ACCEPT_PAUSE[0]:g} to {ACCEPT_PAUSE[1]:g} s until it can")
-        self._accept_pause = min(max(2 * self._accept_pause, ACCEPT_PAUSE[0]), ACCEPT_PAUSE[1])
+        self._accept_pause = next_pause(self._accept_pause)
         self._sel.unregister(self._listener)
         self._accept_resumes = time.monotonic() + self._accept_pause
 

@@ -80,7 +80,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..auth import ACCEPT_PAUSE, OUT_OF_FDS, Handshake, Pending, QuietLog, handshake
+from ..auth import ACCEPT_PAUSE, Handshake, Pending, QuietLog, handshake, next_pause
 from ..errors import AuthError, CollieError, CollieTimeout, PeerError
 from .base import Combine, MessageMismatch, Request, Transport
 
@@ -266,24 +266,7 @@ class _Listener:
 
     def _accept(self) -> list[_Incoming]:
         accepted = []
-        for _ in range(self.pending.limit):  # then serve the others before accepting more
-            try:
-                sock, addr = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                break
-            except ConnectionAbortedError:  # it hung up while waiting in the backlog
-                continue
-            except OSError as exc:
-                oldest = self.pending.oldest()
-                if exc.errno in OUT_OF_FDS and oldest is not None:
-                    self._drop(oldest, f"closed to free a file descriptor ({exc.strerror})")
-                    continue
-                self.log_no_fds(f"rank {self.rank} cannot accept connections during TCP setup "
-                                f"({exc}): trying again every {ACCEPT_PAUSE[0]:g} to {ACCEPT_PAUSE[1]:g} s")
-                self.pause = min(max(2 * self.pause, ACCEPT_PAUSE[0]), ACCEPT_PAUSE[1])
-                self.resume_at = time.monotonic() + self.pause
-                self.sel.unregister(self.sock)
-                break
+        for sock, addr in self.pending.accept(self.sock, self._make_room, self._pause):
             self.pause = 0.0
             sock.setblocking(False)
             inc = _Incoming(sock, f"{addr[0]}:{addr[1]}", self.token)
@@ -292,6 +275,16 @@ class _Listener:
                 self._drop(old, "still in the handshake when newer connections came (the oldest go first)")
             accepted.append(inc)
         return accepted
+
+    def _make_room(self, oldest: _Incoming, exc: OSError) -> None:
+        self._drop(oldest, f"closed to free a file descriptor ({exc.strerror})")
+
+    def _pause(self, exc: OSError) -> None:
+        self.log_no_fds(f"rank {self.rank} cannot accept connections during TCP setup "
+                        f"({exc}): trying again every {ACCEPT_PAUSE[0]:g} to {ACCEPT_PAUSE[1]:g} s")
+        self.pause = next_pause(self.pause)
+        self.resume_at = time.monotonic() + self.pause
+        self.sel.unregister(self.sock)
 
     def _advance(self, inc: _Incoming, expected: set, joined: list) -> None:
         if inc.sock.fileno() < 0:  # dropped earlier in this round
