@@ -599,7 +599,7 @@ class Network:
             else:
                 why.append(f"rank {p} has not called it (its last on this group is call #{answer[1]})")
         if not culprits:
-            return CollieTimeout(text + f"; every rank it waits on, directly or not, is waiting too",
+            return CollieTimeout(text + "; every rank it waits on, directly or not, is waiting too",
                                  tuple(waiting))
         return CollieTimeout(f"rank {self.rank}: {describe()} timed out after {timeout:g}s: "
                              f"rank(s) {culprits} never arrived ({'; '.join(why)}); {text}",
