@@ -54,6 +54,10 @@ _RED = dist.ReduceOp.RedOpType
 _OPS = {_RED.SUM: ReduceOp.SUM, _RED.AVG: ReduceOp.AVG, _RED.PRODUCT: ReduceOp.PRODUCT,
         _RED.MIN: ReduceOp.MIN, _RED.MAX: ReduceOp.MAX, _RED.BAND: ReduceOp.BAND,
         _RED.BOR: ReduceOp.BOR, _RED.BXOR: ReduceOp.BXOR}
+# The same by the enum's integer value: ``code.value`` and a tuple index cost
+# a third of hashing the pybind enum (this is on every dist.all_reduce).
+_OPS_BY_VALUE = tuple(next((op for code, op in _OPS.items() if code.value == v), None)
+                      for v in range(max(code.value for code in _RED.__members__.values()) + 1))
 
 
 def _op(red) -> ReduceOp:
@@ -365,8 +369,9 @@ class CollieProcessGroup(dist.ProcessGroup):
         if opts.__class__ is AllreduceOptions and not opts.asyncOp and tensors.__class__ is list \
                 and len(tensors) == 1 and not _state.executor.pending:
             # The hot path of a blocking dist.all_reduce: two option fields read, one call.
-            op = _OPS.get(opts.reduceOp.op)
-            C.all_reduce(tensors[0], op if op is not None else _op(opts.reduceOp), g)
+            red = opts.reduceOp
+            op = _OPS_BY_VALUE[red.op.value]
+            C.all_reduce(tensors[0], op if op is not None else _op(red), g)
             return None
         if opts is None:
             opts = AllreduceOptions()

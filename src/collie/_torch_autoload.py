@@ -5,7 +5,8 @@ torch calls every entry point of the group ``torch.backends`` at the end of
 import if one raises. So this one never raises: a problem becomes a
 warning, and ``import collie.torch`` still registers the backend (or says
 why it cannot). It honours TORCH_DEVICE_BACKEND_AUTOLOAD=0 itself too, for
-callers other than torch's import.
+callers other than torch's import. It lives outside collie.torch so that
+loading it (which torch does outside its try) imports nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ def autoload() -> None:
     if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1":
         return
     try:
-        from . import register
+        from .torch import register
         register()
     except Exception as exc:  # noqa: BLE001 - never break `import torch`
         try:
