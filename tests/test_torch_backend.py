@@ -585,3 +585,50 @@ def test_entry_point_registers_at_import_torch(tmp_path):
     got = _python(code)
     assert got.stdout.split() == ["True", "True"], got.stderr[-2000:]
     assert _python(code, TORCH_DEVICE_BACKEND_AUTOLOAD="0").stdout.split() == ["False", "False"]
+
+
+# ---- the same program under the launchers ----
+
+PROGRAM = ROOT / "tests" / "torch_launch_program.py"
+
+
+def _launch(command, env=None, timeout=90):
+    full = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **(env or {}))
+    try:
+        got = subprocess.run(command, cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout,
+                             start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(map(str, command))} still running after {timeout}s: {exc.stdout}\n{exc.stderr}")
+    assert got.returncode == 0, f"exit {got.returncode}:\n{got.stdout[-2000:]}\n{got.stderr[-4000:]}"
+    return got.stdout
+
+
+def _oks(out: str, n: int) -> list:
+    return sorted(line for line in out.splitlines() if line.startswith("rank ") and line.endswith(" ok"))
+
+
+@pytest.mark.parametrize("mode", ["collie", "torch"])
+def test_torchrun_standalone(mode):
+    """torch 2.13's torchrun serves the store from its agent
+    (TORCHELASTIC_USE_AGENT_STORE=True): collie's own API joins it through
+    torch's TCPStore client, and torch's init uses it for backend collie."""
+    out = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   str(PROGRAM), mode], env={"OMP_NUM_THREADS": "1"})
+    assert _oks(out, 2) == ["rank 0 of 2: sum 3 ok", "rank 1 of 2: sum 3 ok"], out
+
+
+@pytest.mark.parametrize("mode", ["collie", "torch"])
+def test_collie_run(mode):
+    out = _launch([sys.executable, "-m", "collie", "run", "-n", "3", str(PROGRAM), mode])
+    assert len(_oks(out, 3)) == 3, out
+
+
+@pytest.mark.skipif(not __import__("shutil").which("mpiexec"), reason="no mpiexec on this machine")
+def test_mpiexec_collie_api():
+    """torch's own env:// reads RANK/WORLD_SIZE only, which mpiexec does not
+    set: under mpiexec the torch mode needs init_method arguments, so only
+    collie's API (which reads PMI_RANK/OMPI_COMM_WORLD_RANK) runs unchanged."""
+    from harness import free_port
+    out = _launch(["mpiexec", "-n", "2", sys.executable, str(PROGRAM), "collie"],
+                  env={"MASTER_PORT": str(free_port()), "COLLIE_TOKEN": "t" * 32})
+    assert len(_oks(out, 2)) == 2, out

@@ -447,11 +447,20 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
     tok = token_from_env(token)
     if token_required() and tok is None:
         raise AuthError(NO_TOKEN_REFUSED)
+    master_addr = "127.0.0.1"
+    if store is None and init_method in (None, "env://") \
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent already serves the store on MASTER_PORT: join it as
+        # a client, through torch's own TCPStore (torch is there).
+        from .torch._store import agent_store
+        store = agent_store(seconds)
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        master_addr = os.environ.get("MASTER_ADDR", master_addr)
     if store is not None:
         if rank is None or rank < 0 or world_size is None or world_size < 1:
             raise ValueError("init_process_group(store=...) needs rank= and world_size=")
         info = rdv.Rendezvous(store=store, rank=rank, world_size=world_size, local_rank=None,
-                              local_world_size=None, master_addr="127.0.0.1", master_port=0,
+                              local_world_size=None, master_addr=master_addr, master_port=0,
                               job_id=_store_job_id(store, rank))
     else:
         info = rdv.rendezvous(init_method, rank=None if rank is None or rank < 0 else rank,
