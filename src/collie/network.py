@@ -168,6 +168,8 @@ class Network:
         self.routes: list[Optional[Transport]] = [
             self.shm if p in shm_peers else (self.tcp if p != rank else None) for p in range(size)]
         self.transports: tuple[Transport, ...] = tuple(t for t in (self.shm, self.tcp) if t is not None)
+        self._windows = next((t for t in self.transports if t.windows), None)
+        self._control_route = next(t for t in self.transports if t.liveness)
         self._progress = tuple(t.progress for t in self.transports)  # looked up once: progress() runs often
         for t in self.transports:
             t.unexpected = self._unexpected
@@ -293,13 +295,13 @@ class Network:
 
     def window(self, rank: int) -> memoryview:
         """The shared window of ``rank`` (this rank or a peer on this host)."""
-        if self.shm is None:
+        if self._windows is None:
             raise ValueError(f"rank {self.rank} has no shared-memory peers, so no shared windows")
-        return self.shm.window(rank)
+        return self._windows.window(rank)
 
     def window_capacity(self) -> int:
         """Bytes of every shared window the ranks of this host agree to use (0: none)."""
-        return self.shm.window_capacity() if self.shm is not None else 0
+        return self._windows.window_capacity() if self._windows is not None else 0
 
     # Posting for callers that already checked the peer (the engine's peers
     # are valid by construction, p2p checks against the group): no second
@@ -357,7 +359,7 @@ class Network:
     def send_control(self, peer: int, payload: bytes) -> None:
         if peer not in self._lost:
             try:
-                self.tcp.send_control(peer, payload)
+                self._control_route.send_control(peer, payload)
             except OSError:
                 pass  # the peer is gone; its death is reported elsewhere
 
@@ -423,7 +425,7 @@ class Network:
         for peer, error in list(self._lost.items()):
             if peer not in self._failed_seen:
                 self._failed_seen.add(peer)
-                if getattr(error, "left", False) and self.routes[peer] is self.shm:
+                if getattr(error, "left", False) and self.routes[peer].pollable:
                     continue
                 for t in self.transports:
                     t.fail_peer(peer, error)
@@ -607,11 +609,11 @@ class Network:
 
     def polls(self, requests) -> bool:
         """Whether a waiter on ``requests`` should poll for a while before it
-        sleeps: only when every peer is reached through shared memory (TCP
-        requests complete on receiver threads, which need the GIL a polling
-        thread holds)."""
-        return (self.shm is not None and bool(requests)
-                and all(r.peer >= 0 and self.routes[r.peer] is self.shm for r in requests))
+        sleeps: only when every peer is reached through a pollable transport
+        (shared memory; TCP requests complete on receiver threads, which need
+        the GIL a polling thread holds)."""
+        routes = self.routes
+        return bool(requests) and all(r.peer >= 0 and routes[r.peer].pollable for r in requests)
 
     @property
     def spin_seconds(self) -> float:
@@ -711,13 +713,13 @@ class Network:
         if self._closed:
             return
         self._closed = True
-        # TCP first: its threads ring the doorbell, which lives in the shm
-        # segment, so they must be gone before the segment is unmapped.
-        for t in (self.tcp, self.shm):
-            if t is not None:
-                try:
-                    t.close()
-                except Exception:
-                    pass
+        # Transports with threads of their own (TCP) first: they ring the
+        # doorbell, which lives in the shm segment, so they must be gone
+        # before the segment is unmapped.
+        for t in sorted(self.transports, key=lambda t: t.pollable):
+            try:
+                t.close()
+            except Exception:
+                pass
         if self.shm is None:
             self.doorbell.release()

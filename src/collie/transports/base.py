@@ -57,6 +57,10 @@ unexpected(peer, tag, meta, nbytes) -> bool
 close()
     Releases everything the transport holds. Idempotent.
 
+Capabilities (class attributes, see Transport): ``windows``, ``pollable``
+and ``liveness`` say what else a transport offers; the Network asks them
+instead of knowing transports by name.
+
 Requests complete (``done`` set True) or fail (``error`` set) only inside
 progress() or on the transport's own threads; after either, the transport no
 longer touches the request's buffer. Whenever a transport's own thread (or a
@@ -121,6 +125,19 @@ class Transport(ABC):
 
     name = "transport"
     unexpected: Optional[Callable[[int, int, int, int], bool]] = None
+
+    # What the Network may count on, declared by each transport:
+    #: window(rank) and window_capacity() give memory of peers that this
+    #: rank reads directly (the shm algorithm's one-sided reads).
+    windows = False
+    #: Requests complete inside progress(), so a waiter may poll it, and what
+    #: a peer sent before it left still waits to be taken there. False: they
+    #: complete on the transport's own threads, which need the GIL a polling
+    #: waiter would hold.
+    pollable = False
+    #: It notices on its own that a peer is gone (on_peer_lost), and carries
+    #: control messages (send_control) that reach a peer however busy it is.
+    liveness = False
 
     @abstractmethod
     def isend(self, peer: int, tag: int, data: memoryview, meta: int = 0) -> Request: ...
