@@ -3,8 +3,11 @@
 A transport moves *messages* (a tag, a 64-bit meta word, and 0 or more bytes)
 from this rank to peers and back. It knows nothing of collectives, dtypes or
 groups: the Network routes each peer to one transport, and the engine builds
-collectives out of messages. One conformance suite (tests/test_transports.py)
-runs the same checks against every transport.
+collectives out of messages. conformance.py holds the contract as checks
+(check_transport) that every transport passes in one process
+(tests/test_transport_contract.py, with loopback.py, an in-process
+transport, among them); tests/test_transports.py checks it again across
+processes, through the Network.
 
 The contract
 ------------
