@@ -28,9 +28,9 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 
 from .errors import AbortedError, CollieError, CollieTimeout, MismatchError, PeerError
-from .group import LEAVE_CONTEXT, MAX_TAG, TAG_BITS
 from .transports.base import Request, Transport
 from .transports.doorbell import Doorbell
+from .wire import COLLECTIVE_BIT, CONTEXT_SHIFT, LEAVE_CONTEXT, MAX_TAG, meta_text
 
 BACKENDS = ("auto", "shm", "tcp")
 # The shm transport relies on x86-64's memory ordering (see transports/shm.py).
@@ -60,7 +60,6 @@ QUERY_GRACE = 0.5
 _QUERY = struct.Struct("<q")        # the context asked about
 _ANSWER = struct.Struct("<qqq")     # context, last call finished on it (-1: none), tag of the call now running;
                                     # then the ranks the answering rank is waiting for (int32 each)
-_CONTEXT_SHIFT = TAG_BITS + 1       # a tag is context << 48 | collective bit << 47 | sequence
 _ERRORS = {"MismatchError": MismatchError, "PeerError": PeerError, "CollieTimeout": CollieTimeout}
 
 
@@ -131,7 +130,6 @@ class Network:
         self._failed: set[tuple[int, int]] = set()  # (context, sequence) of calls that failed here
         #: context -> (global ranks, name) of every group made on this network.
         self.groups: dict[int, tuple[tuple, str]] = {}
-        self.meta_text: Optional[Callable[[int], str]] = None  # decodes meta words for errors
         self._closed = False
 
         hosts = self._exchange_hosts(store, job_id)
@@ -217,9 +215,9 @@ class Network:
         receive it and this rank's did not, so the two called it differently
         (a broadcast's root of one only sends). Such a message is dropped,
         and the group told. Called on transport threads too."""
-        if not (tag >> TAG_BITS) & 1:
+        if not tag & COLLECTIVE_BIT:
             return False  # point to point: a receive may come any time
-        context, seq = tag >> _CONTEXT_SHIFT, tag & MAX_TAG
+        context, seq = tag >> CONTEXT_SHIFT, tag & MAX_TAG
         if self._abort is not None and context != LEAVE_CONTEXT:
             return True  # broken: no collective will take it
         done = self.done.get(context)
@@ -228,10 +226,9 @@ class Network:
         if (context, seq) in self._failed:
             return True  # a late arrival to a call that timed out or failed here: just drop it
         ranks, name = self.groups.get(context, ((peer,), f"of context {context}"))
-        text = self.meta_text or (lambda m: f"meta {m:#x}")
-        mine = text(done[1]) if seq == done[0] else "it differently"
+        mine = meta_text(done[1]) if seq == done[0] else "it differently"
         self.fail(ranks, "MismatchError", (peer,),
-                  f"rank {peer} called {text(meta)} but rank {self.rank} called {mine} (call #{seq} "
+                  f"rank {peer} called {meta_text(meta)} but rank {self.rank} called {mine} (call #{seq} "
                   f"on group {name}: rank {peer} sent data that rank {self.rank}'s call did not take)")
         return True
 
@@ -389,10 +386,10 @@ class Network:
         """Collective ``tag`` is over on this rank (``failed``: with an
         error): record it (a message for it from now on is stale), and drop
         the stale messages already here from the group ranks ``sweep``."""
-        self.done[tag >> _CONTEXT_SHIFT] = (tag & MAX_TAG, meta)
+        self.done[tag >> CONTEXT_SHIFT] = (tag & MAX_TAG, meta)
         self.current = 0
         if failed:
-            self._failed.add((tag >> _CONTEXT_SHIFT, tag & MAX_TAG))
+            self._failed.add((tag >> CONTEXT_SHIFT, tag & MAX_TAG))
         if sweep:
             with self.lock:
                 for t in self.transports:
@@ -400,7 +397,7 @@ class Network:
 
     def check(self, describe: Callable[[], str], tag: int = 0) -> None:
         """Raise why communication is broken, if it is (but for the leave barrier)."""
-        if self._abort is not None and tag >> _CONTEXT_SHIFT != LEAVE_CONTEXT:
+        if self._abort is not None and tag >> CONTEXT_SHIFT != LEAVE_CONTEXT:
             self._raise_abort(describe)
 
     # ---- progress and waiting ----
@@ -486,7 +483,7 @@ class Network:
         spin_until = start + self._spin
         announced = call is None
         tag = call[0] if call is not None else 0
-        leave = tag >> _CONTEXT_SHIFT == LEAVE_CONTEXT  # the leave barrier ignores what broke
+        leave = tag >> CONTEXT_SHIFT == LEAVE_CONTEXT  # the leave barrier ignores what broke
         spin = None  # decided the first time nothing moved (most waits end before)
         while True:
             # Taken before the progress pass: a peer's "leaving" follows all it
@@ -569,7 +566,7 @@ class Network:
         # the waits are followed.
         tag = call[0] if call is not None else pending[0].tag if pending else 0
         members = call[2] if call is not None else ()
-        context, seq = tag >> _CONTEXT_SHIFT, tag & MAX_TAG
+        context, seq = tag >> CONTEXT_SHIFT, tag & MAX_TAG
         asked = [p for p in range(self.size) if p != self.rank and p not in self._lost]
         for p in asked:
             self._answers.pop(p, None)
@@ -660,8 +657,7 @@ class Network:
         tag, meta, _, parts = call
         for peer, (their_tag, their_meta, their_parts) in list(self._states.items()):
             if their_tag == tag and (their_meta != meta or their_parts != parts):
-                text = self.meta_text or (lambda m: f"meta {m:#x}")
-                mine, theirs = text(meta), text(their_meta)
+                mine, theirs = meta_text(meta), meta_text(their_meta)
                 if their_meta == meta:
                     mine, theirs = f"{mine} in {parts} segments", f"{theirs} in {their_parts} segments"
                 raise MismatchError(f"rank {self.rank}: {describe()}: rank {peer} called "
@@ -690,15 +686,14 @@ class Network:
         err = req.error
         what = describe()
         if isinstance(err, MessageMismatch):
-            text = self.meta_text or (lambda m: f"meta {m:#x}")
             if err.expected_meta is not None and err.meta != err.expected_meta:
                 return MismatchError(
-                    f"rank {self.rank}: {what}: rank {err.peer} called {text(err.meta)} but rank "
-                    f"{self.rank} called {text(err.expected_meta)}", err.peer)
+                    f"rank {self.rank}: {what}: rank {err.peer} called {meta_text(err.meta)} but rank "
+                    f"{self.rank} called {meta_text(err.expected_meta)}", err.peer)
             if collective:
                 return MismatchError(
                     f"rank {self.rank}: {what}: rank {err.peer} sent {err.nbytes} bytes where rank "
-                    f"{self.rank} expected {err.expected_nbytes} (both called {text(err.meta)}: their "
+                    f"{self.rank} expected {err.expected_nbytes} (both called {meta_text(err.meta)}: their "
                     f"splits or segments differ)", err.peer)
             return ValueError(f"rank {self.rank}: {what}: the message from rank {err.peer} has "
                               f"{err.nbytes} bytes but the receive buffer has {err.expected_nbytes} bytes")
