@@ -25,14 +25,9 @@ from datetime import timedelta
 from typing import Optional, Sequence
 
 from .errors import CollieError
-from .rendezvous import DEFAULT_TIMEOUT, _seconds
+from .rendezvous import timeout_seconds
 
-TAG_BITS = 47                     # bits for a user tag or a collective's sequence number
-MAX_TAG = (1 << TAG_BITS) - 1
-_COLLECTIVE_BIT = 1 << TAG_BITS   # set in tags of collectives, clear in point-to-point tags
-MAX_CONTEXTS = 1 << 15  # context << 48 must fit a signed 64-bit tag
-LEAVE_CONTEXT = MAX_CONTEXTS - 1  # the barriers of destroy_process_group (_leave_together)
-SELF_CONTEXT = MAX_CONTEXTS - 2   # one-rank groups made without a collective (MPI_COMM_SELF)
+from .wire import COLLECTIVE_BIT, LEAVE_CONTEXT, MAX_TAG, SELF_CONTEXT, TAG_BITS
 
 
 class ProcessGroup:
@@ -87,7 +82,7 @@ class ProcessGroup:
         return (self.context << (TAG_BITS + 1)) | tag
 
     def collective_tag(self, seq: int) -> int:
-        return (self.context << (TAG_BITS + 1)) | _COLLECTIVE_BIT | (seq & MAX_TAG)
+        return (self.context << (TAG_BITS + 1)) | COLLECTIVE_BIT | (seq & MAX_TAG)
 
 
 @dataclass
@@ -120,20 +115,6 @@ def resolve(group: Optional[ProcessGroup]) -> ProcessGroup:
     if _world is None or group.network is not _world.network:
         raise CollieError(f"group {group.name} belongs to a destroyed process group")
     return group
-
-
-def timeout_seconds(timeout, where: str, default: Optional[float] = None) -> float:
-    """A user's timeout (a timedelta or seconds) as seconds; None means
-    ``default`` (None: collie's 5 minutes). Every public call that takes a
-    timeout comes through here before it sends anything, so a negative or
-    NaN one is a ValueError naming the call (``where``) and the value. The
-    rule itself is the store's (rendezvous._seconds): one rule for both."""
-    if default is None:
-        default = DEFAULT_TIMEOUT.total_seconds()
-    try:
-        return _seconds(timeout, default)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
 
 
 def _agree_context(parent: ProcessGroup, count: int, extra=()) -> tuple[int, list]:
@@ -481,8 +462,6 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         raise
     # Every rank is done with the store before anyone may leave and close it.
     rdv.store_barrier(info.store, f"collie/{info.job_id}/connected", info.world_size, seconds)
-    from .collectives import meta_text
-    network.meta_text = meta_text
     group = ProcessGroup(network, range(info.world_size), 0, seconds, group_name or "WORLD")
     _world = _World(network=network, store=info.store, group=group, owns_store=store is None,
                     backend="auto" if backend is None else backend.lower())

@@ -108,6 +108,8 @@ class ShmTransport(Transport):
     """
 
     name = "shm"
+    windows = True
+    pollable = True
 
     def __init__(self, rank: int, peers: list[int], store, job_id: str, timeout: float, *,
                  memfd: Optional[bool] = None, slots: Optional[int] = None,
