@@ -1,0 +1,193 @@
+"""Buffer arguments, read as mpi4py reads them."""
+
+from __future__ import annotations
+
+import operator
+from typing import Optional
+
+import numpy as np
+
+from ...arrays import to_numpy
+from ...group import ProcessGroup
+from .constants import IN_PLACE
+from .datatype import _as_dtype, _is_datatype
+from .op import Op
+
+__all__ = []
+
+
+# ---- buffer arguments ----
+
+def _count(value, what: str) -> int:
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {value!r}") from None
+    if n < 0:
+        raise ValueError(f"{what} must not be negative, got {n}")
+    return n
+
+
+def _pair(value, what: str):
+    if len(value) != 2:
+        raise ValueError(f"{what}: expected (count, displacement), got {value!r}")
+    return value[0], value[1]
+
+
+class _Buf:
+    """One buffer argument, read as mpi4py does.
+
+    ``flat`` is the whole buffer as a 1-D array of the message's datatype (a
+    view of the caller's memory; a copy, written back by finish(), only when
+    the array is not contiguous). Block variants have ``count`` elements per
+    block from ``displ`` on; vector variants have ``counts``/``displs``.
+    """
+
+    __slots__ = ("flat", "count", "displ", "counts", "displs", "_finish")
+
+    def __init__(self, spec, what: str, *, writable: bool, blocks: int = 1, vector: bool = False):
+        if spec is None or spec is IN_PLACE:
+            why = " (MPI.IN_PLACE is not allowed here)" if spec is IN_PLACE else ""
+            raise ValueError(f"{what} is required{why}")
+        count = displ = datatype = None
+        obj = spec
+        if isinstance(spec, (list, tuple)):
+            n = len(spec)
+            if n == 2:
+                obj, count = spec
+                if _is_datatype(count):
+                    count, datatype = None, count
+                elif isinstance(count, tuple) or (isinstance(count, list) and not vector):
+                    count, displ = _pair(count, what)
+            elif n == 3:
+                obj, count, datatype = spec
+                if isinstance(count, tuple) or (isinstance(count, list) and not vector):
+                    count, displ = _pair(count, what)
+            elif n == 4:
+                obj, count, displ, datatype = spec
+            else:
+                raise ValueError(f"{what}: a buffer spec has 2 to 4 items ([buf, datatype], "
+                                 f"[buf, count, datatype], ...), got {n}")
+        arr, _ = to_numpy(obj, what)
+        if writable and not arr.flags.writeable:
+            raise ValueError(f"{what} is read-only, but it receives data")
+        self._finish = None
+        if arr.flags.c_contiguous or arr.flags.f_contiguous:
+            flat = arr.ravel(order="K")  # a view, in memory order
+        else:
+            flat = np.ascontiguousarray(arr).reshape(-1)
+            if writable:
+                self._finish = lambda: np.copyto(arr, flat.reshape(arr.shape))
+        if datatype is not None:
+            dtype = _as_dtype(datatype)
+            if dtype != flat.dtype:
+                if dtype.itemsize == 0 or flat.nbytes % dtype.itemsize:
+                    raise ValueError(f"{what}: {flat.nbytes} bytes are not a whole number of {datatype!r}")
+                flat = flat.view(np.uint8).view(dtype)
+        self.flat = flat
+        total = flat.size
+        self.counts = self.displs = None
+        if vector:
+            self._vector(count, displ, blocks, total, what)
+            self.count, self.displ = None, None
+            return
+        self.displ = 0 if displ is None else _count(displ, f"{what} displacement")
+        if self.displ > total:
+            raise ValueError(f"{what}: displacement {self.displ} is past the end ({total} elements)")
+        if count is None:
+            left = total - self.displ
+            if blocks > 1 and left % blocks:
+                raise ValueError(f"{what}: {left} elements do not split into {blocks} equal blocks "
+                                 "(one per rank)")
+            self.count = left // max(blocks, 1)
+        else:
+            self.count = _count(count, f"{what} count")
+            if self.displ + self.count * max(blocks, 1) > total:
+                raise ValueError(f"{what}: {max(blocks, 1)} block(s) of {self.count} elements from "
+                                 f"{self.displ} do not fit in {total} elements")
+
+    def _vector(self, counts, displs, blocks: int, total: int, what: str) -> None:
+        if counts is None:
+            counts = [total // blocks + (total % blocks > i) for i in range(blocks)]
+        elif isinstance(counts, (int, np.integer)):
+            counts = [_count(counts, f"{what} count")] * blocks
+        else:
+            counts = [_count(c, f"{what} counts") for c in counts]
+        if displs is None:
+            displs = [sum(counts[:i]) for i in range(blocks)]
+        elif isinstance(displs, (int, np.integer)):
+            displs = [_count(displs, f"{what} displacement") * i for i in range(blocks)]
+        else:
+            displs = [_count(d, f"{what} displs") for d in displs]
+        if len(counts) != blocks or len(displs) != blocks:
+            raise ValueError(f"{what}: counts and displs need one entry per rank ({blocks}), "
+                             f"got {len(counts)} and {len(displs)}")
+        for c, d in zip(counts, displs):
+            if c + d > total:
+                raise ValueError(f"{what}: block of {c} elements at {d} is past the end ({total} elements)")
+        self.counts, self.displs = counts, displs
+
+    def section(self, blocks: int = 1) -> np.ndarray:
+        return self.flat[self.displ:self.displ + self.count * blocks]
+
+    def block(self, i: int) -> np.ndarray:
+        start = self.displ + i * self.count
+        return self.flat[start:start + self.count]
+
+    def vblock(self, i: int) -> np.ndarray:
+        return self.flat[self.displs[i]:self.displs[i] + self.counts[i]]
+
+    def finish(self) -> None:
+        if self._finish is not None:
+            self._finish()
+
+
+def _u8(a: np.ndarray) -> np.ndarray:
+    """A contiguous 1-D array as its bytes: data-movement collectives move
+    bytes, so every dtype works and collie checks sizes in bytes."""
+    return a.view(np.uint8) if a.size else np.zeros(0, dtype=np.uint8)
+
+
+def _pack(blocks: list) -> np.ndarray:
+    return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.uint8)
+
+
+def _only_root(buf, g: ProcessGroup, root: int, what: str, which: str) -> None:
+    if buf is IN_PLACE and g.rank != root:
+        raise ValueError(f"{what}: MPI.IN_PLACE as {which} is only allowed at the root")
+
+
+def _check_same(src: np.ndarray, dst: np.ndarray, what: str, sizes_ok: bool) -> None:
+    if src.dtype != dst.dtype:
+        raise TypeError(f"{what}: sendbuf is {src.dtype} but recvbuf is {dst.dtype}")
+    if not sizes_ok:
+        raise ValueError(f"{what}: sendbuf has {src.size} elements, recvbuf {dst.size}: they do not fit")
+
+
+def _work(op: Op, src: np.ndarray, dst: Optional[np.ndarray], what: str) -> np.ndarray:
+    """The array a reduction runs on: the receive buffer holding a copy of
+    the input where there is one, else a copy; truth values for LAND/LOR/LXOR."""
+    if dst is not None:
+        _check_same(src, dst, what, src.size == dst.size)
+    if op._logical:
+        return src != 0
+    if dst is None:
+        return src.copy()
+    if dst is not src:
+        np.copyto(dst, src)
+    return dst
+
+
+def _store(dst: np.ndarray, result: np.ndarray) -> None:
+    if result is not dst:
+        np.copyto(dst, result, casting="unsafe")  # bool -> the buffer's dtype for logical ops
+
+
+def _unpack(packed: np.ndarray, r: _Buf, sizes: list, skip: Optional[int] = None) -> None:
+    """Copy consecutive byte blocks of ``packed`` to r's (counts, displs) blocks."""
+    at = 0
+    for i, n in enumerate(sizes):
+        if i != skip and n:
+            _u8(r.vblock(i))[:] = packed[at:at + n]
+        at += n
+    r.finish()

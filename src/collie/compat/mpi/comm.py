@@ -1,0 +1,661 @@
+"""Communicators."""
+
+from __future__ import annotations
+
+import functools
+import operator
+import os
+import pickle
+import sys
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ... import collectives as _coll
+from ... import group as _group
+from ... import objects as _objects
+from ...arrays import byte_view
+from ...errors import CollieError
+from ...group import ProcessGroup
+from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work
+from .constants import ANY_SOURCE, ANY_TAG, IN_PLACE, PROC_NULL, TAG_UB, UNDEFINED, _TAG_UB
+from .op import Op, SUM, _buffer_op, _py_op
+from .p2p import _Matcher, _Recv, _matchers, _progress, _wait_until
+from .request import Request, _done_request
+from .status import Status
+
+__all__ = ["Comm", "Intracomm", "COMM_NULL"]
+
+
+# ---- communicators ----
+
+def _rank_arg(value, size: int, what: str, allowed=()) -> int:
+    try:
+        r = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int rank, got {value!r}") from None
+    if r in allowed or 0 <= r < size:
+        return r
+    raise ValueError(f"{what} {r} is not a rank of the communicator (size {size})")
+
+
+def _tag_arg(value, what: str, allow_any: bool) -> int:
+    try:
+        t = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {value!r}") from None
+    if (allow_any and t == ANY_TAG) or 0 <= t < 2**63:
+        return t
+    raise ValueError(f"{what} must be >= 0{' or MPI.ANY_TAG' if allow_any else ''}, got {t}")
+
+
+class Comm:
+    """A communicator: an ordered group of processes and a context that
+    keeps its messages apart from every other communicator's."""
+
+    def __init__(self, group: Optional[ProcessGroup] = None, name: str = "MPI_COMM_NULL"):
+        self._group = group
+        self._name = name
+        self._matcher: Optional[_Matcher] = None
+
+    # ---- identity ----
+
+    def _g(self, what: str) -> ProcessGroup:
+        if self._group is None:
+            raise CollieError(f"{what} called on MPI.COMM_NULL")
+        return _group.resolve(self._group)  # raises once the world was destroyed
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Comm) and self._group is other._group
+
+    def __ne__(self, other) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return id(self._group)
+
+    def __bool__(self) -> bool:
+        return self._group is not None
+
+    def __repr__(self) -> str:
+        if self._group is None:
+            return "<MPI.COMM_NULL>"
+        return f"<MPI.{type(self).__name__} {self._name} rank={self._group.rank} size={self._group.size}>"
+
+    def Get_rank(self) -> int:
+        return self._g("Get_rank").rank
+
+    def Get_size(self) -> int:
+        return self._g("Get_size").size
+
+    rank = property(Get_rank)
+    size = property(Get_size)
+
+    def Get_name(self) -> str:
+        return self._name
+
+    def Set_name(self, name: str) -> None:
+        self._name = name
+
+    name = property(Get_name, Set_name)
+
+    def Is_inter(self) -> bool:
+        return False
+
+    def Is_intra(self) -> bool:
+        return True
+
+    def Get_attr(self, keyval: int):
+        return _TAG_UB if keyval == TAG_UB else None
+
+    # ---- making and freeing communicators ----
+
+    def Split(self, color: int = 0, key: int = 0) -> "Comm":
+        """Ranks with the same color form a new communicator, ordered by key
+        (then by rank here); color MPI.UNDEFINED gets MPI.COMM_NULL."""
+        g = self._g("Split")
+        color, key = operator.index(color), operator.index(key)
+        if color < 0 and color != UNDEFINED:
+            raise ValueError(f"Split: color must be >= 0 or MPI.UNDEFINED, got {color}")
+        new = _group.split_group(g, -1 if color == UNDEFINED else color, key,
+                                 name=f"{self._name}/split{color}")
+        return COMM_NULL if new is None else Intracomm(new, new.name)
+
+    def Dup(self) -> "Comm":
+        """The same ranks in a new context: its messages never meet this one's."""
+        g = self._g("Dup")
+        return Intracomm(_group.split_group(g, 0, g.rank, name=f"{self._name}/dup"), f"{self._name}/dup")
+
+    Clone = Dup
+
+    def Free(self) -> None:
+        g = self._g("Free")
+        if g is _group.world().group or self._name == "MPI_COMM_SELF":
+            raise ValueError(f"Free: {self._name} cannot be freed")
+        _group.destroy_process_group(g)
+        if self._matcher is not None:
+            _matchers.discard(self._matcher)
+        self._group, self._matcher, self._name = None, None, "MPI_COMM_NULL"
+
+    def Abort(self, errorcode: int = 0) -> None:
+        """End this process at once with ``errorcode`` (1 when 0); ``collie
+        run`` then stops every other rank, as mpiexec does."""
+        sys.stdout.flush()
+        sys.stderr.write(f"MPI Abort on rank {self._group.rank if self._group else '?'} "
+                         f"with error code {errorcode}\n")
+        sys.stderr.flush()
+        os._exit(errorcode or 1)
+
+    # ---- point to point: the shared path ----
+
+    def _p2p(self, what: str) -> _Matcher:
+        g = self._g(what)
+        if self._matcher is None or self._matcher.group is not g:
+            self._matcher = _Matcher(g, self._name)
+        return self._matcher
+
+    def _send(self, data: memoryview, dest, tag, what: str, keep=None) -> Request:
+        m = self._p2p(what)
+        dest = _rank_arg(dest, m.group.size, f"{what}: dest", (PROC_NULL,))
+        tag = _tag_arg(tag, f"{what}: tag", allow_any=False)
+        if dest == PROC_NULL:
+            return _done_request()
+        reqs, head = m.isend(data, dest, tag)
+        return Request(m.network, sends=reqs, keep=(keep, data, head), timeout=m.group.timeout,
+                       describe=lambda: f"{what} to rank {dest} (tag {tag}) of {self._name}")
+
+    def _recv(self, dst: Optional[memoryview], source, tag, what: str, after=None, keep=None) -> Request:
+        m = self._p2p(what)
+        source = _rank_arg(source, m.group.size, f"{what}: source", (ANY_SOURCE, PROC_NULL))
+        tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
+        if source == PROC_NULL:
+            return _done_request((PROC_NULL, ANY_TAG, 0, False))
+        op = _Recv(source, tag, dst)
+        m.post(op)
+        src = "any rank" if source == ANY_SOURCE else f"rank {source}"
+        tags = "any tag" if tag == ANY_TAG else f"tag {tag}"
+        return Request(m.network, recv=op, matcher=m, after=after, keep=keep, timeout=m.group.timeout,
+                       describe=lambda: f"{what} from {src} ({tags}) of {self._name}")
+
+    def _probe(self, source, tag, status: Optional[Status], block: bool, what: str) -> bool:
+        m = self._p2p(what)
+        source = _rank_arg(source, m.group.size, f"{what}: source", (ANY_SOURCE, PROC_NULL))
+        tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._set(PROC_NULL, ANY_TAG, 0)
+            return True
+        m.probes.append(source)
+        try:
+            if block:
+                _wait_until(lambda: m.find(source, tag) is not None or m.gone(source) is not None,
+                            m.network, m.group.timeout, lambda: f"{what} of {self._name}")
+            else:
+                for _ in range(2):  # once to post envelope receives, once to take them in
+                    _progress(m.network)
+        finally:
+            m.probes.remove(source)
+        msg = m.find(source, tag)
+        if msg is None and block:
+            raise m.gone(source)
+        if msg is not None and status is not None:
+            status._set(msg.source, msg.tag, msg.nbytes)
+        return msg is not None
+
+    # ---- point to point: buffers ----
+
+    def Send(self, buf, dest: int, tag: int = 0) -> None:
+        """Send a buffer; returns once the buffer may be reused."""
+        self.Isend(buf, dest, tag).Wait()
+
+    Ssend = Send
+    Bsend = Send
+    Rsend = Send
+
+    def Isend(self, buf, dest: int, tag: int = 0) -> Request:
+        if dest == PROC_NULL:
+            return _done_request()
+        b = _Buf(buf, "Isend buf", writable=False)
+        return self._send(byte_view(b.section()), dest, tag, "Send", keep=b)
+
+    Issend = Isend
+    Ibsend = Isend
+    Irsend = Isend
+
+    def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:
+        """Receive into a buffer at least as large as the message."""
+        self.Irecv(buf, source, tag).Wait(status)
+
+    def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        if source == PROC_NULL:
+            return self._recv(None, source, tag, "Recv")
+        b = _Buf(buf, "Recv buf", writable=True)
+        return self._recv(byte_view(b.section()), source, tag, "Recv", after=b.finish, keep=b)
+
+    def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
+                 recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
+        """Send and receive at once: no ordering of the two can deadlock."""
+        rreq = self.Irecv(recvbuf, source, recvtag)
+        sreq = self.Isend(sendbuf, dest, sendtag)
+        Request.Waitall([rreq, sreq], [status, None])
+
+    def Sendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                         recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
+        b = _Buf(buf, "Sendrecv_replace buf", writable=True)
+        self.Sendrecv(b.section().copy(), dest, sendtag, [b.section(), b.flat.dtype], source, recvtag, status)
+        b.finish()
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> bool:
+        """Block until a matching message can be received; Status says which."""
+        return self._probe(source, tag, status, True, "Probe")
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> bool:
+        return self._probe(source, tag, status, False, "Iprobe")
+
+    probe = Probe
+    iprobe = Iprobe
+
+    # ---- point to point: objects ----
+
+    def send(self, obj, dest: int, tag: int = 0) -> None:
+        self.isend(obj, dest, tag).Wait()
+
+    ssend = send
+    bsend = send
+
+    def isend(self, obj, dest: int, tag: int = 0) -> Request:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return self._send(memoryview(data), dest, tag, "send")
+
+    issend = isend
+    ibsend = isend
+
+    def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
+        """Receive an object (``buf`` is accepted for mpi4py's signature and ignored)."""
+        return self.irecv(buf, source, tag).wait(status)
+
+    def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        return self._recv(None, source, tag, "recv")
+
+    def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
+                 recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
+        rreq = self.irecv(recvbuf, source, recvtag)
+        sreq = self.isend(sendobj, dest, sendtag)
+        Request.Waitall([rreq, sreq], [status, None])
+        return rreq._result
+
+    # ---- collectives: shared helpers ----
+
+    def _root(self, g: ProcessGroup, root, what: str) -> int:
+        return _rank_arg(root, g.size, f"{what}: root")
+
+    def Barrier(self) -> None:
+        _coll.barrier(group=self._g("Barrier"))
+
+    barrier = Barrier
+
+    def Ibarrier(self) -> Request:
+        g = self._g("Ibarrier")
+        return Request(g.network, work=_coll.barrier(group=g, async_op=True), timeout=g.timeout)
+
+
+class Intracomm(Comm):
+    """A communicator within one group of processes (all of collie's)."""
+
+    # ---- collectives on buffers ----
+
+    def Bcast(self, buf, root: int = 0) -> None:
+        """Copy root's buffer into every rank's."""
+        g = self._g("Bcast")
+        root = self._root(g, root, "Bcast")
+        b = _Buf(buf, "Bcast buf", writable=g.rank != root)
+        data = _u8(b.section())
+        if not data.flags.writeable:
+            data = data.copy()
+        _coll.broadcast(data, src=g.ranks[root], group=g)
+        b.finish()
+
+    def Ibcast(self, buf, root: int = 0) -> Request:
+        g = self._g("Ibcast")
+        root = self._root(g, root, "Ibcast")
+        b = _Buf(buf, "Ibcast buf", writable=g.rank != root)
+        data = _u8(b.section())
+        if not data.flags.writeable:
+            data = data.copy()
+        work = _coll.broadcast(data, src=g.ranks[root], group=g, async_op=True)
+        return Request(g.network, work=work, keep=(b, data), after=b.finish, timeout=g.timeout)
+
+    def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
+        """Block r of root's sendbuf into rank r's recvbuf (IN_PLACE at root:
+        root keeps its block where it is)."""
+        g = self._g("Scatter")
+        root = self._root(g, root, "Scatter")
+        _only_root(recvbuf, g, root, "Scatter", "recvbuf")
+        pieces = None
+        if g.rank == root:
+            s = _Buf(sendbuf, "Scatter sendbuf", writable=False, blocks=g.size)
+            pieces = [_u8(s.block(i)) for i in range(g.size)]
+        r = None
+        if recvbuf is IN_PLACE:
+            out = pieces[root].copy()
+        else:
+            r = _Buf(recvbuf, "Scatter recvbuf", writable=True)
+            out = _u8(r.section())
+        _coll.scatter(out, pieces, src=g.ranks[root], group=g)
+        if r is not None:
+            r.finish()
+
+    def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
+        """Scatter with a count and displacement per rank ([buf, (counts, displs), type] at root)."""
+        g = self._g("Scatterv")
+        root = self._root(g, root, "Scatterv")
+        _only_root(recvbuf, g, root, "Scatterv", "recvbuf")
+        in_blocks = [np.zeros(0, dtype=np.uint8)] * g.size
+        if g.rank == root:
+            s = _Buf(sendbuf, "Scatterv sendbuf", writable=False, blocks=g.size, vector=True)
+            in_blocks = [_u8(s.vblock(i)) for i in range(g.size)]
+            if recvbuf is IN_PLACE:
+                in_blocks[root] = np.zeros(0, dtype=np.uint8)
+        out_sizes = [0] * g.size
+        r = None
+        out = np.zeros(0, dtype=np.uint8)
+        if recvbuf is not IN_PLACE:
+            r = _Buf(recvbuf, "Scatterv recvbuf", writable=True)
+            out = _u8(r.section())
+            out_sizes[root] = out.size
+        _coll.all_to_all_single(out, _pack(in_blocks), out_sizes, [b.size for b in in_blocks], group=g)
+        if r is not None:
+            r.finish()
+
+    def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
+        """Every rank's sendbuf into block r of root's recvbuf (IN_PLACE at
+        root: root's block is already in place)."""
+        g = self._g("Gather")
+        root = self._root(g, root, "Gather")
+        _only_root(sendbuf, g, root, "Gather", "sendbuf")
+        outs = r = None
+        if g.rank == root:
+            r = _Buf(recvbuf, "Gather recvbuf", writable=True, blocks=g.size)
+            outs = [_u8(r.block(i)) for i in range(g.size)]
+        if sendbuf is IN_PLACE:
+            send = outs[root].copy()
+        else:
+            send = _u8(_Buf(sendbuf, "Gather sendbuf", writable=False).section())
+        _coll.gather(send, outs, dst=g.ranks[root], group=g)
+        if r is not None:
+            r.finish()
+
+    def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
+        """Gather with a count and displacement per rank ([buf, (counts, displs), type] at root)."""
+        g = self._g("Gatherv")
+        root = self._root(g, root, "Gatherv")
+        _only_root(sendbuf, g, root, "Gatherv", "sendbuf")
+        send = np.zeros(0, dtype=np.uint8)
+        if sendbuf is not IN_PLACE:
+            send = _u8(_Buf(sendbuf, "Gatherv sendbuf", writable=False).section())
+        in_sizes = [0] * g.size
+        in_sizes[root] = send.size
+        out_sizes = [0] * g.size
+        r = None
+        out = np.zeros(0, dtype=np.uint8)
+        if g.rank == root:
+            r = _Buf(recvbuf, "Gatherv recvbuf", writable=True, blocks=g.size, vector=True)
+            out_sizes = [r.vblock(i).nbytes for i in range(g.size)]
+            if sendbuf is IN_PLACE:
+                out_sizes[root] = 0
+            out = np.empty(sum(out_sizes), dtype=np.uint8)
+        _coll.all_to_all_single(out, send, out_sizes, in_sizes, group=g)
+        if r is not None:
+            _unpack(out, r, out_sizes, skip=root if sendbuf is IN_PLACE else None)
+
+    def Allgather(self, sendbuf, recvbuf) -> None:
+        """Every rank's sendbuf into block r of every rank's recvbuf."""
+        g = self._g("Allgather")
+        r = _Buf(recvbuf, "Allgather recvbuf", writable=True, blocks=g.size)
+        if sendbuf is IN_PLACE:
+            send = _u8(r.block(g.rank)).copy()
+        else:
+            send = _u8(_Buf(sendbuf, "Allgather sendbuf", writable=False).section())
+        _coll.all_gather_into_tensor(_u8(r.section(g.size)), send, group=g)
+        r.finish()
+
+    def Allgatherv(self, sendbuf, recvbuf) -> None:
+        g = self._g("Allgatherv")
+        r = _Buf(recvbuf, "Allgatherv recvbuf", writable=True, blocks=g.size, vector=True)
+        outs = [_u8(r.vblock(i)) for i in range(g.size)]
+        if sendbuf is IN_PLACE:
+            send = outs[g.rank].copy()
+        else:
+            send = _u8(_Buf(sendbuf, "Allgatherv sendbuf", writable=False).section())
+        _coll.all_gather(outs, send, group=g)
+        r.finish()
+
+    def Alltoall(self, sendbuf, recvbuf) -> None:
+        """Block q of rank r's sendbuf into block r of rank q's recvbuf."""
+        g = self._g("Alltoall")
+        r = _Buf(recvbuf, "Alltoall recvbuf", writable=True, blocks=g.size)
+        out = _u8(r.section(g.size))
+        if sendbuf is IN_PLACE:
+            send = out.copy()
+        else:
+            send = _u8(_Buf(sendbuf, "Alltoall sendbuf", writable=False, blocks=g.size).section(g.size))
+        _coll.all_to_all_single(out, send, group=g)
+        r.finish()
+
+    def Alltoallv(self, sendbuf, recvbuf) -> None:
+        """Alltoall with counts and displacements per rank on both sides."""
+        g = self._g("Alltoallv")
+        r = _Buf(recvbuf, "Alltoallv recvbuf", writable=True, blocks=g.size, vector=True)
+        s = r if sendbuf is IN_PLACE else _Buf(sendbuf, "Alltoallv sendbuf", writable=False, blocks=g.size,
+                                               vector=True)
+        in_blocks = [_u8(s.vblock(i)) for i in range(g.size)]
+        send = _pack(in_blocks)  # a copy, so IN_PLACE is safe
+        out_sizes = [r.vblock(i).nbytes for i in range(g.size)]
+        out = np.empty(sum(out_sizes), dtype=np.uint8)
+        _coll.all_to_all_single(out, send, out_sizes, [b.size for b in in_blocks], group=g)
+        _unpack(out, r, out_sizes)
+
+    # ---- reductions on buffers ----
+
+    def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0) -> None:
+        """Reduce every rank's sendbuf into root's recvbuf."""
+        g = self._g("Reduce")
+        root = self._root(g, root, "Reduce")
+        op = _buffer_op(op, "Reduce")
+        _only_root(sendbuf, g, root, "Reduce", "sendbuf")
+        r = _Buf(recvbuf, "Reduce recvbuf", writable=True) if g.rank == root else None
+        dst = r.section() if r is not None else None
+        src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, "Reduce sendbuf", writable=False).section()
+        work = _work(op, src, dst, "Reduce")
+        _coll.reduce(work, dst=g.ranks[root], op=op._collie, group=g)
+        if r is not None:
+            _store(dst, work)
+            r.finish()
+
+    def _allreduce_buffers(self, name: str, sendbuf, recvbuf, op: Op):
+        """What Allreduce and Iallreduce share: the group, the checked op,
+        the receive buffer, its section and the array reduced in place."""
+        g = self._g(name)
+        op = _buffer_op(op, name)
+        r = _Buf(recvbuf, f"{name} recvbuf", writable=True)
+        dst = r.section()
+        src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, f"{name} sendbuf", writable=False).section()
+        return g, op, r, dst, _work(op, src, dst, name)
+
+    def Allreduce(self, sendbuf, recvbuf, op: Op = SUM) -> None:
+        """Reduce every rank's sendbuf into every rank's recvbuf."""
+        g, op, r, dst, work = self._allreduce_buffers("Allreduce", sendbuf, recvbuf, op)
+        _coll.all_reduce(work, op=op._collie, group=g)
+        _store(dst, work)
+        r.finish()
+
+    def Iallreduce(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
+        g, op, r, dst, work = self._allreduce_buffers("Iallreduce", sendbuf, recvbuf, op)
+
+        def after():
+            _store(dst, work)
+            r.finish()
+
+        return Request(g.network, work=_coll.all_reduce(work, op=op._collie, group=g, async_op=True),
+                       keep=(r, work), after=after, timeout=g.timeout)
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM) -> None:
+        """Reduce, then rank r gets block r of the result (IN_PLACE: recvbuf
+        holds every block, rank r's result lands in its first block)."""
+        g = self._g("Reduce_scatter_block")
+        op = _buffer_op(op, "Reduce_scatter_block")
+        if sendbuf is IN_PLACE:
+            r = _Buf(recvbuf, "Reduce_scatter_block recvbuf", writable=True, blocks=g.size)
+            src, dst = r.section(g.size), r.block(0)
+        else:
+            r = _Buf(recvbuf, "Reduce_scatter_block recvbuf", writable=True)
+            src = _Buf(sendbuf, "Reduce_scatter_block sendbuf", writable=False, blocks=g.size).section(g.size)
+            dst = r.section()
+        _check_same(src, dst, "Reduce_scatter_block", src.size == dst.size * g.size)
+        inp = (src != 0) if op._logical else src
+        out = np.empty(dst.size, dtype=inp.dtype) if (op._logical or sendbuf is IN_PLACE) else dst
+        _coll.reduce_scatter_tensor(out, inp, op=op._collie, group=g)
+        _store(dst, out)
+        r.finish()
+
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts: Optional[Sequence[int]] = None,
+                       op: Op = SUM) -> None:
+        """Reduce, then rank r gets the next recvcounts[r] elements of the
+        result (recvcounts defaults to every rank's recvbuf size)."""
+        g = self._g("Reduce_scatter")
+        op = _buffer_op(op, "Reduce_scatter")
+        r = _Buf(recvbuf, "Reduce_scatter recvbuf", writable=True)
+        if recvcounts is None:
+            mine = np.array([r.count], dtype=np.int64)
+            every = np.empty(g.size, dtype=np.int64)
+            _coll.all_gather_into_tensor(every, mine, group=g)
+            recvcounts = every.tolist()
+        counts = [_count(c, "Reduce_scatter recvcounts") for c in recvcounts]
+        if len(counts) != g.size:
+            raise ValueError(f"Reduce_scatter: recvcounts needs one count per rank ({g.size}), got {len(counts)}")
+        total = sum(counts)
+        if sendbuf is IN_PLACE:
+            src, dst = r.flat[r.displ:r.displ + total], r.flat[r.displ:r.displ + counts[g.rank]]
+        else:
+            src = _Buf(sendbuf, "Reduce_scatter sendbuf", writable=False).section()
+            dst = r.section()
+        _check_same(src, dst, "Reduce_scatter", src.size >= total and dst.size >= counts[g.rank])
+        inp = (src[:total] != 0) if op._logical else src[:total]
+        # Blocks padded to the largest count, so that every rank's call looks
+        # the same to collie's mismatch check; the padding lanes are dropped.
+        width = max(counts)
+        padded = np.zeros((g.size, width), dtype=inp.dtype)
+        for i, piece in enumerate(np.split(inp, np.cumsum(counts)[:-1])):
+            padded[i, :piece.size] = piece
+        out = np.empty(width, dtype=inp.dtype)
+        _coll.reduce_scatter_tensor(out, padded, op=op._collie, group=g)
+        _store(dst[:counts[g.rank]], out[:counts[g.rank]])
+        r.finish()
+
+    def Scan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
+        """Rank r gets the reduction of ranks 0..r (inclusive)."""
+        self._scan(sendbuf, recvbuf, op, "Scan", inclusive=True)
+
+    def Exscan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
+        """Rank r gets the reduction of ranks 0..r-1; rank 0's recvbuf is left as is."""
+        self._scan(sendbuf, recvbuf, op, "Exscan", inclusive=False)
+
+    def _scan(self, sendbuf, recvbuf, op, what: str, inclusive: bool) -> None:
+        # All-gather, then reduce locally in rank order: the P-fold memory is
+        # the price of not having a scan schedule; fine for the sizes scans see.
+        g = self._g(what)
+        op = _buffer_op(op, what)
+        r = _Buf(recvbuf, f"{what} recvbuf", writable=True)
+        dst = r.section()
+        src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, f"{what} sendbuf", writable=False).section()
+        _check_same(src, dst, what, src.size == dst.size)
+        rows = np.empty((g.size, src.size), dtype=src.dtype)
+        _coll.all_gather_into_tensor(rows, np.ascontiguousarray(src), group=g)
+        upto = g.rank + 1 if inclusive else g.rank
+        if upto == 0:
+            return
+        acc = rows[0].copy()
+        for i in range(1, upto):
+            acc = op._ufunc(acc, rows[i]).astype(src.dtype, copy=False)
+        if op._logical:
+            acc = acc != 0
+        _store(dst, acc)
+        r.finish()
+
+    # ---- collectives on objects ----
+
+    def bcast(self, obj=None, root: int = 0) -> Any:
+        """root's object, on every rank."""
+        g = self._g("bcast")
+        root = self._root(g, root, "bcast")
+        box = [obj]
+        _objects.broadcast_object_list(box, src=g.ranks[root], group=g)
+        return box[0]
+
+    def scatter(self, sendobj=None, root: int = 0) -> Any:
+        """Item r of root's sequence, on rank r."""
+        g = self._g("scatter")
+        root = self._root(g, root, "scatter")
+        items = None
+        if g.rank == root:
+            items = list(sendobj) if sendobj is not None else None
+            if items is None or len(items) != g.size:
+                raise ValueError(f"scatter: root's sendobj must be a sequence of {g.size} items (one per rank)")
+        box = [None]
+        _objects.scatter_object_list(box, items, src=g.ranks[root], group=g)
+        return box[0]
+
+    def gather(self, sendobj, root: int = 0) -> Optional[list]:
+        """Every rank's object, in a list at root (None elsewhere)."""
+        g = self._g("gather")
+        root = self._root(g, root, "gather")
+        out = [None] * g.size if g.rank == root else None
+        _objects.gather_object(sendobj, out, dst=g.ranks[root], group=g)
+        return out
+
+    def allgather(self, sendobj) -> list:
+        g = self._g("allgather")
+        out = [None] * g.size
+        _objects.all_gather_object(out, sendobj, group=g)
+        return out
+
+    def alltoall(self, sendobj) -> list:
+        """Item q of rank r's sequence becomes item r of rank q's result."""
+        g = self._g("alltoall")
+        items = list(sendobj)
+        if len(items) != g.size:
+            raise ValueError(f"alltoall: sendobj must be a sequence of {g.size} items (one per rank)")
+        payloads = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in items]
+        sizes = np.array([len(p) for p in payloads], dtype=np.int64)
+        got = np.empty(g.size, dtype=np.int64)
+        _coll.all_to_all_single(got, sizes, group=g)
+        out = np.empty(int(got.sum()), dtype=np.uint8)
+        send = np.frombuffer(b"".join(payloads), dtype=np.uint8)
+        _coll.all_to_all_single(out, send, got.tolist(), sizes.tolist(), group=g)
+        ends = np.cumsum(got)
+        return [pickle.loads(out[e - n:e].tobytes()) for e, n in zip(ends.tolist(), got.tolist())]
+
+    def reduce(self, sendobj, op=SUM, root: int = 0) -> Any:
+        """op folded over every rank's object in rank order, at root (None elsewhere)."""
+        fn = _py_op(op)
+        items = self.gather(sendobj, root)
+        return None if items is None else functools.reduce(fn, items)
+
+    def allreduce(self, sendobj, op=SUM) -> Any:
+        fn = _py_op(op)
+        return functools.reduce(fn, self.allgather(sendobj))
+
+    def scan(self, sendobj, op=SUM) -> Any:
+        fn = _py_op(op)
+        items = self.allgather(sendobj)
+        return functools.reduce(fn, items[:self.Get_rank() + 1])
+
+    def exscan(self, sendobj, op=SUM) -> Any:
+        """The fold over ranks before this one; None on rank 0."""
+        fn = _py_op(op)
+        items = self.allgather(sendobj)
+        rank = self.Get_rank()
+        return None if rank == 0 else functools.reduce(fn, items[:rank])
+
+
+COMM_NULL = Comm(None)

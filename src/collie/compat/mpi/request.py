@@ -1,0 +1,206 @@
+"""Requests."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Callable, Optional, Sequence
+from .constants import ANY_SOURCE, ANY_TAG, UNDEFINED
+from .p2p import _Recv, _progress, _wait_until
+from .status import Status
+
+__all__ = ["Request", "REQUEST_NULL"]
+
+
+from ...errors import CollieError
+
+
+# ---- requests ----
+
+class Request:
+    """A non-blocking operation: Isend/Irecv, isend/irecv, Ibcast...
+
+    Wait()/Test() follow mpi4py; wait()/test() also return the received
+    object of an irecv (None for the others).
+    """
+
+    def __init__(self, network=None, *, sends=(), recv: Optional[_Recv] = None, matcher=None, work=None,
+                 keep=None, after=None, timeout: float = 300.0,
+                 describe: Callable[[], str] = lambda: "MPI request", status=None):
+        self._network, self._sends, self._recv, self._matcher = network, tuple(sends), recv, matcher
+        self._work = work
+        self._keep, self._after, self._timeout, self._describe = keep, after, timeout, describe
+        self._done = False
+        self._error: Optional[BaseException] = None
+        self._result = None
+        self._status = status  # (source, tag, nbytes, cancelled) once known
+
+    def _requests(self) -> list:
+        """The transport requests this one is waiting on."""
+        if self._recv is not None and self._recv.msg is not None and self._recv.msg.req is not None:
+            return [self._recv.msg.req]
+        return list(self._sends)
+
+    def _ready(self) -> bool:
+        if self._done:
+            return True
+        if self._work is not None:
+            return self._work.is_completed()
+        if self._recv is not None:
+            return self._recv.ready()
+        return all(r.finished for r in self._sends)
+
+    def _complete(self, status: Optional[Status]) -> None:
+        if not self._done:
+            self._done = True
+            try:
+                self._finish()
+            except BaseException as exc:
+                self._error = exc
+            self._keep = None
+        if self._error is not None:
+            raise self._error
+        if status is not None and self._status is not None:
+            status._set(*self._status)
+
+    def _finish(self) -> None:
+        if self._work is not None:
+            self._work.wait()
+        elif self._sends:
+            self._network.wait(self._sends, describe=self._describe)  # raises a failed send's error
+        elif self._recv is not None:
+            op = self._recv
+            if op.error is not None:
+                raise op.error
+            if op.cancelled:
+                self._status = (ANY_SOURCE, ANY_TAG, 0, True)
+                return
+            msg = op.msg
+            if msg.req is not None and msg.req.error is not None:
+                self._network.wait([msg.req], describe=self._describe)
+            self._status = (msg.source, msg.tag, msg.nbytes, False)
+            if op.dst is None:
+                self._result = pickle.loads(msg.data)
+            elif msg.data is not None:
+                if msg.nbytes > len(op.dst):
+                    raise CollieError(f"rank {self._network.rank}: {self._describe()}: message truncated: "
+                                      f"rank {msg.source} sent {msg.nbytes} bytes (tag {msg.tag}) but the "
+                                      f"receive buffer holds {len(op.dst)}")
+                op.dst[:msg.nbytes] = msg.data
+        if self._after is not None:
+            self._after()
+
+    def Wait(self, status: Optional[Status] = None) -> bool:
+        # An asynchronous collective blocks in its own wait (in _finish).
+        if self._work is None and not self._ready():
+            _wait_until(self._ready, self._network, self._timeout, self._describe, self._requests)
+        self._complete(status)
+        return True
+
+    def Test(self, status: Optional[Status] = None) -> bool:
+        if self._network is not None and not self._done:
+            _progress(self._network)
+        if not self._ready():
+            return False
+        self._complete(status)
+        return True
+
+    def wait(self, status: Optional[Status] = None) -> Any:
+        self.Wait(status)
+        return self._result
+
+    def test(self, status: Optional[Status] = None) -> tuple[bool, Any]:
+        done = self.Test(status)
+        return done, (self._result if done else None)
+
+    def Cancel(self) -> None:
+        """Cancel a receive that no message has matched yet (sends cannot be)."""
+        if self._recv is not None and self._matcher is not None:
+            self._matcher.cancel(self._recv)
+
+    def Free(self) -> None:
+        pass
+
+    def Get_status(self, status: Optional[Status] = None) -> bool:
+        done = self._ready()
+        if done:
+            self._complete(status)
+        return done
+
+    # ---- on many requests ----
+
+    @staticmethod
+    def _wait_some(requests: Sequence["Request"], ready: Callable[[], bool]) -> None:
+        live = [r for r in requests if r._network is not None]
+        if live and not ready():
+            _wait_until(ready, live[0]._network, max(r._timeout for r in live),
+                        lambda: f"waiting for {len(requests)} MPI requests",
+                        lambda: [q for r in live for q in r._requests()])
+
+    @staticmethod
+    def Waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
+        requests = list(requests)
+        Request._wait_some(requests, lambda: all(r._work is not None or r._ready() for r in requests))
+        for i, r in enumerate(requests):
+            r._complete(statuses[i] if statuses is not None and i < len(statuses) else None)
+        return True
+
+    @staticmethod
+    def waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> list:
+        Request.Waitall(requests, statuses)
+        return [r._result for r in requests]
+
+    @staticmethod
+    def Testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
+        requests = list(requests)
+        for r in requests:
+            if r._network is not None:
+                _progress(r._network)
+                break
+        if not all(r._ready() for r in requests):
+            return False
+        Request.Waitall(requests, statuses)
+        return True
+
+    @staticmethod
+    def testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> tuple[bool, Optional[list]]:
+        done = Request.Testall(requests, statuses)
+        return done, ([r._result for r in requests] if done else None)
+
+    @staticmethod
+    def Waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> int:
+        """Index of a request that completed (UNDEFINED for an empty list)."""
+        requests = list(requests)
+        if not requests:
+            return UNDEFINED
+        Request._wait_some(requests, lambda: any(r._ready() for r in requests))
+        index = next(i for i, r in enumerate(requests) if r._ready())
+        requests[index]._complete(status)
+        return index
+
+    @staticmethod
+    def waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple[int, Any]:
+        index = Request.Waitany(requests, status)
+        return index, (requests[index]._result if index != UNDEFINED else None)
+
+    @staticmethod
+    def Testany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple[int, bool]:
+        requests = list(requests)
+        for r in requests:
+            if r._network is not None:
+                _progress(r._network)
+                break
+        for i, r in enumerate(requests):
+            if r._ready():
+                r._complete(status)
+                return i, True
+        return UNDEFINED, False
+
+
+REQUEST_NULL = Request()
+REQUEST_NULL._done = True
+
+
+def _done_request(status=None) -> Request:
+    req = Request(status=status)
+    req._done = True
+    return req
