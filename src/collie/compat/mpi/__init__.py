@@ -56,16 +56,15 @@ on other peers; they simply catch those peers' next messages.
 
 from __future__ import annotations
 
-from ...errors import CollieError
-from . import buffers, comm, constants, datatype, environ, op, p2p, request, status
+from . import buffers, comm, constants, datatype, environ, exceptions, info, op, p2p, request, status
 from .environ import _comm
 
 __all__: list = []
-for _m in (constants, datatype, op, status, request, comm, environ):
+for _m in (constants, exceptions, info, datatype, op, status, request, comm, environ):
     __all__ += _m.__all__
     globals().update({_n: getattr(_m, _n) for _n in _m.__all__})
-del _m, buffers, comm, constants, datatype, environ, op, p2p, request, status
-__all__ += ["COMM_WORLD", "COMM_SELF", "Exception"]
+del _m, buffers, comm, constants, datatype, environ, exceptions, info, op, p2p, request, status
+__all__ += ["COMM_WORLD", "COMM_SELF"]
 
 
 def __getattr__(name: str):
@@ -80,8 +79,3 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | {"COMM_WORLD", "COMM_SELF"})
-
-
-# mpi4py raises MPI.Exception for errors of MPI calls; collie's errors are
-# CollieError. Bound last: from here on, "Exception" in this module is it.
-Exception = CollieError  # noqa: A001

@@ -15,7 +15,7 @@ from ... import collectives as _coll
 from ... import group as _group
 from ... import objects as _objects
 from ...arrays import byte_view
-from ...errors import CollieError
+from .exceptions import ERR_COMM, _error
 from ...group import ProcessGroup
 from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work
 from .constants import ANY_SOURCE, ANY_TAG, IN_PLACE, PROC_NULL, TAG_UB, UNDEFINED, _TAG_UB
@@ -62,7 +62,7 @@ class Comm:
 
     def _g(self, what: str) -> ProcessGroup:
         if self._group is None:
-            raise CollieError(f"{what} called on MPI.COMM_NULL")
+            raise _error(ERR_COMM, f"{what} called on MPI.COMM_NULL")
         return _group.resolve(self._group)  # raises once the world was destroyed
 
     def __eq__(self, other) -> bool:

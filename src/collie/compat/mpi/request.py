@@ -12,6 +12,7 @@ __all__ = ["Request", "REQUEST_NULL"]
 
 
 from ...errors import CollieError
+from .exceptions import ERR_TRUNCATE, _as_mpi_error, _error
 
 
 # ---- requests ----
@@ -54,6 +55,8 @@ class Request:
             self._done = True
             try:
                 self._finish()
+            except CollieError as exc:
+                self._error = _as_mpi_error(exc)
             except BaseException as exc:
                 self._error = exc
             self._keep = None
@@ -82,7 +85,7 @@ class Request:
                 self._result = pickle.loads(msg.data)
             elif msg.data is not None:
                 if msg.nbytes > len(op.dst):
-                    raise CollieError(f"rank {self._network.rank}: {self._describe()}: message truncated: "
+                    raise _error(ERR_TRUNCATE, f"rank {self._network.rank}: {self._describe()}: message truncated: "
                                       f"rank {msg.source} sent {msg.nbytes} bytes (tag {msg.tag}) but the "
                                       f"receive buffer holds {len(op.dst)}")
                 op.dst[:msg.nbytes] = msg.data
