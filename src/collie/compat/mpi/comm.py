@@ -6,8 +6,10 @@ import functools
 import operator
 import os
 import pickle
+import socket
 import sys
-from typing import Any, Optional, Sequence
+import weakref
+from typing import Any, Optional
 
 import numpy as np
 
@@ -15,13 +17,17 @@ from ... import collectives as _coll
 from ... import group as _group
 from ... import objects as _objects
 from ...arrays import byte_view
-from .exceptions import ERR_COMM, _error
+from .constants import (COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED, COMM_TYPE_SHARED,
+                        CONGRUENT, IDENT, SIMILAR, UNEQUAL)
+from .exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, _error, _Handled
+from .group import Group
+from .info import Info
 from ...group import ProcessGroup
 from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work
 from .constants import ANY_SOURCE, ANY_TAG, IN_PLACE, PROC_NULL, TAG_UB, UNDEFINED, _TAG_UB
-from .op import Op, SUM, _buffer_op, _py_op
+from .op import SUM, _buffer_op, _py_op
 from .p2p import _Matcher, _Recv, _matchers, _progress, _wait_until
-from .request import Request, _done_request
+from .request import Prequest, Request, _done_request
 from .status import Status
 
 __all__ = ["Comm", "Intracomm", "COMM_NULL"]
@@ -49,14 +55,29 @@ def _tag_arg(value, what: str, allow_any: bool) -> int:
     raise ValueError(f"{what} must be >= 0{' or MPI.ANY_TAG' if allow_any else ''}, got {t}")
 
 
-class Comm:
-    """A communicator: an ordered group of processes and a context that
-    keeps its messages apart from every other communicator's."""
+_matcher_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
-    def __init__(self, group: Optional[ProcessGroup] = None, name: str = "MPI_COMM_NULL"):
+
+class Comm(_Handled):
+    """A communicator: an ordered group of processes and a context that
+    keeps its messages apart from every other communicator's.
+
+    ``MPI.Intracomm(comm)`` (or a subclass's constructor) refers to the same
+    communicator as ``comm``, as in mpi4py; ``MPI.Comm()`` is COMM_NULL."""
+
+    def __init__(self, group=None, name: str = "MPI_COMM_NULL"):
+        if isinstance(group, Comm):
+            name, group = group._name, group._group
         self._group = group
         self._name = name
         self._matcher: Optional[_Matcher] = None
+        self._info = None
+
+    def __reduce__(self):
+        for which in ("COMM_NULL",):
+            if self is globals()[which]:
+                return which
+        raise ValueError(f"cannot pickle {self!r}")
 
     # ---- identity ----
 
@@ -105,8 +126,108 @@ class Comm:
     def Is_intra(self) -> bool:
         return True
 
+    is_inter = property(Is_inter)
+    is_intra = property(Is_intra)
+
+    @property
+    def topology(self) -> int:
+        return UNDEFINED
+
+    @property
+    def group(self) -> "Group":
+        return self.Get_group()
+
+    @property
+    def info(self) -> "Info":
+        return self.Get_info()
+
     def Get_attr(self, keyval: int):
         return _TAG_UB if keyval == TAG_UB else None
+
+    def Set_info(self, info) -> None:
+        self._g("Set_info")
+        self._info = Info._of(info.items() if info else ())
+
+    def Get_info(self):
+        self._g("Get_info")
+        return Info._of(self._info.items() if self._info else ())
+
+    # ---- groups ----
+
+    def Get_group(self) -> Group:
+        """The group of this communicator's processes, in rank order."""
+        return Group._of(self._g("Get_group").ranks)
+
+    @classmethod
+    def Compare(cls, comm1: "Comm", comm2: "Comm") -> int:
+        """IDENT (the same communicator), CONGRUENT (same processes in the
+        same order, another context), SIMILAR (same processes), else UNEQUAL."""
+        if comm1 == comm2:
+            return IDENT
+        a, b = comm1._g("Compare").ranks, comm2._g("Compare").ranks
+        if a == b:
+            return CONGRUENT
+        return SIMILAR if set(a) == set(b) else UNEQUAL
+
+    def Create(self, group: Group) -> "Comm":
+        """A communicator of ``group``'s processes (a subset of this one's),
+        in group order; the others get COMM_NULL. Every rank of this
+        communicator calls it with the same group."""
+        g = self._g("Create")
+        members = group._r("Create")
+        missing = [w for w in members if w not in g.ranks]
+        if missing:
+            raise _error(ERR_GROUP, f"Create: processes {missing} are not in {self._name}")
+        me = g.network.rank
+        color, key = (0, members.index(me)) if me in members else (-1, 0)
+        new = _group.split_group(g, color, key, name=f"{self._name}/create")
+        return COMM_NULL if new is None else type(self)(new, new.name) if isinstance(self, Intracomm) \
+            else Intracomm(new, new.name)
+
+    def Create_group(self, group: Group, tag: int = 0) -> "Comm":
+        """Create, called by the members of ``group`` only. They agree on a
+        context among themselves, over messages of this communicator on a
+        tag of collie's own (``tag`` tells concurrent calls apart in MPI;
+        here calls on one communicator must not overlap)."""
+        g = self._g("Create_group")
+        members = group._r("Create_group")
+        me = g.network.rank
+        if me not in members:
+            raise _error(ERR_GROUP, f"Create_group: this process is not in the group {list(members)}")
+        missing = [w for w in members if w not in g.ranks]
+        if missing:
+            raise _error(ERR_GROUP, f"Create_group: processes {missing} are not in {self._name}")
+        context = _agree_among(g, members, operator.index(tag))
+        new = ProcessGroup(g.network, members, context, g.timeout, f"{self._name}/group")
+        _group.world().groups.append(new)
+        return Intracomm(new, new.name)
+
+    def Split_type(self, split_type: int, key: int = 0, info=None) -> "Comm":
+        """COMM_TYPE_SHARED (and the hardware-guided types): the ranks on this
+        host, ordered by key; UNDEFINED: COMM_NULL."""
+        if split_type == UNDEFINED:
+            return self.Split(UNDEFINED, key)
+        if split_type not in (COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED,
+                              COMM_TYPE_RESOURCE_GUIDED):
+            raise _error(ERR_ARG, f"Split_type: unknown split type {split_type}")
+        host = socket.gethostname()
+        hosts = self.allgather(host)
+        color = sorted(set(hosts)).index(host)
+        return self.Split(color, key)
+
+    def Idup(self, info=None):
+        """Dup, done at once; the Request is complete."""
+        comm = self.Dup()
+        return comm, _done_request()
+
+    def Dup_with_info(self, info) -> "Comm":
+        comm = self.Dup()
+        comm.Set_info(info)
+        return comm
+
+    def Idup_with_info(self, info):
+        comm = self.Dup_with_info(info)
+        return comm, _done_request()
 
     # ---- making and freeing communicators ----
 
@@ -121,10 +242,12 @@ class Comm:
                                  name=f"{self._name}/split{color}")
         return COMM_NULL if new is None else Intracomm(new, new.name)
 
-    def Dup(self) -> "Comm":
+    def Dup(self, info=None) -> "Comm":
         """The same ranks in a new context: its messages never meet this one's."""
         g = self._g("Dup")
-        return Intracomm(_group.split_group(g, 0, g.rank, name=f"{self._name}/dup"), f"{self._name}/dup")
+        new = type(self)(_group.split_group(g, 0, g.rank, name=f"{self._name}/dup"), f"{self._name}/dup")
+        new._info = self._info if info is None else Info._of(info.items() if info else ())
+        return new
 
     Clone = Dup
 
@@ -151,7 +274,11 @@ class Comm:
     def _p2p(self, what: str) -> _Matcher:
         g = self._g(what)
         if self._matcher is None or self._matcher.group is not g:
-            self._matcher = _Matcher(g, self._name)
+            # one matcher per group: copies of a communicator (MPI.Intracomm(comm)) share it
+            m = _matcher_of.get(g)
+            if m is None:
+                m = _matcher_of[g] = _Matcher(g, self._name)
+            self._matcher = m
         return self._matcher
 
     def _send(self, data: memoryview, dest, tag, what: str, keep=None) -> Request:
@@ -215,7 +342,7 @@ class Comm:
     def Isend(self, buf, dest: int, tag: int = 0) -> Request:
         if dest == PROC_NULL:
             return _done_request()
-        b = _Buf(buf, "Isend buf", writable=False)
+        b = _Buf(buf, "Isend buf", writable=False, empty_ok=True)
         return self._send(byte_view(b.section()), dest, tag, "Send", keep=b)
 
     Issend = Isend
@@ -229,7 +356,7 @@ class Comm:
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         if source == PROC_NULL:
             return self._recv(None, source, tag, "Recv")
-        b = _Buf(buf, "Recv buf", writable=True)
+        b = _Buf(buf, "Recv buf", writable=True, empty_ok=True)
         return self._recv(byte_view(b.section()), source, tag, "Recv", after=b.finish, keep=b)
 
     def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
@@ -239,9 +366,36 @@ class Comm:
         sreq = self.Isend(sendbuf, dest, sendtag)
         Request.Waitall([rreq, sreq], [status, None])
 
+    def Send_init(self, buf, dest: int, tag: int = 0) -> Prequest:
+        """A persistent send: each Start() sends buf's current contents."""
+        return Prequest(lambda: self.Isend(buf, dest, tag))
+
+    Bsend_init = Send_init
+    Ssend_init = Send_init
+    Rsend_init = Send_init
+
+    def Recv_init(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
+        return Prequest(lambda: self.Irecv(buf, source, tag))
+
+    def Isendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
+                  recvtag: int = ANY_TAG) -> Request:
+        """Sendrecv, nonblocking: the Request completes when both halves have."""
+        rreq = self.Irecv(recvbuf, source, recvtag)
+        sreq = self.Isend(sendbuf, dest, sendtag)
+        return _Both(rreq, sreq)
+
+    def Isendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                          recvtag: int = ANY_TAG) -> Request:
+        if buf is None or (dest == PROC_NULL and source == PROC_NULL):
+            return self.Isendrecv(buf, dest, sendtag, buf, source, recvtag)
+        b = _Buf(buf, "Sendrecv_replace buf", writable=True, empty_ok=True)
+        req = self.Isendrecv(b.section().copy(), dest, sendtag, [b.section(), b.flat.dtype], source, recvtag)
+        req._after = b.finish
+        return req
+
     def Sendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
                          recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
-        b = _Buf(buf, "Sendrecv_replace buf", writable=True)
+        b = _Buf(buf, "Sendrecv_replace buf", writable=True, empty_ok=True)
         self.Sendrecv(b.section().copy(), dest, sendtag, [b.section(), b.flat.dtype], source, recvtag, status)
         b.finish()
 
@@ -299,38 +453,131 @@ class Comm:
         return Request(g.network, work=_coll.barrier(group=g, async_op=True), timeout=g.timeout)
 
 
+class _Both(Request):
+    """Two requests that complete as one (Isendrecv): the receive's status."""
+
+    def __init__(self, rreq: Request, sreq: Request):
+        super().__init__(rreq._network or sreq._network, timeout=max(rreq._timeout, sreq._timeout))
+        self._pair = (rreq, sreq)
+
+    def _ready(self) -> bool:
+        return self._done or all(r._ready() for r in self._pair)
+
+    def _requests(self) -> list:
+        return [q for r in self._pair for q in r._requests()]
+
+    def _finish(self) -> None:
+        rreq, sreq = self._pair
+        st = Status()
+        rreq._complete(st)
+        sreq._complete(None)
+        self._status = (st.source, st.tag, st._nbytes, st._cancelled)
+        self._result = rreq._result
+        if self._after is not None:
+            self._after()
+
+
+_CREATE_TAG = _group.MAX_TAG - 3  # collie's p2p tag of Create_group's agreement
+
+
+def _agree_among(g: ProcessGroup, members: tuple, tag: int) -> int:
+    """A context unused on every one of ``members`` (world ranks, a subset of
+    g): the first member gathers their next free contexts and sends back the
+    largest; everyone moves past it."""
+    w = _group.world()
+    net = g.network
+    ptag = g.p2p_tag(_CREATE_TAG)
+    mine = np.array([w.next_context, tag], dtype=np.int64)
+    if net.rank == members[0]:
+        rows = [mine]
+        for peer in members[1:]:
+            got = np.empty(2, dtype=np.int64)
+            net.wait([net.irecv(peer, ptag, byte_view(got))], describe=lambda: "Create_group")
+            rows.append(got)
+        if any(int(r[1]) != tag for r in rows):
+            raise _error(ERR_ARG, f"Create_group: the members gave different tags {[int(r[1]) for r in rows]}")
+        context = np.array([max(int(r[0]) for r in rows)], dtype=np.int64)
+        net.wait([net.isend(peer, ptag, byte_view(context)) for peer in members[1:]],
+                 describe=lambda: "Create_group")
+    else:
+        context = np.empty(1, dtype=np.int64)
+        net.wait([net.isend(members[0], ptag, byte_view(mine))], describe=lambda: "Create_group")
+        net.wait([net.irecv(members[0], ptag, byte_view(context))], describe=lambda: "Create_group")
+    w.next_context = int(context[0]) + 1
+    return int(context[0])
+
+
+def _in_place(buf):
+    """None in a send slot is MPI.IN_PLACE, as in mpi4py."""
+    return IN_PLACE if buf is None else buf
+
+
+def _user_reduce(g, nb, op, src, dst, what: str):
+    """A reduction with a user op (Op.Create): all-gather every rank's
+    buffer, then fold them in rank order into dst (None: not wanted here)."""
+    if dst is not None:
+        _check_same(src, dst, what, src.size == dst.size)
+    rows = np.empty((g.size, src.size), dtype=src.dtype)
+    yield _coll.all_gather_into_tensor(rows, np.ascontiguousarray(src), group=g, async_op=nb)
+    if dst is not None:
+        acc = rows[0].copy()
+        for i in range(1, g.size):
+            acc = op._apply(acc, rows[i])
+        _store(dst, acc)
+
+
+def _blocking(gen, doc: str):
+    def call(self, *args, **kwargs):
+        for _ in gen(self, False, *args, **kwargs):
+            pass
+    call.__name__, call.__doc__ = gen.__name__[1:], doc
+    return call
+
+
+def _nonblocking(gen):
+    def call(self, *args, **kwargs) -> Request:
+        steps = gen(self, True, *args, **kwargs)
+        work = next(steps)  # checks the arguments and posts the collective
+        g = self._g(call.__name__)
+
+        def rest():
+            for _ in steps:
+                pass
+
+        return Request(g.network, work=work, keep=steps, after=rest, timeout=g.timeout,
+                       describe=lambda: f"{call.__name__} of {self._name}")
+    call.__name__ = "I" + gen.__name__[1:]
+    call.__doc__ = f"The nonblocking {gen.__name__[1:]}: returns a Request."
+    return call
+
+
 class Intracomm(Comm):
     """A communicator within one group of processes (all of collie's)."""
 
     # ---- collectives on buffers ----
+    #
+    # Each collective is written once, as a generator _X(nb, ...): it checks
+    # its arguments, runs collie's collective (async_op=nb), yields the
+    # returned Work (None when blocking), then finishes (unpacks, copies the
+    # result out). X runs it to the end; IX (nonblocking) runs it up to its
+    # yield and returns a Request whose completion runs the rest. A
+    # collective made of several collie calls runs all but the last at once.
+    # A send buffer of None means MPI.IN_PLACE, as in mpi4py.
 
-    def Bcast(self, buf, root: int = 0) -> None:
-        """Copy root's buffer into every rank's."""
+    def _Bcast(self, nb, buf, root=0):
         g = self._g("Bcast")
         root = self._root(g, root, "Bcast")
-        b = _Buf(buf, "Bcast buf", writable=g.rank != root)
+        b = _Buf(buf, "Bcast buf", writable=g.rank != root, empty_ok=True)
         data = _u8(b.section())
         if not data.flags.writeable:
             data = data.copy()
-        _coll.broadcast(data, src=g.ranks[root], group=g)
+        yield _coll.broadcast(data, src=g.ranks[root], group=g, async_op=nb)
         b.finish()
 
-    def Ibcast(self, buf, root: int = 0) -> Request:
-        g = self._g("Ibcast")
-        root = self._root(g, root, "Ibcast")
-        b = _Buf(buf, "Ibcast buf", writable=g.rank != root)
-        data = _u8(b.section())
-        if not data.flags.writeable:
-            data = data.copy()
-        work = _coll.broadcast(data, src=g.ranks[root], group=g, async_op=True)
-        return Request(g.network, work=work, keep=(b, data), after=b.finish, timeout=g.timeout)
-
-    def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
-        """Block r of root's sendbuf into rank r's recvbuf (IN_PLACE at root:
-        root keeps its block where it is)."""
+    def _Scatter(self, nb, sendbuf, recvbuf, root=0):
         g = self._g("Scatter")
         root = self._root(g, root, "Scatter")
-        _only_root(recvbuf, g, root, "Scatter", "recvbuf")
+        recvbuf = _in_place(recvbuf) if g.rank == root else recvbuf
         pieces = None
         if g.rank == root:
             s = _Buf(sendbuf, "Scatter sendbuf", writable=False, blocks=g.size)
@@ -341,15 +588,14 @@ class Intracomm(Comm):
         else:
             r = _Buf(recvbuf, "Scatter recvbuf", writable=True)
             out = _u8(r.section())
-        _coll.scatter(out, pieces, src=g.ranks[root], group=g)
+        yield _coll.scatter(out, pieces, src=g.ranks[root], group=g, async_op=nb)
         if r is not None:
             r.finish()
 
-    def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
-        """Scatter with a count and displacement per rank ([buf, (counts, displs), type] at root)."""
+    def _Scatterv(self, nb, sendbuf, recvbuf, root=0):
         g = self._g("Scatterv")
         root = self._root(g, root, "Scatterv")
-        _only_root(recvbuf, g, root, "Scatterv", "recvbuf")
+        recvbuf = _in_place(recvbuf) if g.rank == root else recvbuf
         in_blocks = [np.zeros(0, dtype=np.uint8)] * g.size
         if g.rank == root:
             s = _Buf(sendbuf, "Scatterv sendbuf", writable=False, blocks=g.size, vector=True)
@@ -360,18 +606,18 @@ class Intracomm(Comm):
         r = None
         out = np.zeros(0, dtype=np.uint8)
         if recvbuf is not IN_PLACE:
-            r = _Buf(recvbuf, "Scatterv recvbuf", writable=True)
+            r = _Buf(recvbuf, "Scatterv recvbuf", writable=True, empty_ok=True)
             out = _u8(r.section())
             out_sizes[root] = out.size
-        _coll.all_to_all_single(out, _pack(in_blocks), out_sizes, [b.size for b in in_blocks], group=g)
+        send = _pack(in_blocks)
+        yield _coll.all_to_all_single(out, send, out_sizes, [b.size for b in in_blocks], group=g, async_op=nb)
         if r is not None:
             r.finish()
 
-    def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
-        """Every rank's sendbuf into block r of root's recvbuf (IN_PLACE at
-        root: root's block is already in place)."""
+    def _Gather(self, nb, sendbuf, recvbuf, root=0):
         g = self._g("Gather")
         root = self._root(g, root, "Gather")
+        sendbuf = _in_place(sendbuf) if g.rank == root else sendbuf
         _only_root(sendbuf, g, root, "Gather", "sendbuf")
         outs = r = None
         if g.rank == root:
@@ -381,18 +627,18 @@ class Intracomm(Comm):
             send = outs[root].copy()
         else:
             send = _u8(_Buf(sendbuf, "Gather sendbuf", writable=False).section())
-        _coll.gather(send, outs, dst=g.ranks[root], group=g)
+        yield _coll.gather(send, outs, dst=g.ranks[root], group=g, async_op=nb)
         if r is not None:
             r.finish()
 
-    def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
-        """Gather with a count and displacement per rank ([buf, (counts, displs), type] at root)."""
+    def _Gatherv(self, nb, sendbuf, recvbuf, root=0):
         g = self._g("Gatherv")
         root = self._root(g, root, "Gatherv")
+        sendbuf = _in_place(sendbuf) if g.rank == root else sendbuf
         _only_root(sendbuf, g, root, "Gatherv", "sendbuf")
         send = np.zeros(0, dtype=np.uint8)
         if sendbuf is not IN_PLACE:
-            send = _u8(_Buf(sendbuf, "Gatherv sendbuf", writable=False).section())
+            send = _u8(_Buf(sendbuf, "Gatherv sendbuf", writable=False, empty_ok=True).section())
         in_sizes = [0] * g.size
         in_sizes[root] = send.size
         out_sizes = [0] * g.size
@@ -404,47 +650,48 @@ class Intracomm(Comm):
             if sendbuf is IN_PLACE:
                 out_sizes[root] = 0
             out = np.empty(sum(out_sizes), dtype=np.uint8)
-        _coll.all_to_all_single(out, send, out_sizes, in_sizes, group=g)
+        yield _coll.all_to_all_single(out, send, out_sizes, in_sizes, group=g, async_op=nb)
         if r is not None:
             _unpack(out, r, out_sizes, skip=root if sendbuf is IN_PLACE else None)
 
-    def Allgather(self, sendbuf, recvbuf) -> None:
-        """Every rank's sendbuf into block r of every rank's recvbuf."""
+    def _Allgather(self, nb, sendbuf, recvbuf):
         g = self._g("Allgather")
+        sendbuf = _in_place(sendbuf)
         r = _Buf(recvbuf, "Allgather recvbuf", writable=True, blocks=g.size)
         if sendbuf is IN_PLACE:
             send = _u8(r.block(g.rank)).copy()
         else:
             send = _u8(_Buf(sendbuf, "Allgather sendbuf", writable=False).section())
-        _coll.all_gather_into_tensor(_u8(r.section(g.size)), send, group=g)
+        yield _coll.all_gather_into_tensor(_u8(r.section(g.size)), send, group=g, async_op=nb)
         r.finish()
 
-    def Allgatherv(self, sendbuf, recvbuf) -> None:
+    def _Allgatherv(self, nb, sendbuf, recvbuf):
         g = self._g("Allgatherv")
+        sendbuf = _in_place(sendbuf)
         r = _Buf(recvbuf, "Allgatherv recvbuf", writable=True, blocks=g.size, vector=True)
         outs = [_u8(r.vblock(i)) for i in range(g.size)]
         if sendbuf is IN_PLACE:
             send = outs[g.rank].copy()
         else:
-            send = _u8(_Buf(sendbuf, "Allgatherv sendbuf", writable=False).section())
-        _coll.all_gather(outs, send, group=g)
+            send = _u8(_Buf(sendbuf, "Allgatherv sendbuf", writable=False, empty_ok=True).section())
+        yield _coll.all_gather(outs, send, group=g, async_op=nb)
         r.finish()
 
-    def Alltoall(self, sendbuf, recvbuf) -> None:
-        """Block q of rank r's sendbuf into block r of rank q's recvbuf."""
+    def _Alltoall(self, nb, sendbuf, recvbuf):
         g = self._g("Alltoall")
+        sendbuf = _in_place(sendbuf)
         r = _Buf(recvbuf, "Alltoall recvbuf", writable=True, blocks=g.size)
         out = _u8(r.section(g.size))
         if sendbuf is IN_PLACE:
             send = out.copy()
         else:
             send = _u8(_Buf(sendbuf, "Alltoall sendbuf", writable=False, blocks=g.size).section(g.size))
-        _coll.all_to_all_single(out, send, group=g)
+        yield _coll.all_to_all_single(out, send, group=g, async_op=nb)
         r.finish()
 
-    def Alltoallv(self, sendbuf, recvbuf) -> None:
-        """Alltoall with counts and displacements per rank on both sides."""
+    def _Alltoallv(self, nb, sendbuf, recvbuf):
         g = self._g("Alltoallv")
+        sendbuf = _in_place(sendbuf)
         r = _Buf(recvbuf, "Alltoallv recvbuf", writable=True, blocks=g.size, vector=True)
         s = r if sendbuf is IN_PLACE else _Buf(sendbuf, "Alltoallv sendbuf", writable=False, blocks=g.size,
                                                vector=True)
@@ -452,58 +699,51 @@ class Intracomm(Comm):
         send = _pack(in_blocks)  # a copy, so IN_PLACE is safe
         out_sizes = [r.vblock(i).nbytes for i in range(g.size)]
         out = np.empty(sum(out_sizes), dtype=np.uint8)
-        _coll.all_to_all_single(out, send, out_sizes, [b.size for b in in_blocks], group=g)
+        yield _coll.all_to_all_single(out, send, out_sizes, [b.size for b in in_blocks], group=g, async_op=nb)
         _unpack(out, r, out_sizes)
 
     # ---- reductions on buffers ----
 
-    def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0) -> None:
-        """Reduce every rank's sendbuf into root's recvbuf."""
+    def _Reduce(self, nb, sendbuf, recvbuf, op=SUM, root=0):
         g = self._g("Reduce")
         root = self._root(g, root, "Reduce")
         op = _buffer_op(op, "Reduce")
+        sendbuf = _in_place(sendbuf) if g.rank == root else sendbuf
         _only_root(sendbuf, g, root, "Reduce", "sendbuf")
         r = _Buf(recvbuf, "Reduce recvbuf", writable=True) if g.rank == root else None
         dst = r.section() if r is not None else None
         src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, "Reduce sendbuf", writable=False).section()
+        if op._user is not None:
+            yield from _user_reduce(g, nb, op, src, dst, "Reduce")
+            if r is not None:
+                r.finish()
+            return
         work = _work(op, src, dst, "Reduce")
-        _coll.reduce(work, dst=g.ranks[root], op=op._collie, group=g)
+        yield _coll.reduce(work, dst=g.ranks[root], op=op._collie, group=g, async_op=nb)
         if r is not None:
             _store(dst, work)
             r.finish()
 
-    def _allreduce_buffers(self, name: str, sendbuf, recvbuf, op: Op):
-        """What Allreduce and Iallreduce share: the group, the checked op,
-        the receive buffer, its section and the array reduced in place."""
-        g = self._g(name)
-        op = _buffer_op(op, name)
-        r = _Buf(recvbuf, f"{name} recvbuf", writable=True)
+    def _Allreduce(self, nb, sendbuf, recvbuf, op=SUM):
+        g = self._g("Allreduce")
+        op = _buffer_op(op, "Allreduce")
+        sendbuf = _in_place(sendbuf)
+        r = _Buf(recvbuf, "Allreduce recvbuf", writable=True)
         dst = r.section()
-        src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, f"{name} sendbuf", writable=False).section()
-        return g, op, r, dst, _work(op, src, dst, name)
-
-    def Allreduce(self, sendbuf, recvbuf, op: Op = SUM) -> None:
-        """Reduce every rank's sendbuf into every rank's recvbuf."""
-        g, op, r, dst, work = self._allreduce_buffers("Allreduce", sendbuf, recvbuf, op)
-        _coll.all_reduce(work, op=op._collie, group=g)
+        src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, "Allreduce sendbuf", writable=False).section()
+        if op._user is not None:
+            yield from _user_reduce(g, nb, op, src, dst, "Allreduce")
+            r.finish()
+            return
+        work = _work(op, src, dst, "Allreduce")
+        yield _coll.all_reduce(work, op=op._collie, group=g, async_op=nb)
         _store(dst, work)
         r.finish()
 
-    def Iallreduce(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
-        g, op, r, dst, work = self._allreduce_buffers("Iallreduce", sendbuf, recvbuf, op)
-
-        def after():
-            _store(dst, work)
-            r.finish()
-
-        return Request(g.network, work=_coll.all_reduce(work, op=op._collie, group=g, async_op=True),
-                       keep=(r, work), after=after, timeout=g.timeout)
-
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM) -> None:
-        """Reduce, then rank r gets block r of the result (IN_PLACE: recvbuf
-        holds every block, rank r's result lands in its first block)."""
+    def _Reduce_scatter_block(self, nb, sendbuf, recvbuf, op=SUM):
         g = self._g("Reduce_scatter_block")
         op = _buffer_op(op, "Reduce_scatter_block")
+        sendbuf = _in_place(sendbuf)
         if sendbuf is IN_PLACE:
             r = _Buf(recvbuf, "Reduce_scatter_block recvbuf", writable=True, blocks=g.size)
             src, dst = r.section(g.size), r.block(0)
@@ -513,17 +753,17 @@ class Intracomm(Comm):
             dst = r.section()
         _check_same(src, dst, "Reduce_scatter_block", src.size == dst.size * g.size)
         inp = (src != 0) if op._logical else src
+        if sendbuf is IN_PLACE and not op._logical:
+            inp = inp.copy()
         out = np.empty(dst.size, dtype=inp.dtype) if (op._logical or sendbuf is IN_PLACE) else dst
-        _coll.reduce_scatter_tensor(out, inp, op=op._collie, group=g)
+        yield _coll.reduce_scatter_tensor(out, inp, op=op._collie, group=g, async_op=nb)
         _store(dst, out)
         r.finish()
 
-    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts: Optional[Sequence[int]] = None,
-                       op: Op = SUM) -> None:
-        """Reduce, then rank r gets the next recvcounts[r] elements of the
-        result (recvcounts defaults to every rank's recvbuf size)."""
+    def _Reduce_scatter(self, nb, sendbuf, recvbuf, recvcounts=None, op=SUM):
         g = self._g("Reduce_scatter")
         op = _buffer_op(op, "Reduce_scatter")
+        sendbuf = _in_place(sendbuf)
         r = _Buf(recvbuf, "Reduce_scatter recvbuf", writable=True)
         if recvcounts is None:
             mine = np.array([r.count], dtype=np.int64)
@@ -543,44 +783,81 @@ class Intracomm(Comm):
         inp = (src[:total] != 0) if op._logical else src[:total]
         # Blocks padded to the largest count, so that every rank's call looks
         # the same to collie's mismatch check; the padding lanes are dropped.
-        width = max(counts)
+        width = max(counts) if counts else 0
         padded = np.zeros((g.size, width), dtype=inp.dtype)
         for i, piece in enumerate(np.split(inp, np.cumsum(counts)[:-1])):
             padded[i, :piece.size] = piece
         out = np.empty(width, dtype=inp.dtype)
-        _coll.reduce_scatter_tensor(out, padded, op=op._collie, group=g)
+        yield _coll.reduce_scatter_tensor(out, padded, op=op._collie, group=g, async_op=nb)
         _store(dst[:counts[g.rank]], out[:counts[g.rank]])
         r.finish()
 
-    def Scan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
-        """Rank r gets the reduction of ranks 0..r (inclusive)."""
-        self._scan(sendbuf, recvbuf, op, "Scan", inclusive=True)
-
-    def Exscan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
-        """Rank r gets the reduction of ranks 0..r-1; rank 0's recvbuf is left as is."""
-        self._scan(sendbuf, recvbuf, op, "Exscan", inclusive=False)
-
-    def _scan(self, sendbuf, recvbuf, op, what: str, inclusive: bool) -> None:
+    def _scan(self, nb, sendbuf, recvbuf, op, what: str, inclusive: bool):
         # All-gather, then reduce locally in rank order: the P-fold memory is
         # the price of not having a scan schedule; fine for the sizes scans see.
         g = self._g(what)
         op = _buffer_op(op, what)
+        sendbuf = _in_place(sendbuf)
         r = _Buf(recvbuf, f"{what} recvbuf", writable=True)
         dst = r.section()
         src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, f"{what} sendbuf", writable=False).section()
         _check_same(src, dst, what, src.size == dst.size)
         rows = np.empty((g.size, src.size), dtype=src.dtype)
-        _coll.all_gather_into_tensor(rows, np.ascontiguousarray(src), group=g)
+        yield _coll.all_gather_into_tensor(rows, np.ascontiguousarray(src), group=g, async_op=nb)
         upto = g.rank + 1 if inclusive else g.rank
         if upto == 0:
             return
         acc = rows[0].copy()
         for i in range(1, upto):
-            acc = op._ufunc(acc, rows[i]).astype(src.dtype, copy=False)
+            acc = op._apply(acc, rows[i]).astype(src.dtype, copy=False)
         if op._logical:
             acc = acc != 0
         _store(dst, acc)
         r.finish()
+
+    def _Scan(self, nb, sendbuf, recvbuf, op=SUM):
+        return self._scan(nb, sendbuf, recvbuf, op, "Scan", inclusive=True)
+
+    def _Exscan(self, nb, sendbuf, recvbuf, op=SUM):
+        return self._scan(nb, sendbuf, recvbuf, op, "Exscan", inclusive=False)
+
+    Bcast = _blocking(_Bcast, "Copy root's buffer into every rank's.")
+    Ibcast = _nonblocking(_Bcast)
+    Scatter = _blocking(_Scatter, "Block r of root's sendbuf into rank r's recvbuf (IN_PLACE at root: "
+                                  "root keeps its block where it is).")
+    Iscatter = _nonblocking(_Scatter)
+    Scatterv = _blocking(_Scatterv, "Scatter with a count and displacement per rank "
+                                    "([buf, (counts, displs), type] at root).")
+    Iscatterv = _nonblocking(_Scatterv)
+    Gather = _blocking(_Gather, "Every rank's sendbuf into block r of root's recvbuf (IN_PLACE at "
+                                "root: root's block is already in place).")
+    Igather = _nonblocking(_Gather)
+    Gatherv = _blocking(_Gatherv, "Gather with a count and displacement per rank "
+                                  "([buf, (counts, displs), type] at root).")
+    Igatherv = _nonblocking(_Gatherv)
+    Allgather = _blocking(_Allgather, "Every rank's sendbuf into block r of every rank's recvbuf.")
+    Iallgather = _nonblocking(_Allgather)
+    Allgatherv = _blocking(_Allgatherv, "Allgather with a count and displacement per rank.")
+    Iallgatherv = _nonblocking(_Allgatherv)
+    Alltoall = _blocking(_Alltoall, "Block q of rank r's sendbuf into block r of rank q's recvbuf.")
+    Ialltoall = _nonblocking(_Alltoall)
+    Alltoallv = _blocking(_Alltoallv, "Alltoall with counts and displacements per rank on both sides.")
+    Ialltoallv = _nonblocking(_Alltoallv)
+    Reduce = _blocking(_Reduce, "Reduce every rank's sendbuf into root's recvbuf.")
+    Ireduce = _nonblocking(_Reduce)
+    Allreduce = _blocking(_Allreduce, "Reduce every rank's sendbuf into every rank's recvbuf.")
+    Iallreduce = _nonblocking(_Allreduce)
+    Reduce_scatter_block = _blocking(_Reduce_scatter_block, "Reduce, then rank r gets block r of the "
+                                     "result (IN_PLACE: recvbuf holds every block, rank r's result "
+                                     "lands in its first block).")
+    Ireduce_scatter_block = _nonblocking(_Reduce_scatter_block)
+    Reduce_scatter = _blocking(_Reduce_scatter, "Reduce, then rank r gets the next recvcounts[r] "
+                               "elements of the result (recvcounts defaults to every rank's recvbuf size).")
+    Ireduce_scatter = _nonblocking(_Reduce_scatter)
+    Scan = _blocking(_Scan, "Rank r gets the reduction of ranks 0..r (inclusive).")
+    Iscan = _nonblocking(_Scan)
+    Exscan = _blocking(_Exscan, "Rank r gets the reduction of ranks 0..r-1; rank 0's recvbuf is left as is.")
+    Iexscan = _nonblocking(_Exscan)
 
     # ---- collectives on objects ----
 

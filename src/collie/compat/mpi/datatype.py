@@ -15,14 +15,40 @@ class Datatype:
 
     __slots__ = ("name", "dtype")
 
-    def __init__(self, name: str, dtype):
-        self.name, self.dtype = name, np.dtype(dtype)
+    def __init__(self, name="DATATYPE_NULL", dtype=None):
+        if isinstance(name, Datatype):  # MPI.Datatype(datatype): the same type
+            name, dtype = name.name, name.dtype
+        self.name, self.dtype = name, (None if dtype is None else np.dtype(dtype))
+
+    def __bool__(self) -> bool:
+        return self.dtype is not None
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Datatype):
+            return NotImplemented
+        return self.name == other.name and self.dtype == other.dtype
+
+    def __ne__(self, other) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.dtype))
+
+    def __reduce__(self):
+        return self.name if globals().get(self.name) is self else (Datatype, (self.name, self.dtype))
+
+    def _need(self, what: str) -> np.dtype:
+        if self.dtype is None:
+            from .exceptions import ERR_TYPE, _error
+            raise _error(ERR_TYPE, f"Datatype.{what} on MPI.DATATYPE_NULL")
+        return self.dtype
 
     def Get_size(self) -> int:
-        return self.dtype.itemsize
+        return self._need("Get_size").itemsize
 
     def Get_extent(self) -> tuple[int, int]:
-        return 0, self.dtype.itemsize
+        return 0, self._need("Get_extent").itemsize
 
     def Get_name(self) -> str:
         return self.name
@@ -61,9 +87,19 @@ for _name, _code in _types().items():
 del _name, _code
 
 
+def _datatype_for(dtype) -> Datatype:
+    """The named datatype of a NumPy dtype (a new one named after it when none)."""
+    dtype = np.dtype(dtype)
+    for name in _types():
+        t = globals()[name]
+        if t.dtype == dtype:
+            return t
+    return Datatype(str(dtype), dtype)
+
+
 def _as_dtype(datatype) -> np.dtype:
     if isinstance(datatype, Datatype):
-        return datatype.dtype
+        return datatype._need("use")
     try:
         return np.dtype(datatype)
     except TypeError:
@@ -74,4 +110,6 @@ def _is_datatype(x) -> bool:
     return isinstance(x, (Datatype, np.dtype, str)) or (
         isinstance(x, type) and issubclass(x, (np.generic, int, float, complex)))
 
-__all__ = ["Datatype", *_types()]
+DATATYPE_NULL = Datatype()
+
+__all__ = ["Datatype", "DATATYPE_NULL", *_types()]

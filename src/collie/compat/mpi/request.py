@@ -8,7 +8,7 @@ from .constants import ANY_SOURCE, ANY_TAG, UNDEFINED
 from .p2p import _Recv, _progress, _wait_until
 from .status import Status
 
-__all__ = ["Request", "REQUEST_NULL"]
+__all__ = ["Request", "REQUEST_NULL", "Prequest"]
 
 
 from ...errors import CollieError
@@ -115,13 +115,38 @@ class Request:
         done = self.Test(status)
         return done, (self._result if done else None)
 
+    def __bool__(self) -> bool:
+        """False for MPI.REQUEST_NULL and for a request that completed (MPI
+        sets a completed request's handle to MPI_REQUEST_NULL)."""
+        return not (self._done and self._error is None and self._persistent is None)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return self is other or (not self and not other)
+
+    def __ne__(self, other) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = object.__hash__
+
+    _persistent = None  # Prequest: how to start it again
+
     def Cancel(self) -> None:
         """Cancel a receive that no message has matched yet (sends cannot be)."""
         if self._recv is not None and self._matcher is not None:
             self._matcher.cancel(self._recv)
 
     def Free(self) -> None:
-        pass
+        """Let the operation complete on its own; this handle becomes REQUEST_NULL."""
+        self._done = True
+
+    cancel = Cancel
+    free = Free
+
+    def get_status(self, status: Optional[Status] = None) -> bool:
+        return self.Get_status(status)
 
     def Get_status(self, status: Optional[Status] = None) -> bool:
         done = self._ready()
@@ -143,8 +168,10 @@ class Request:
     def Waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
         requests = list(requests)
         Request._wait_some(requests, lambda: all(r._work is not None or r._ready() for r in requests))
+        if statuses is not None and len(statuses) < len(requests):
+            statuses += [Status() for _ in range(len(requests) - len(statuses))]
         for i, r in enumerate(requests):
-            r._complete(statuses[i] if statuses is not None and i < len(statuses) else None)
+            r._complete(statuses[i] if statuses is not None else None)
         return True
 
     @staticmethod
@@ -168,6 +195,53 @@ class Request:
     def testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> tuple[bool, Optional[list]]:
         done = Request.Testall(requests, statuses)
         return done, ([r._result for r in requests] if done else None)
+
+    @staticmethod
+    def Waitsome(requests: Sequence["Request"], statuses: Optional[list] = None) -> Optional[list]:
+        """Indices of the requests that completed, at least one (None when
+        every request is inactive)."""
+        requests = list(requests)
+        live = [i for i, r in enumerate(requests) if r]
+        if not live:
+            return None
+        Request._wait_some(requests, lambda: any(requests[i]._ready() for i in live))
+        return Request._take(requests, live, statuses)
+
+    @staticmethod
+    def Testsome(requests: Sequence["Request"], statuses: Optional[list] = None) -> Optional[list]:
+        requests = list(requests)
+        live = [i for i, r in enumerate(requests) if r]
+        if not live:
+            return None
+        for r in requests:
+            if r._network is not None:
+                _progress(r._network)
+                break
+        return Request._take(requests, live, statuses)
+
+    @staticmethod
+    def _take(requests, live, statuses) -> list:
+        done = [i for i in live if requests[i]._ready()]
+        if statuses is not None and len(statuses) < len(done):
+            statuses += [Status() for _ in range(len(done) - len(statuses))]
+        for k, i in enumerate(done):
+            requests[i]._complete(statuses[k] if statuses is not None else None)
+        return done
+
+    @staticmethod
+    def waitsome(requests: Sequence["Request"], statuses: Optional[list] = None):
+        done = Request.Waitsome(requests, statuses)
+        return (None, None) if done is None else (done, [requests[i]._result for i in done])
+
+    @staticmethod
+    def testsome(requests: Sequence["Request"], statuses: Optional[list] = None):
+        done = Request.Testsome(requests, statuses)
+        return (None, None) if done is None else (done, [requests[i]._result for i in done])
+
+    @staticmethod
+    def testany(requests: Sequence["Request"], status: Optional[Status] = None):
+        index, done = Request.Testany(requests, status)
+        return index, done, (requests[index]._result if done and index != UNDEFINED else None)
 
     @staticmethod
     def Waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> int:
@@ -201,6 +275,63 @@ class Request:
 
 REQUEST_NULL = Request()
 REQUEST_NULL._done = True
+
+
+class Prequest(Request):
+    """A persistent request (Send_init, Recv_init...): Start() begins the
+    operation again each time; Wait/Test complete the current one."""
+
+    def __init__(self, start: Callable[[], Request]):
+        super().__init__()
+        self._persistent = start
+        self._done = True
+        self._current: Optional[Request] = None
+
+    def Start(self) -> None:
+        self._current = self._persistent()
+        self._network = self._current._network
+
+    @staticmethod
+    def Startall(requests: Sequence["Prequest"]) -> None:
+        for r in requests:
+            r.Start()
+
+    def _ready(self) -> bool:
+        return self._current is None or self._current._ready()
+
+    def _requests(self) -> list:
+        return [] if self._current is None else self._current._requests()
+
+    def _complete(self, status: Optional[Status]) -> None:
+        cur, self._current = self._current, None
+        if cur is None:
+            if status is not None:
+                status._set(ANY_SOURCE, ANY_TAG, 0)
+            return
+        cur._complete(status)
+        self._result = cur._result
+
+    def Wait(self, status: Optional[Status] = None) -> bool:
+        if self._current is not None:
+            self._current.Wait(status)
+            self._current = None
+        return True
+
+    def Test(self, status: Optional[Status] = None) -> bool:
+        if self._current is not None and not self._current.Test(status):
+            return False
+        self._current = None
+        return True
+
+    def Cancel(self) -> None:
+        if self._current is not None:
+            self._current.Cancel()
+
+    def Free(self) -> None:
+        self._persistent, self._current = None, None
+
+    def __bool__(self) -> bool:
+        return self._persistent is not None
 
 
 def _done_request(status=None) -> Request:
