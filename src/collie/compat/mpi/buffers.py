@@ -110,6 +110,8 @@ def _from_dlpack(obj, what: str) -> np.ndarray:
     t = managed.dl_tensor
     readonly = kind is _DLManagedVersioned and bool(managed.flags & 1)
     code, bits, lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
+    if code == 2 and lanes == 2:  # complex as two float lanes (older producers)
+        code, bits, lanes = 5, bits * 2, 1
     if code not in _DL_KINDS or lanes != 1 or bits % 8:
         raise TypeError(f"{what}: DLPack dtype (code {code}, {bits} bits, {lanes} lanes) is not supported")
     dtype = np.dtype("?" if code == 6 else f"{_DL_KINDS[code]}{bits // 8}")
