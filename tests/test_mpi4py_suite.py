@@ -42,6 +42,7 @@ def suite():
     return mod
 
 
+@pytest.mark.timeout(600)  # about 2 minutes a size; modules are bounded by TIMEOUT each
 @pytest.mark.parametrize("size", [2, 3])
 def test_mpi4py_suite(suite, size):
     results = suite.run_suite([size], timeout=TIMEOUT)
