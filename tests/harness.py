@@ -150,6 +150,22 @@ def run_ranks(body, size: int, *args, backend: str = "auto", timeout: float = 60
     return results
 
 
+def open_sockets() -> set[tuple[str, str]]:
+    """This process's open sockets, as (fd, "socket:[inode]"): what a test
+    compares before and after to find the ones it leaked (empty off Linux)."""
+    fds: set[tuple[str, str]] = set()
+    if not os.path.isdir("/proc/self/fd"):
+        return fds
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            fds.add((fd, link))
+    return fds
+
+
 def shm_leftovers(job: str | None = None) -> list[str]:
     """collie's names in /dev/shm (of one job, or all)."""
     prefix = "collie-" + (f"{job}-" if job else "")

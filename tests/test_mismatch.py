@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from collie.transports.shm import _HEADER, _LINE
+from collie.transports.ring import HEADER, LINE
 from harness import run_ranks
 
 
@@ -74,7 +74,7 @@ def _leftovers(collie):
         for inb in net.shm._in.values():
             held += sum(ours(m.tag) for m in inb.unexpected)
             ring = inb.ring
-            held += sum(ours(_HEADER.unpack_from(ring.mm, ring.headers + t % ring.slots * _LINE)[0])
+            held += sum(ours(HEADER.unpack_from(ring.mm, ring.headers + t % ring.slots * LINE)[0])
                         for t in range(inb.tail, ring.head[0]))
     return held
 
@@ -146,10 +146,11 @@ def _broadcast_loop_body(rank, size, rounds):
 def test_repeated_mismatched_broadcasts_raise_every_time_and_hold_nothing(backend):
     res = run_ranks(_broadcast_loop_body, 2, 50, backend=backend, timeout=60)
     for failed, peak_mib in res:
-        # Found out within the first few calls (over TCP the peer's data for
-        # call 0 may land while this rank runs calls 1 and 2); every call
-        # after that raises at once, sending nothing.
-        assert failed and failed[0] < 5 and failed == list(range(failed[0], 50)), res
+        # Found out within the first calls (a root only sends, so the peer's
+        # data for call 0 may land while this rank runs a few more: 1-2
+        # unloaded, up to 7 seen with the machine's two cores busy); every
+        # call after that raises at once, sending nothing.
+        assert failed and failed[0] < 15 and failed == list(range(failed[0], 50)), res
         assert peak_mib < 200, res  # 50 unreceived 1 MiB messages would be more
 
 

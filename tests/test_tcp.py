@@ -22,6 +22,7 @@ import numpy as np
 
 from collie.rendezvous import FileStore
 import pytest
+from harness import open_sockets
 
 from collie.errors import CollieError, PeerError
 from collie.transports import tcp
@@ -80,20 +81,9 @@ class Rank:
         self.wait(*rs, *ss)
 
 
-def _sockets() -> set:
-    fds = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                fds.add(fd)
-        except OSError:
-            pass
-    return fds
-
-
 def _child(rank, size, path, token, timeout, master_addr, body, args, results):
     try:
-        before = _sockets()
+        before = open_sockets()
         r = Rank(rank, size, DirStore(path), token, timeout, master_addr)
         try:
             value = body(r, *args)
@@ -102,7 +92,7 @@ def _child(rank, size, path, token, timeout, master_addr, body, args, results):
             r.t.close()  # idempotent
         left = [t.name for t in threading.enumerate() if t.name.startswith("collie-")]
         assert not left, f"threads left after close: {left}"
-        assert _sockets() <= before, f"sockets left after close: {_sockets() - before}"
+        assert open_sockets() <= before, f"sockets left after close: {open_sockets() - before}"
         results.put((rank, "ok", value))
     except BaseException as exc:
         results.put((rank, type(exc).__name__, f"{exc}\n{traceback.format_exc()}"))
@@ -565,14 +555,14 @@ def test_missing_peer_times_out(tmp_path):
 
 
 def test_size_one_has_no_connections(tmp_path):
-    before = _sockets()
+    before = open_sockets()
     t = TcpTransport(0, 1, DirStore(tmp_path), "job", Doorbell.private(), 1.0, None, print, print)
     with pytest.raises(ValueError, match="no TCP connection to rank 0"):
         t.isend(0, 1, memoryview(b"x"))
     assert t.progress() is False
     t.close()
     t.close()
-    assert _sockets() == before
+    assert open_sockets() == before
 
 
 def test_listens_on_loopback_for_a_loopback_master():

@@ -294,15 +294,17 @@ def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq:
         # The root of a broadcast only sends: a peer that called it with
         # another root shows only by data left for this call (_unexpected).
         network.finish(tag, prepared.meta, g.ranks)
-        if network._abort is not None:
-            try:
-                network.check(lambda: describe(prepared.nsteps - 1), tag)
-            except MismatchError as exc:
-                network.abort(g.ranks, exc)
-                raise
     else:  # network.finish(tag, meta) written out: the hot path of small calls
         network.done[g.context] = (seq, prepared.meta)
         network.current = 0
+    if network._abort is not None:
+        # Found while this call ran (stale data of an earlier call came
+        # in ahead of this call's own): this call's data may be as wrong.
+        try:
+            network.check(lambda: describe(prepared.nsteps - 1), tag)
+        except MismatchError as exc:
+            network.abort(g.ranks, exc)
+            raise
     return after() if after is not None else None
 
 

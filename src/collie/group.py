@@ -183,6 +183,45 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout=None, backend=None,
     return group
 
 
+def new_group_from_store(ranks: Sequence[int], key: str, timeout=None,
+                         name: Optional[str] = None) -> ProcessGroup:
+    """Create a group of the given global ranks, called by its members only.
+
+    new_group agrees on the group's context with a collective over the whole
+    world, so every rank must call it. Callers that create groups on their
+    members alone (torch's process-group creator, new_group with
+    use_local_synchronization) use the world's store instead: the group's
+    first rank takes the next context from a counter in the store, counting
+    down from the top so that it never meets new_group's, which count up,
+    and publishes it under ``key``; the others read it there. ``key`` must be
+    the same on every member and used for one group only. The ranks keep
+    the order given.
+    """
+    w = world()
+    size = w.group.size
+    members = list(ranks)
+    for r in members:
+        if not isinstance(r, int) or not 0 <= r < size:
+            raise ValueError(f"new_group_from_store: rank {r!r} is not a rank of the world (size {size})")
+    if not members or len(set(members)) != len(members):
+        raise ValueError(f"new_group_from_store: ranks {members} must be non-empty and distinct")
+    me = w.network.rank
+    if me not in members:
+        raise ValueError(f"new_group_from_store: rank {me} is not in ranks {members}: only the "
+                         f"members of the group call it")
+    seconds = timeout_seconds(timeout, "new_group_from_store", default=w.group.timeout)
+    if members[0] == me:
+        context = SELF_CONTEXT - int(w.store.add("collie/store_contexts", 1))
+        if context < w.next_context:
+            raise CollieError(f"too many groups: at most {SELF_CONTEXT - 1} can be created")
+        w.store.set(key, str(context).encode())
+    else:
+        context = int(w.store.get(key, timeout=seconds))
+    group = ProcessGroup(w.network, members, context, seconds, name or f"group{context}")
+    w.groups.append(group)
+    return group
+
+
 def new_subgroups(group_size: Optional[int] = None, group: Optional[ProcessGroup] = None, timeout=None,
                   backend=None, pg_options=None, group_desc: Optional[str] = None):
     """Cut the world (or ``group``) into groups of ``group_size`` consecutive
@@ -408,11 +447,20 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
     tok = token_from_env(token)
     if token_required() and tok is None:
         raise AuthError(NO_TOKEN_REFUSED)
+    master_addr = "127.0.0.1"
+    if store is None and init_method in (None, "env://") \
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent already serves the store on MASTER_PORT: join it as
+        # a client, through torch's own TCPStore (torch is there).
+        from .torch._store import agent_store
+        store = agent_store(seconds)
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        master_addr = os.environ.get("MASTER_ADDR", master_addr)
     if store is not None:
         if rank is None or rank < 0 or world_size is None or world_size < 1:
             raise ValueError("init_process_group(store=...) needs rank= and world_size=")
         info = rdv.Rendezvous(store=store, rank=rank, world_size=world_size, local_rank=None,
-                              local_world_size=None, master_addr="127.0.0.1", master_port=0,
+                              local_world_size=None, master_addr=master_addr, master_port=0,
                               job_id=_store_job_id(store, rank))
     else:
         info = rdv.rendezvous(init_method, rank=None if rank is None or rank < 0 else rank,

@@ -122,7 +122,7 @@ class Network:
         self._states: dict[int, tuple[int, int, int]] = {}   # peer -> (tag, meta, parts) it is stuck in
         self._leaving: set[int] = set()                       # peers that said they are leaving
         self._answers: dict[int, tuple] = {}  # peer -> (context, done seq, current tag, ranks it waits for)
-        self._waiting: tuple = ()  # the ranks this rank's _wait is waiting for (answers to queries)
+        self._waiting: list = []  # the requests this rank's _wait waits on (answers to queries)
         #: The tag of the collective this rank is running (0: none), and per
         #: group context the (sequence, meta) of the last one it finished:
         #: what tells a stale message (see _unexpected) and answers queries.
@@ -197,9 +197,11 @@ class Network:
         elif kind == b"query":
             (context,) = _QUERY.unpack(body)
             seq = self.done.get(context, (-1, 0))[0]
-            # A rank whose call already failed waits, in effect, on whom it blamed.
-            blocked = self._waiting or (self._abort[2] if self._abort is not None else ())
-            waiting = np.array(blocked, np.int32).tobytes()
+            # A rank whose call already failed waits, in effect, on whom it
+            # blamed; never on itself (it may be told it is the one blamed).
+            blocked = _peers_of([r for r in self._waiting if not r.finished]) or (
+                self._abort[2] if self._abort is not None else ())
+            waiting = np.array([r for r in blocked if r != self.rank], np.int32).tobytes()
             self.send_control(peer, b"answer:" + _ANSWER.pack(context, seq, self.current) + waiting)
         elif kind == b"answer":
             waiting = tuple(np.frombuffer(body, np.int32, offset=_ANSWER.size).tolist())
@@ -469,11 +471,11 @@ class Network:
 
     def _wait(self, requests, timeout: float, describe: Callable[[], str], call) -> None:
         """wait()'s loop: progress, spin a little, then sleep on the doorbell."""
-        self._waiting = _peers_of(requests)  # for the queries of a rank that times out
+        self._waiting = requests  # for the queries of a rank that times out
         try:
             self._wait_loop(requests, timeout, describe, call)
         finally:
-            self._waiting = ()
+            self._waiting = []
 
     def _wait_loop(self, requests, timeout: float, describe: Callable[[], str], call) -> None:
         every = requests = list(requests)

@@ -42,7 +42,8 @@ from datetime import timedelta
 from typing import Iterable, Iterator, Mapping, Union
 from urllib.parse import parse_qs, urlsplit
 
-from .auth import handshake, recv_exact, token_from_env
+from .auth import (ACCEPT_PAUSE, Handshake, Pending, QuietLog, handshake, next_pause, recv_exact,
+                   token_from_env)
 from .errors import AuthError, CollieError, CollieTimeout, PeerError
 
 __all__ = [
@@ -262,10 +263,14 @@ class _Parked:
 
 
 class _Conn:
-    __slots__ = ("sock", "inbuf", "outbuf", "events", "parked", "closed")
+    """One client; ``shake`` is its handshake, None once it is admitted."""
 
-    def __init__(self, sock: socket.socket):
+    __slots__ = ("sock", "peer", "shake", "inbuf", "outbuf", "events", "parked", "closed")
+
+    def __init__(self, sock: socket.socket, peer: str, shake: Handshake):
         self.sock = sock
+        self.peer = peer
+        self.shake: Handshake | None = shake
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.events = selectors.EVENT_READ
@@ -273,36 +278,71 @@ class _Conn:
         self.closed = False
 
 
+#: The largest request the store takes, in bytes: $COLLIE_STORE_MAX_FRAME, else
+#: this. The store only carries setup values (addresses, small tables).
+MAX_FRAME = 64 << 20
+
+
+def _max_frame() -> int:
+    """MAX_FRAME, or $COLLIE_STORE_MAX_FRAME; ValueError if that is not usable."""
+    raw = os.environ.get("COLLIE_STORE_MAX_FRAME", "").strip()
+    if not raw:
+        return MAX_FRAME
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"COLLIE_STORE_MAX_FRAME={raw!r} is not a number of bytes") from None
+    if value < 4096:
+        raise ValueError(f"COLLIE_STORE_MAX_FRAME={value} is too small for the store's own "
+                         "setup values: give at least 4096 bytes")
+    return value
+
+
 class _Server:
     """The TCPStore server: one thread and one selector serve every client.
 
     Each client's requests are answered in order. A get/wait whose keys are
-    missing is parked (that client's later requests queue behind it; other
-    clients are served) until a set creates the keys or its deadline passes.
-    collie.auth.handshake blocks, so each new connection is authenticated on
-    a short-lived thread of its own, and a slow or hostile connection cannot
-    stall the clients already admitted.
+    missing is parked (other clients are served) until a set creates the keys
+    or its deadline passes.
+
+    What a stranger can cost it is bounded. A new connection runs the
+    handshake in this same loop (collie.auth.Handshake), held in a
+    collie.auth.Pending: a few seconds to finish, a bounded number held, the
+    oldest closed first. Only the handshake's fixed-size messages are read
+    from it; no request is read before it is admitted. An admitted client
+    sends one request and reads the answer before the next (TCPStore does),
+    so a request may declare at most ``max_frame`` bytes, and a client that
+    declares more, or sends while it is owed an answer, is dropped before its
+    bytes are buffered. Out of file descriptors, the server first closes the
+    oldest connection still in the handshake; with none left to close it
+    stops watching the listener until a connection closes or for a while
+    (0.1 s, doubling up to 1 s), instead of spinning on accept, and says so
+    once a minute at most. Each dropped connection costs at most one line in
+    the log (collie.auth.QuietLog).
     """
 
-    def __init__(self, host: str, port: int, token: bytes | None, handshake_timeout: float):
+    def __init__(self, host: str, port: int, token: bytes | None, max_frame: int):
         self._listener = _listen(host, port)
         bound = self._listener.getsockname()[0]
         self.port: int = self._listener.getsockname()[1]
         #: Where a client on this machine reaches the server.
         self.connect_host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bound, bound)
         self._token = token
-        self._handshake_timeout = handshake_timeout
+        self._max_frame = max_frame
+        self._pending: Pending[_Conn] = Pending()
+        self._log_drop = QuietLog(log)
+        self._log_no_fds = QuietLog(log, interval=60.0)
+        self._accept_pause = 0.0  # 0: accepting; else seconds of the current pause
+        self._accept_resumes: float | None = None  # when a paused listener is watched again
         self._data: dict[bytes, bytes] = {}
         self._waiters: dict[bytes, list[_Parked]] = {}
         self._deadlines: list[tuple[float, int, _Parked]] = []
         self._tie = itertools.count()
         self._conns: set[_Conn] = set()
         self._runnable: deque[_Conn] = deque()
-        # Shared with handshake threads and close(): guarded by _cond.
+        # Shared with close(), on another thread: guarded by _cond.
         self._cond = threading.Condition()
-        self._admitted: list[socket.socket] = []
-        self._handshaking: dict[socket.socket, threading.Thread] = {}
-        self._nclients = 0
+        self._nclients = 0  # admitted clients
         self._stopping = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -326,10 +366,6 @@ class _Server:
             self._wake()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
-        with self._cond:
-            threads = list(self._handshaking.values())
-        for thread in threads:
-            thread.join(timeout=5)
 
     def _wake(self) -> None:
         # Called with _cond held, so that _shutdown cannot close the socket
@@ -338,28 +374,6 @@ class _Server:
             self._wake_w.send(b"\0")
         except OSError:  # a wake-up is already pending, or the server stopped
             pass
-
-    def _admit(self, sock: socket.socket, peer: str) -> None:
-        """Handshake thread: authenticate one connection, then hand it over."""
-        try:
-            sock.settimeout(self._handshake_timeout)
-            handshake(sock, self._token, server=True, what=f"client {peer}")
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            error = None
-        except (AuthError, OSError) as exc:
-            error = exc
-        with self._cond:
-            del self._handshaking[sock]
-            if error is None and not self._stopping:
-                self._admitted.append(sock)
-                self._nclients += 1
-                self._wake()
-                return
-            stopping = self._stopping
-        if error is not None and not stopping:
-            log.warning("collie store on port %d refused client %s: %s", self.port, peer, error)
-        sock.close()
 
     # -- the server thread -----------------------------------------------------------
 
@@ -373,7 +387,9 @@ class _Server:
                     if key.data == "accept":
                         self._accept()
                     elif key.data == "wake":
-                        self._adopt()
+                        with contextlib.suppress(OSError):
+                            while self._wake_r.recv(4096):
+                                pass
                     else:
                         conn = key.data
                         if events & selectors.EVENT_WRITE:
@@ -397,13 +413,6 @@ class _Server:
         self._listener.close()
         with self._cond:
             self._stopping = True
-            for sock in self._admitted:
-                sock.close()
-            self._admitted.clear()
-            # Unblock handshakes in progress; their threads close the sockets.
-            for sock in self._handshaking:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
             self._nclients = 0
             self._cond.notify_all()
             self._wake_r.close()
@@ -414,39 +423,78 @@ class _Server:
             return 0
         while self._deadlines and self._deadlines[0][2].done:
             heapq.heappop(self._deadlines)
-        if not self._deadlines:
-            return None
-        return max(0.0, self._deadlines[0][0] - time.monotonic())
+        times = [t for t in (self._deadlines[0][0] if self._deadlines else None,
+                             self._pending.next_deadline(), self._accept_resumes) if t is not None]
+        return max(0.0, min(times) - time.monotonic()) if times else None
 
     def _accept(self) -> None:
-        while True:
-            try:
-                sock, addr = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # out of file descriptors...: retry on the next event
-                log.warning("collie store on port %d cannot accept a connection: %s", self.port, exc)
-                return
+        for sock, addr in self._pending.accept(self._listener, self._make_room, self._pause_accepting):
+            self._accept_pause = 0.0
+            sock.setblocking(False)
             peer = f"{addr[0]}:{addr[1]}"
-            thread = threading.Thread(target=self._admit, args=(sock, peer), daemon=True,
-                                      name=f"collie-store:{self.port}-handshake")
-            with self._cond:
-                if self._stopping:
-                    sock.close()
-                    return
-                self._handshaking[sock] = thread
-            thread.start()
-
-    def _adopt(self) -> None:
-        with contextlib.suppress(OSError):
-            while self._wake_r.recv(4096):
-                pass
-        with self._cond:
-            socks, self._admitted = self._admitted, []
-        for sock in socks:
-            conn = _Conn(sock)
+            conn = _Conn(sock, peer, Handshake(self._token, server=True, what=f"client {peer}"))
             self._conns.add(conn)
             self._sel.register(sock, selectors.EVENT_READ, conn)
+            for old in self._pending.add(conn, addr[0]):
+                self._refuse(old, f"client {old.peer} was still in the handshake when newer "
+                                  f"connections came (at most {self._pending.limit} are kept, "
+                                  f"{self._pending.per_source} from one address): closed, oldest first")
+            self._shake(conn)  # its hello may be here already
+
+    def _make_room(self, oldest: _Conn, exc: OSError) -> None:
+        self._refuse(oldest, f"client {oldest.peer}, still in the handshake, closed to "
+                             f"free a file descriptor ({exc.strerror})")
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        """Stop watching the listener for a while: it would be ready again
+        at once, and the loop would spin on the same error."""
+        self._log_no_fds(f"collie store on port {self.port} cannot accept connections ({exc}): "
+                         f"trying again every {ACCEPT_PAUSE[0]:g} to {ACCEPT_PAUSE[1]:g} s until it can")
+        self._accept_pause = next_pause(self._accept_pause)
+        self._sel.unregister(self._listener)
+        self._accept_resumes = time.monotonic() + self._accept_pause
+
+    def _shake(self, conn: _Conn) -> None:
+        """Take the handshake of ``conn`` as far as what has arrived allows;
+        admit or refuse the client at its end. Reads no more than the next
+        message of the handshake."""
+        shake = conn.shake
+        while True:
+            out = shake.take()
+            if out:
+                conn.outbuf += out
+                self._flush(conn)
+                if conn.closed:
+                    return
+            if shake.refused is not None:
+                self._refuse(conn, str(shake.refused))
+                return
+            if not shake.need:
+                self._pending.discard(conn)
+                conn.shake = None
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                with self._cond:
+                    self._nclients += 1
+                return
+            try:
+                data = conn.sock.recv(shake.need - len(conn.inbuf))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:  # it hung up (a port scanner, a client pushed out...): nothing to say
+                self._drop(conn)
+                return
+            conn.inbuf += data
+            if len(conn.inbuf) == shake.need:
+                shake.feed(bytes(conn.inbuf))
+                conn.inbuf.clear()
+                if shake.proven:  # it can no longer be pushed out: it may believe it is in
+                    self._pending.discard(conn)
+
+    def _refuse(self, conn: _Conn, why: str) -> None:
+        self._log_drop(f"collie store on port {self.port} dropped a connection: {why}")
+        self._drop(conn)
 
     def _drop(self, conn: _Conn) -> None:
         if conn.closed:
@@ -458,12 +506,20 @@ class _Server:
         self._conns.discard(conn)
         self._sel.unregister(conn.sock)
         conn.sock.close()
+        if self._accept_resumes is not None:
+            self._accept_resumes = 0.0  # paused for want of a descriptor: one is free now
+        if conn.shake is not None:
+            self._pending.discard(conn)
+            return
         with self._cond:
             self._nclients -= 1
             self._cond.notify_all()
 
     def _read(self, conn: _Conn) -> None:
         if conn.closed:
+            return
+        if conn.shake is not None:
+            self._shake(conn)
             return
         try:
             data = conn.sock.recv(1 << 16)
@@ -473,6 +529,10 @@ class _Server:
             data = b""
         if not data:
             self._drop(conn)
+            return
+        if conn.parked is not None or conn.outbuf:
+            self._refuse(conn, f"client {conn.peer} sent a request before reading the answer to its "
+                               "last one (not a TCPStore client)")
             return
         conn.inbuf += data
         self._process(conn)
@@ -502,6 +562,11 @@ class _Server:
         """Handle the complete requests buffered for ``conn``, in order."""
         while conn.parked is None and not conn.closed and len(conn.inbuf) >= _LEN.size:
             (n,) = _LEN.unpack_from(conn.inbuf)
+            if n > self._max_frame:
+                self._refuse(conn, f"client {conn.peer} announced a request of {n} bytes, more than "
+                                   f"the {self._max_frame} a store request may have "
+                                   "(COLLIE_STORE_MAX_FRAME)")
+                return
             if len(conn.inbuf) < _LEN.size + n:
                 return
             frame = bytes(conn.inbuf[_LEN.size:_LEN.size + n])
@@ -509,9 +574,7 @@ class _Server:
             try:
                 self._handle(conn, frame)
             except (struct.error, ValueError) as exc:
-                log.warning("collie store on port %d dropped a client that sent a malformed "
-                            "request: %s", self.port, exc)
-                self._drop(conn)
+                self._refuse(conn, f"client {conn.peer} sent a malformed request: {exc}")
 
     def _handle(self, conn: _Conn, frame: bytes) -> None:
         op, wait_s = _REQ.unpack_from(frame)
@@ -586,7 +649,15 @@ class _Server:
             self._answer(parked.conn, parked.op, parked.keys)
 
     def _expire(self) -> None:
+        """Act on every deadline that has passed: parked requests, handshakes,
+        a pause in accepting."""
+        for conn in self._pending.expired():
+            self._refuse(conn, f"client {conn.peer} did not finish the handshake within "
+                               f"{self._pending.seconds:g} s")
         now = time.monotonic()
+        if self._accept_resumes is not None and now >= self._accept_resumes:
+            self._accept_resumes = None
+            self._sel.register(self._listener, selectors.EVENT_READ, "accept")
         while self._deadlines and (self._deadlines[0][2].done or self._deadlines[0][0] <= now):
             parked = heapq.heappop(self._deadlines)[2]
             if parked.done:
@@ -642,6 +713,9 @@ class TCPStore(Store):
     ``timeout`` if the server is not up yet. Every connection is checked with
     collie.auth.handshake (``token``, else $COLLIE_TOKEN): a client with the
     wrong token gets AuthError, and the server goes on serving the others.
+    What strangers can cost the server is bounded (see _Server); a request
+    may hold at most MAX_FRAME bytes (64 MiB, or $COLLIE_STORE_MAX_FRAME):
+    a larger value raises ValueError.
 
     If the server's process dies, calls raise PeerError instead of hanging.
     The object is safe to share between threads (one request at a time), but
@@ -663,7 +737,8 @@ class TCPStore(Store):
         self.is_server = is_server
         self.timeout = _seconds(timeout)
         token = token_from_env(token)
-        self._server = _Server(host, port, token, self.timeout) if is_server else None
+        self._max_frame = _max_frame()
+        self._server = _Server(host, port, token, self._max_frame) if is_server else None
         #: The port the server listens on (the one chosen when port=0 was asked).
         self.port: int = self._server.port if self._server else port
         self._where = f"{host}:{self.port}"
@@ -683,6 +758,10 @@ class TCPStore(Store):
 
     def _request(self, op: int, fields: list[bytes], wait_s: float = 0.0) -> list[bytes]:
         body = _REQ.pack(op, wait_s) + _pack_fields(fields)
+        if len(body) > self._max_frame:
+            raise ValueError(f"a store request of {len(body)} bytes is more than the {self._max_frame} "
+                             "the store takes (it carries setup values; COLLIE_STORE_MAX_FRAME "
+                             "raises the bound, on every rank)")
         # The server answers a get/wait by its deadline at the latest; the
         # margin beyond it only catches a server that stopped answering.
         limit = wait_s + max(self.timeout, 1.0)

@@ -9,9 +9,13 @@ a loopback address, else the local address that routes toward MASTER_ADDR),
 publishes "host:port" in the store under ``tcp/{job_id}/{rank}``, connects to
 every lower rank and accepts a connection from every higher one. Each
 connection starts with collie.auth.handshake, then the connecting rank says
-who it is (rank, world size, job id). While a rank waits for connections it
-also watches those it already has, so one rank's failure during setup (a bad
-token, a crash) spreads to the others in moments instead of a timeout.
+who it is (rank, world size, job id). The listener runs the handshakes of
+all incoming connections side by side and drops any that fails, claims a
+rank it should not, or stays silent, so a stray connection (a port scanner,
+junk, a stranger) never stops setup. While a rank waits for connections it
+also watches those it already has, so one rank's failure during setup (a
+crash) spreads to the others in moments instead of a timeout; a rank refused
+for a wrong token says so in the store, which ends the others' wait too.
 
 Wire format. A frame is a 25-byte header, ``HEADER`` = (kind u8, tag i64,
 meta i64, nbytes u64), then nbytes of payload. Kinds: DATA (a message),
@@ -63,9 +67,10 @@ a bare socket: the kernel wakes the receiver, which wakes the waiting thread.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
-import select
+import selectors
 import socket
 import struct
 import threading
@@ -75,8 +80,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..auth import handshake, recv_exact
-from ..errors import CollieError, CollieTimeout, PeerError
+from ..auth import ACCEPT_PAUSE, Handshake, Pending, QuietLog, handshake, next_pause
+from ..errors import AuthError, CollieError, CollieTimeout, PeerError
 from .base import Combine, MessageMismatch, Request, Transport
 
 __all__ = ["TcpTransport", "HEADER", "DATA", "CONTROL", "BYE"]
@@ -89,6 +94,7 @@ _HELLO = struct.Struct("<qqH")  # rank, world size, length of the job id that fo
 
 PIECE = 2 << 20  # bytes per combine call: a multiple of 16 (256 KiB..4 MiB measured alike)
 LINGER = 5.0  # seconds close() waits for queued sends and for peers to hang up
+LOOK = 0.5  # seconds between looks in the store for a rank refused during setup
 _READ_BUFFER = 1 << 16  # headers and small payloads are read through this buffer
 _SMALL_COPY = 1 << 16  # larger copies go through NumPy, which releases the GIL
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
@@ -154,6 +160,168 @@ class _Peer:
         self.sender: Optional[threading.Thread] = None
         self.bounce: Optional[memoryview] = None  # for combine; receiver thread only
 
+
+class _Incoming:
+    """A connection to the setup listener until it has said which rank it
+    is: the handshake, then _HELLO and the job id, read as they arrive, each
+    message exactly (nothing beyond it is buffered)."""
+
+    __slots__ = ("sock", "origin", "shake", "buf", "hello")
+
+    def __init__(self, sock: socket.socket, origin: str, token: Optional[bytes]):
+        self.sock = sock
+        self.origin = origin
+        self.shake = Handshake(token, server=True, what=f"the connection from {origin}")
+        self.buf = bytearray()
+        self.hello: Optional[tuple] = None  # (rank, world size, job id length) once read
+
+    def advance(self) -> Optional[tuple]:
+        """Read what has arrived, without blocking; return (rank, world size,
+        job id) once all of it is here, else None. Raises AuthError if the
+        handshake fails, ConnectionError if the other end hangs up."""
+        try:
+            while True:
+                out = self.shake.take()
+                if out:
+                    self.sock.sendall(out)  # a few bytes into an empty buffer
+                if self.shake.refused is not None:
+                    raise self.shake.refused
+                need = self.shake.need or (self.hello[2] if self.hello else _HELLO.size)
+                while len(self.buf) < need:
+                    data = self.sock.recv(need - len(self.buf))
+                    if not data:
+                        raise ConnectionError("it hung up before saying which rank it is")
+                    self.buf += data
+                message, self.buf = bytes(self.buf), bytearray()
+                if self.shake.need:
+                    self.shake.feed(message)
+                elif self.hello is None:
+                    self.hello = _HELLO.unpack(message)
+                else:
+                    return self.hello[0], self.hello[1], message.decode(errors="replace")
+        except (BlockingIOError, InterruptedError):
+            return None
+
+
+class _Listener:
+    """A rank's setup listener while it waits for the higher ranks.
+
+    It takes connections as they come and runs their handshakes side by side
+    (each an _Incoming, read as its bytes arrive), so that no stray
+    connection holds up the ranks: one that fails the handshake, claims a
+    rank that is not expected, or is silent past collie.auth.HANDSHAKE_SECONDS
+    is dropped, logged once at most (collie.auth.QuietLog), and setup goes
+    on. Connections still in the handshake are bounded as collie.auth.Pending
+    says. Out of file descriptors, it first closes the oldest of them, and
+    with none left stops watching the listener for 0.1 s to 1 s instead of
+    spinning on accept. It also watches the connections already made (see
+    ``watch``), so that a waiting rank learns at once of one that ends.
+    """
+
+    def __init__(self, sock: socket.socket, rank: int, size: int, job_id: str, token: Optional[bytes]):
+        self.sock = sock
+        self.rank, self.size, self.job_id, self.token = rank, size, job_id, token
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(sock, selectors.EVENT_READ)
+        self.pending: Pending[_Incoming] = Pending()
+        self.log_drop, self.log_no_fds = QuietLog(_log), QuietLog(_log, interval=60.0)
+        self.pause = 0.0  # seconds accepting pauses for, when out of file descriptors
+        self.resume_at: Optional[float] = None
+
+    def watch(self, p: _Peer) -> None:
+        self.sel.register(p.sock, selectors.EVENT_READ, p)
+
+    def wait(self, timeout: float, expected: set) -> tuple[list, list]:
+        """Wait up to ``timeout`` seconds (less if a handshake's deadline
+        comes first) and handle what happened. Returns the ranks that said
+        who they are, as (rank, socket) pairs, which it takes out of
+        ``expected``, and the watched peers whose connection ended."""
+        joined: list[tuple[int, socket.socket]] = []
+        lost: list[_Peer] = []
+        times = [t for t in (self.pending.next_deadline(), self.resume_at) if t is not None]
+        timeout = max(0.0, min([time.monotonic() + timeout] + times) - time.monotonic())
+        for key, _ in self.sel.select(timeout):
+            if key.fileobj is self.sock:
+                for inc in self._accept():
+                    self._advance(inc, expected, joined)
+            elif isinstance(key.data, _Incoming):
+                self._advance(key.data, expected, joined)
+            else:  # a connection made before: it has either ended or already sends data
+                p = key.data
+                self.sel.unregister(p.sock)
+                try:
+                    alive = p.sock.recv(1, socket.MSG_PEEK | _DONTWAIT) != b""
+                except BlockingIOError:
+                    alive = True
+                except OSError:
+                    alive = False
+                if not alive:
+                    lost.append(p)
+        for inc in self.pending.expired():
+            self._drop(inc, f"did not finish the handshake within {self.pending.seconds:g} s")
+        if self.resume_at is not None and time.monotonic() >= self.resume_at:
+            self.resume_at = None
+            self.sel.register(self.sock, selectors.EVENT_READ)
+        return joined, lost
+
+    def _accept(self) -> list[_Incoming]:
+        accepted = []
+        for sock, addr in self.pending.accept(self.sock, self._make_room, self._pause):
+            self.pause = 0.0
+            sock.setblocking(False)
+            inc = _Incoming(sock, f"{addr[0]}:{addr[1]}", self.token)
+            self.sel.register(sock, selectors.EVENT_READ, inc)
+            for old in self.pending.add(inc, addr[0]):
+                self._drop(old, "still in the handshake when newer connections came (the oldest go first)")
+            accepted.append(inc)
+        return accepted
+
+    def _make_room(self, oldest: _Incoming, exc: OSError) -> None:
+        self._drop(oldest, f"closed to free a file descriptor ({exc.strerror})")
+
+    def _pause(self, exc: OSError) -> None:
+        self.log_no_fds(f"rank {self.rank} cannot accept connections during TCP setup "
+                        f"({exc}): trying again every {ACCEPT_PAUSE[0]:g} to {ACCEPT_PAUSE[1]:g} s")
+        self.pause = next_pause(self.pause)
+        self.resume_at = time.monotonic() + self.pause
+        self.sel.unregister(self.sock)
+
+    def _advance(self, inc: _Incoming, expected: set, joined: list) -> None:
+        if inc.sock.fileno() < 0:  # dropped earlier in this round
+            return
+        try:
+            said = inc.advance()
+        except OSError as exc:  # AuthError is not one
+            self._drop(inc, f"it hung up during the handshake ({exc})")
+            return
+        except AuthError as exc:
+            self._drop(inc, str(exc))
+            return
+        if inc.shake.proven:  # it may believe it is in: no longer pushed out or timed out
+            self.pending.discard(inc)
+        if said is None:
+            return
+        peer, size, job = said
+        if job != self.job_id or size != self.size or peer not in expected:
+            self._drop(inc, f"it claims to be rank {peer} of {size} in job {job!r}; rank {self.rank} "
+                            f"expects one of ranks {sorted(expected)} of {self.size} in job {self.job_id!r}")
+            return
+        self.sel.unregister(inc.sock)
+        expected.discard(peer)  # at once: a second claim to the same rank is a lie
+        joined.append((peer, inc.sock))
+
+    def _drop(self, inc: _Incoming, why: str) -> None:
+        self.log_drop(f"rank {self.rank} dropped a connection from {inc.origin} during TCP setup: {why}")
+        self.pending.discard(inc)
+        self.sel.unregister(inc.sock)
+        inc.sock.close()
+
+    def close(self) -> None:
+        """Close the connections that never said who they are."""
+        for key in list(self.sel.get_map().values()):
+            if isinstance(key.data, _Incoming):
+                key.data.sock.close()
+        self.sel.close()
 
 def _byte_view(buffer) -> memoryview:
     """A flat unsigned-byte view, so that slicing and lengths count bytes."""
@@ -275,7 +443,7 @@ class TcpTransport(Transport):
             for each CONTROL frame; keep it short (it delays that peer's data).
         master_addr: where rank 0's host is reached; picks the interface.
 
-    Raises (from the constructor): AuthError if a handshake fails,
+    Raises (from the constructor): AuthError if a rank's handshake fails,
     CollieTimeout if peers do not show up in time, PeerError if a peer
     fails during setup.
     """
@@ -323,13 +491,14 @@ class TcpTransport(Transport):
         with socket.socket(family, socket.SOCK_STREAM) as listener:
             _tune(listener)
             listener.bind((host, 0))
-            listener.listen(self.size)
+            listener.listen(socket.SOMAXCONN)  # stray connections must not fill the queue ahead of the ranks
+            listener.setblocking(False)
             port = listener.getsockname()[1]
             store.set(f"tcp/{job_id}/{self.rank}", _format_address(host, port).encode())
             hello = _HELLO.pack(self.rank, self.size, len(job_id.encode())) + job_id.encode()
             for peer in range(self.rank):
                 self._connect_to(peer, store, job_id, token, hello, deadline)
-            self._accept_higher(listener, job_id, token, deadline)
+            self._accept_higher(listener, store, job_id, token, deadline)
 
     def _remaining(self, deadline: float, waiting_for: str, peers: tuple) -> float:
         left = deadline - time.monotonic()
@@ -364,6 +533,13 @@ class TcpTransport(Transport):
         try:
             handshake(sock, token, server=False, what=f"rank {peer}")
             sock.sendall(hello)
+        except AuthError as exc:
+            # The listener drops a refused connection without a word (it
+            # cannot tell a rank from a stranger): say it where the ranks look.
+            with contextlib.suppress(Exception):
+                store.set(f"tcp/{job_id}/refused", f"rank {self.rank} could not authenticate with "
+                                                   f"rank {peer}: {exc}".encode())
+            raise
         except TimeoutError as exc:
             raise CollieTimeout(f"rank {self.rank}: rank {peer} did not finish the handshake in time",
                                 (peer,)) from exc
@@ -371,66 +547,38 @@ class TcpTransport(Transport):
             raise PeerError(f"rank {peer} hung up on rank {self.rank} during the handshake: {exc} "
                             f"(rank {peer} failed during setup?)", peer) from exc
 
-    def _accept_higher(self, listener: socket.socket, job_id: str, token, deadline: float) -> None:
+    def _accept_higher(self, sock: socket.socket, store, job_id: str, token, deadline: float) -> None:
+        """Take a connection from every higher rank, through _Listener (which
+        drops stray connections), while watching the connections already
+        made: one that ends means that rank failed, and waiting for the
+        others is pointless. A real rank with a wrong token learns it from
+        its own handshake and says so in the store, which this loop reads
+        every LOOK seconds, so that the wait ends with AuthError here too."""
         expected = set(range(self.rank + 1, self.size))
-        poller = select.poll()
-        poller.register(listener, select.POLLIN)
-        # Connections already made: if one ends now, that rank failed, and
-        # waiting for the others is pointless.
-        watched = {p.sock.fileno(): p for p in self._peers if p is not None}
-        for fd in watched:
-            poller.register(fd, select.POLLIN)
-        while expected:
-            left = self._remaining(deadline, f"rank(s) {sorted(expected)} to connect",
-                                   tuple(sorted(expected)))
-            for fd, _ in poller.poll(min(left, 1.0) * 1000):
-                if fd == listener.fileno():
-                    peer = self._accept_one(listener, job_id, token, deadline, expected)
-                    expected.discard(peer)
-                    watched[self._peers[peer].sock.fileno()] = self._peers[peer]
-                    poller.register(self._peers[peer].sock, select.POLLIN)
-                    continue
-                p = watched.pop(fd)
-                poller.unregister(fd)
-                try:
-                    alive = p.sock.recv(1, socket.MSG_PEEK | _DONTWAIT) != b""
-                except BlockingIOError:
-                    alive = True
-                except OSError:
-                    alive = False
-                if not alive:
-                    raise PeerError(f"rank {p.rank} closed its connection to rank {self.rank} during "
-                                    f"setup (it failed, e.g. a bad token or a crash)", p.rank)
-                # else it has already sent data: it finished setup and is alive
-
-    def _accept_one(self, listener: socket.socket, job_id: str, token, deadline: float,
-                    expected: set) -> int:
-        sock, addr = listener.accept()
-        origin = f"{addr[0]}:{addr[1]}"
+        listener = _Listener(sock, self.rank, self.size, job_id, token)
         try:
-            _tune(sock)
-            sock.settimeout(self._remaining(deadline, f"rank(s) {sorted(expected)} to connect",
-                                            tuple(sorted(expected))))
-            try:
-                handshake(sock, token, server=True, what=f"the rank connecting from {origin}")
-                peer, size, n = _HELLO.unpack(recv_exact(sock, _HELLO.size))
-                job = recv_exact(sock, n).decode(errors="replace")
-            except TimeoutError as exc:
-                raise CollieTimeout(f"rank {self.rank}: the rank connecting from {origin} did not finish "
-                                    f"the handshake in time", tuple(sorted(expected))) from exc
-            except OSError as exc:  # ConnectionError included; AuthError is not one
-                raise PeerError(f"rank {self.rank}: the rank connecting from {origin} hung up before "
-                                f"saying who it is: {exc}") from exc
-            if job != job_id or size != self.size or peer not in expected:
-                raise CollieError(
-                    f"rank {self.rank}: connection from {origin} claims to be rank {peer} of {size} "
-                    f"in job {job!r}; expected one of ranks {sorted(expected)} of {self.size} "
-                    f"in job {job_id!r}")
-        except BaseException:
-            sock.close()
-            raise
-        self._peers[peer] = _Peer(peer, sock)
-        return peer
+            for p in self._peers:
+                if p is not None:
+                    listener.watch(p)
+            look_at = time.monotonic() + LOOK
+            while expected:
+                left = self._remaining(deadline, f"rank(s) {sorted(expected)} to connect",
+                                       tuple(sorted(expected)))
+                joined, lost = listener.wait(min(left, max(0.0, look_at - time.monotonic())), expected)
+                for p in lost:
+                    raise PeerError(f"rank {p.rank} closed its connection to rank {self.rank} "
+                                    f"during setup (it failed, e.g. a bad token or a crash)", p.rank)
+                for peer, conn in joined:
+                    _tune(conn)
+                    self._peers[peer] = _Peer(peer, conn)
+                    listener.watch(self._peers[peer])
+                if expected and time.monotonic() >= look_at:
+                    look_at = time.monotonic() + LOOK
+                    if store.check([f"tcp/{job_id}/refused"]):
+                        why = store.get(f"tcp/{job_id}/refused").decode(errors="replace")
+                        raise AuthError(f"rank {self.rank}: TCP setup failed: {why}")
+        finally:
+            listener.close()
 
     # ------------------------------------------------------------- receiving
 
