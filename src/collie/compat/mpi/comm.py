@@ -551,6 +551,20 @@ def _nonblocking(gen):
     return call
 
 
+def _persistent(iname: str):
+    """X_init: a persistent request whose Start() runs the nonblocking IX
+    on the arguments given here."""
+    name = iname[1:] + "_init"
+
+    def call(self, *args, **kwargs) -> Prequest:
+        self._g(name)
+        start = getattr(self, iname)
+        return Prequest(lambda: start(*args, **kwargs))
+    call.__name__ = name
+    call.__doc__ = f"The persistent {iname[1:]}: a Prequest; each Start() runs {iname} again."
+    return call
+
+
 class Intracomm(Comm):
     """A communicator within one group of processes (all of collie's)."""
 
@@ -858,6 +872,28 @@ class Intracomm(Comm):
     Iscan = _nonblocking(_Scan)
     Exscan = _blocking(_Exscan, "Rank r gets the reduction of ranks 0..r-1; rank 0's recvbuf is left as is.")
     Iexscan = _nonblocking(_Exscan)
+
+    # ---- persistent collectives (MPI-4) ----
+    #
+    # X_init binds its arguments; each Start() runs IX on them again (the
+    # buffers are read and written at each Start, as MPI does).
+
+    Barrier_init = _persistent("Ibarrier")
+    Bcast_init = _persistent("Ibcast")
+    Scatter_init = _persistent("Iscatter")
+    Scatterv_init = _persistent("Iscatterv")
+    Gather_init = _persistent("Igather")
+    Gatherv_init = _persistent("Igatherv")
+    Allgather_init = _persistent("Iallgather")
+    Allgatherv_init = _persistent("Iallgatherv")
+    Alltoall_init = _persistent("Ialltoall")
+    Alltoallv_init = _persistent("Ialltoallv")
+    Reduce_init = _persistent("Ireduce")
+    Allreduce_init = _persistent("Iallreduce")
+    Reduce_scatter_block_init = _persistent("Ireduce_scatter_block")
+    Reduce_scatter_init = _persistent("Ireduce_scatter")
+    Scan_init = _persistent("Iscan")
+    Exscan_init = _persistent("Iexscan")
 
     # ---- collectives on objects ----
 
