@@ -80,6 +80,29 @@ def test_every_collective_across_hosts(program, hosts, per_host, count):
             assert route == expected, (rank, row["routes"])
 
 
+def _check(results, hosts, per_host):
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    ranks = _ranks(results)
+    assert sorted(ranks) == list(range(hosts * per_host))
+    assert all(all(row["ok"].values()) for row in ranks.values()), ranks
+    assert len({row["host"] for row in ranks.values()}) == hosts
+
+
+def test_the_host_of_rank_0_may_start_last(program):
+    with testbed.TestBed(2) as bed:
+        results = bed.run([program, "101"], ranks_per_host=1, timeout=120, delays=[4.0, 0.0])
+    _check(results, 2, 1)
+
+
+def test_slurm_variables_alone_start_a_multi_host_job(program):
+    """As srun starts tasks: no MASTER_ADDR, RANK or token; collie finds
+    rank 0's host in SLURM_STEP_NODELIST and the port from the job id."""
+    with testbed.TestBed(2) as bed:
+        results = bed.run_slurm([program, "1001"], ranks_per_host=2, timeout=120)
+    _check(results, 2, 2)
+    _no_beds_left()
+
+
 def test_a_shaped_link_carries_the_job(program):
     with testbed.TestBed(2, rate="50mbit") as bed:
         results = bed.run([program, "200001"], ranks_per_host=1, timeout=120)
