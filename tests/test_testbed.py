@@ -103,6 +103,22 @@ def test_slurm_variables_alone_start_a_multi_host_job(program):
     _no_beds_left()
 
 
+@pytest.mark.parametrize("mode", ["collie", "torch"])
+def test_torchrun_across_hosts(mode):
+    """torchrun --nnodes 2: its agent on host 0 serves the store; collie's API
+    and torch's backend "collie" both join it from both hosts."""
+    pytest.importorskip("torch")
+    program = os.path.join(os.path.dirname(__file__), "torch_launch_program.py")
+    with testbed.TestBed(2) as bed:
+        argvs = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(i),
+                  "--master-addr", bed.addresses[0], "--master-port", str(testbed.MASTER_PORT),
+                  "--nproc-per-node", "2", program, mode] for i in range(2)]
+        results = bed.run_each(argvs, timeout=150, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert all(r.returncode == 0 for r in results), [r.stderr[-3000:] for r in results]
+    lines = sorted(line for r in results for line in r.stdout.splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {k} of 4: sum 10 ok" for k in range(4)], lines
+
+
 def test_a_shaped_link_carries_the_job(program):
     with testbed.TestBed(2, rate="50mbit") as bed:
         results = bed.run([program, "200001"], ranks_per_host=1, timeout=120)

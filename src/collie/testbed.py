@@ -214,6 +214,15 @@ class TestBed:
             starts.append((0.0, host, [sys.executable, *argv], mine))
         return self._start_and_wait(starts, timeout, capture)
 
+    def run_each(self, argvs: Sequence[Sequence[str]], timeout: float = 300.0, env: Optional[dict] = None,
+                 capture: bool = True) -> list[subprocess.CompletedProcess]:
+        """``argvs[i]`` in host i, all at once (another launcher: torchrun,
+        mpiexec...); waited for as run() says."""
+        if len(argvs) != self.hosts:
+            raise ValueError(f"{len(argvs)} commands for {self.hosts} hosts")
+        env = dict(os.environ if env is None else env)
+        return self._start_and_wait([(0.0, i, list(a), env) for i, a in enumerate(argvs)], timeout, capture)
+
     def _start_and_wait(self, starts, timeout: float, capture: bool) -> list[subprocess.CompletedProcess]:
         """Start each (delay, host, argv, env) in its host; wait as run() says."""
         self.first_failure = None
