@@ -42,6 +42,10 @@ class ProcessGroup:
         self.ranks = tuple(ranks)
         self.size = len(self.ranks)
         self.context = context
+        # Each member's host, as the index of its host among the group's
+        # (what hierarchical algorithms group by).
+        labels: dict = {}
+        self.hosts = tuple(labels.setdefault(network.hosts[r], len(labels)) for r in self.ranks)
         self.timeout = timeout
         self.name = name
         self.rank = self.ranks.index(network.rank) if network.rank in self.ranks else -1
