@@ -59,12 +59,12 @@ def test_forced_hier_is_right(hosts, count, dtype, op):
 
 
 def test_the_tuner_picks_hier_across_hosts_for_large_calls():
-    res = run_ranks(_body, 4, (0, 0, 1, 1), 300_000 // 8, "float64", "SUM", None, timeout=90,
+    res = run_ranks(_body, 4, (0, 0, 1, 1), (4 << 20) // 8 + 3, "float64", "SUM", None, timeout=90,
                     env={"COLLIE_TOKEN": ""}, init=False)
     for x, everyone, chosen, _ in res:
         np.testing.assert_allclose(x, np.sum(everyone, axis=0))
         assert chosen == {"hier"}
-    assert default_choice("all_reduce", 8, 4, "tcp", (0, 0, 1, 1)).algorithm != "hier"  # latency: flat
+    assert default_choice("all_reduce", 1 << 20, 4, "tcp", (0, 0, 1, 1)).algorithm != "hier"  # flat wins there
     assert default_choice("all_reduce", 1 << 20, 4, "tcp", (0, 1, 2, 3)).algorithm != "hier"  # a host each
     assert default_choice("all_reduce", 1 << 20, 4, "shm", (0, 0, 0, 0)).algorithm != "hier"  # one host
 

@@ -31,6 +31,7 @@ PROGRAM = textwrap.dedent("""\
     everyone = np.stack([rng(k) for k in range(n)])
     ok = {}
     y = x.copy(); collie.all_reduce(y); ok["all_reduce"] = np.allclose(y, everyone.sum(0))
+    y = x.copy(); collie.all_reduce(y, algorithm="hier"); ok["hier"] = np.allclose(y, everyone.sum(0))
     y = x.copy(); collie.broadcast(y, src=n - 1); ok["broadcast"] = np.array_equal(y, everyone[-1])
     out = np.empty(n * count); collie.all_gather_into_tensor(out, x)
     ok["all_gather"] = np.array_equal(out, everyone.ravel())
