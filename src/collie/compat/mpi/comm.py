@@ -407,7 +407,7 @@ class Comm(_Handled):
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Send and receive at once: no ordering of the two can deadlock."""
         rreq = self.Irecv(recvbuf, source, recvtag)
-        sreq = self.Isend(sendbuf, dest, sendtag)
+        sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag))
         Request.Waitall([rreq, sreq], [status, None])
 
     def Send_init(self, buf, dest: int, tag: int = 0) -> Prequest:
@@ -425,7 +425,7 @@ class Comm(_Handled):
                   recvtag: int = ANY_TAG) -> Request:
         """Sendrecv, nonblocking: the Request completes when both halves have."""
         rreq = self.Irecv(recvbuf, source, recvtag)
-        sreq = self.Isend(sendbuf, dest, sendtag)
+        sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag))
         return _Both(rreq, sreq)
 
     def Isendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
@@ -478,7 +478,7 @@ class Comm(_Handled):
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
         rreq = self.irecv(recvbuf, source, recvtag)
-        sreq = self.isend(sendobj, dest, sendtag)
+        sreq = _or_cancel(rreq, lambda: self.isend(sendobj, dest, sendtag))
         Request.Waitall([rreq, sreq], [status, None])
         return rreq._result
 
@@ -495,6 +495,16 @@ class Comm(_Handled):
     def Ibarrier(self) -> Request:
         g = self._g("Ibarrier")
         return Request(g.network, work=_coll.barrier(group=g, async_op=True), timeout=g.timeout)
+
+
+def _or_cancel(rreq: Request, post):
+    """post() (a send), or, when it raises (a bad send buffer), cancel the
+    receive posted for the same call so that it takes no later message."""
+    try:
+        return post()
+    except BaseException:
+        rreq.Cancel()
+        raise
 
 
 class _Both(Request):
