@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-PASS_FLOOR = {2: 0.58, 3: 0.58}   # 61.4% measured at both sizes, see docs/mpi.md; the target is 0.95
+PASS_FLOOR = {2: 0.65, 3: 0.65}   # 67.5% measured at both sizes, see docs/mpi.md; the target is 0.95
 TIMEOUT = 60.0
 
 
@@ -42,7 +42,7 @@ def suite():
     return mod
 
 
-@pytest.mark.timeout(600)  # about 2 minutes a size; modules are bounded by TIMEOUT each
+@pytest.mark.timeout(600)  # 2 to 4 minutes a size (measured 120 s and 254 s on a loaded 2-core machine); modules are bounded by TIMEOUT each
 @pytest.mark.parametrize("size", [2, 3])
 def test_mpi4py_suite(suite, size):
     results = suite.run_suite([size], timeout=TIMEOUT)

@@ -726,3 +726,162 @@ def test_a_random_program_gives_what_mpich_gives(n, seed, tmp_path):
         assert len(mpich) == len(ours) > 0
         for theirs, mine in zip(mpich, ours):
             assert mine == theirs, f"rank {rank}: MPICH received {theirs!r}, collie {mine!r}"
+
+
+# ---- persistent collectives, topologies, neighbour collectives, Alltoallw ----
+
+def _persistent_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    x = np.zeros(3)
+    out = np.empty(3)
+    req = comm.Allreduce_init(x, out, op=MPI.SUM)
+    for step in range(3):  # each Start reads the buffer as it is then
+        x[:] = rank + step
+        req.Start()
+        req.Wait()
+        assert out.tolist() == [sum(range(size)) + step * size] * 3
+    req.Free()
+    assert not req
+    b = np.arange(4) if rank == size - 1 else np.zeros(4, dtype=np.int64)
+    bq = comm.Bcast_init(b, root=size - 1)
+    MPI.Prequest.Startall([bq, comm.Barrier_init()])
+    bq.Wait()
+    assert b.tolist() == [0, 1, 2, 3]
+    return True
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_persistent_collectives(n):
+    assert run(_persistent_body, n) == [True] * n
+
+
+def _topology_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    # a periodic ring and a non-periodic line, row-major ranks
+    ring = comm.Create_cart([size], periods=[True])
+    assert ring.topology == MPI.CART and ring.coords == [rank] and ring.Get_coords(rank) == [rank]
+    assert ring.Shift(0, 1) == ((rank - 1) % size, (rank + 1) % size)
+    line = comm.Create_cart([size], periods=False)
+    src, dst = line.Shift(0, 1)
+    assert src == (rank - 1 if rank > 0 else MPI.PROC_NULL) and dst == (rank + 1 if rank < size - 1 else MPI.PROC_NULL)
+    # neighbour collectives agree with NumPy: in-neighbour j is (rank -/+ 1), slot order -1, +1
+    send = np.array([10 * rank, 10 * rank + 1], dtype=np.int64)  # block 0 to rank-1, block 1 to rank+1
+    got = np.full(2, -1, dtype=np.int64)
+    ring.Neighbor_alltoall(send, got)
+    left, right = (rank - 1) % size, (rank + 1) % size
+    assert got.tolist() == [10 * left + 1, 10 * right], got  # what left sent right, what right sent left
+    got = np.full(2, -1, dtype=np.int64)
+    line.Ineighbor_allgather(np.array([rank], dtype=np.int64), got).Wait()
+    assert got.tolist() == [rank - 1 if rank > 0 else -1, rank + 1 if rank < size - 1 else -1]
+    assert line.neighbor_allgather(rank) == [rank - 1 if rank > 0 else None, rank + 1 if rank < size - 1 else None]
+    # a 2-D grid when the size allows, and its rows
+    if size % 2 == 0 and size > 2:
+        grid = comm.Create_cart([2, size // 2], periods=[False, True])
+        r, c = divmod(rank, size // 2)
+        assert grid.coords == [r, c] and grid.Get_cart_rank([r, c + 1]) == r * (size // 2) + (c + 1) % (size // 2)
+        row = grid.Sub([False, True])
+        assert row.Get_size() == size // 2 and row.coords == [c]
+    # cartesian grids larger than the communicator fail on every rank
+    try:
+        comm.Create_cart([size + 1])
+    except MPI.Exception as exc:
+        assert exc.Get_error_class() == MPI.ERR_DIMS
+    else:
+        raise AssertionError("Create_cart of size + 1 ranks")
+    # a distributed graph: every rank sends to the next two
+    dg = comm.Create_dist_graph_adjacent([(rank - 1) % size, (rank - 2) % size],
+                                         [(rank + 1) % size, (rank + 2) % size], [1, 2], [3, 4])
+    assert dg.Get_dist_neighbors() == ([(rank - 1) % size, (rank - 2) % size],
+                                       [(rank + 1) % size, (rank + 2) % size], ([1, 2], [3, 4]))
+    got = dg.neighbor_alltoall([("to", (rank + 1) % size), ("to", (rank + 2) % size)])
+    assert got == [("to", rank), ("to", rank)]
+    # the same graph from Create_dist_graph (each rank names its own out-edges)
+    dg2 = comm.Create_dist_graph([rank], [2], [(rank + 1) % size, (rank + 2) % size])
+    ins, outs, w = dg2.Get_dist_neighbors()
+    assert sorted(ins) == sorted([(rank - 1) % size, (rank - 2) % size]) and w is None
+    # a graph given whole, and copies keep the topology
+    index = [2 * (i + 1) for i in range(size)]
+    edges = [e for i in range(size) for e in ((i - 1) % size, (i + 1) % size)]
+    g = comm.Create_graph(index, edges)
+    assert g.neighbors == [(rank - 1) % size, (rank + 1) % size]
+    assert type(g.Dup()) is MPI.Graphcomm and type(MPI.Comm.fromint(g.toint())) is MPI.Graphcomm
+    try:
+        MPI.Cartcomm(g)
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("Cartcomm of a graph")
+    # an ANY_TAG receive never takes a neighbour collective's message
+    if size > 1:
+        if rank == 0:
+            ring.Send(np.array([7], dtype=np.int64), dest=1, tag=3)
+        got = np.full(2, -1, dtype=np.int64)
+        ring.Neighbor_allgather(np.array([rank], dtype=np.int64), got)
+        if rank == 1:
+            box = np.zeros(1, dtype=np.int64)
+            st = MPI.Status()
+            ring.Recv(box, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st)
+            assert box[0] == 7 and st.tag == 3
+    for c in (ring, line, dg, dg2, g):
+        c.Free()
+    return True
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_topologies_and_neighbour_collectives(n):
+    assert run(_topology_body, n) == [True] * n
+
+
+def _alltoallw_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    # rank r sends r + q + 1 int32 to q, at byte displacements with gaps, and
+    # receives float64 (raw bytes of the same values viewed as int32 pairs)
+    counts = [rank + q + 1 for q in range(size)]
+    sdispls = [sum(c * 4 + 8 for c in counts[:q]) for q in range(size)]
+    send = np.zeros(sum(counts) + 2 * size, dtype=np.int32)
+    for q in range(size):
+        send.view(np.uint8)[sdispls[q]:sdispls[q] + 4 * counts[q]].view(np.int32)[:] = 100 * rank + q
+    rcounts = [p + rank + 1 for p in range(size)]
+    rdispls = [4 * sum(rcounts[:p]) for p in range(size)]
+    recv = np.full(sum(rcounts), -1, dtype=np.int32)
+    comm.Alltoallw([send, (counts, sdispls), [MPI.INT] * size], [recv, (rcounts, rdispls), [MPI.INT] * size])
+    want = np.concatenate([np.full(rcounts[p], 100 * p + rank, dtype=np.int32) for p in range(size)])
+    assert np.array_equal(recv, want), (recv, want)
+    return True
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_alltoallw(n):
+    assert run(_alltoallw_body, n) == [True] * n
+
+
+def test_datatype_codes():
+    MPI = mpi()
+    for code in "bhilqBHILQfdgFDG":
+        t = MPI.Datatype.fromcode(code)
+        assert t.dtype == np.dtype(code) and MPI.Datatype.fromcode(t.tocode()) == t
+    assert MPI.Datatype.fromcode("i4") == MPI.INT32_T and MPI.Datatype.fromcode("Zd") == MPI.C_DOUBLE_COMPLEX
+    with pytest.raises(ValueError):
+        MPI.Datatype.fromcode("abc@xyz")
+
+
+def _sendrecv_bad_buffer_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_SELF
+    try:  # the send buffer is bad: the receive posted for it must not linger
+        comm.Sendrecv([np.zeros(1, dtype=np.int32), 5, "i"], 0, 0, [None, 0, "B"], 0, 0)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a count past the buffer's end")
+    got = np.zeros(1, dtype=np.int32)
+    comm.Sendrecv(np.array([4], dtype=np.int32), 0, 0, got, 0, 0)
+    assert got[0] == 4
+    return True
+
+
+def test_sendrecv_with_a_bad_send_buffer():
+    assert run(_sendrecv_bad_buffer_body, 1) == [True]

@@ -56,14 +56,15 @@ on other peers; they simply catch those peers' next messages.
 
 from __future__ import annotations
 
-from . import buffers, comm, constants, datatype, environ, exceptions, group, info, op, p2p, request, status
+from . import (alltoallw, buffers, comm, constants, datatype, environ, exceptions, group, info, op, p2p, request,
+               status, topology)
 from .environ import _comm
 
 __all__: list = []
-for _m in (constants, exceptions, info, group, datatype, op, status, request, comm, environ):
+for _m in (constants, exceptions, info, group, datatype, op, status, request, comm, topology, environ):
     __all__ += _m.__all__
     globals().update({_n: getattr(_m, _n) for _n in _m.__all__})
-del _m, buffers, comm, constants, datatype, environ, exceptions, group, info, op, p2p, request, status
+del _m, alltoallw, buffers, comm, constants, datatype, environ, exceptions, group, info, op, p2p, request, status, topology
 __all__ += ["COMM_WORLD", "COMM_SELF"]
 
 

@@ -24,7 +24,7 @@ from .group import Group
 from .info import Info
 from ...group import ProcessGroup
 from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work
-from .constants import ANY_SOURCE, ANY_TAG, IN_PLACE, PROC_NULL, TAG_UB, UNDEFINED, _TAG_UB
+from .constants import ANY_SOURCE, ANY_TAG, CART, DIST_GRAPH, GRAPH, IN_PLACE, PROC_NULL, TAG_UB, UNDEFINED, _TAG_UB
 from .op import SUM, _buffer_op, _py_op
 from .p2p import _Matcher, _Recv, _matchers, _progress, _wait_until
 from .request import Prequest, Request, _done_request
@@ -56,6 +56,9 @@ def _tag_arg(value, what: str, allow_any: bool) -> int:
 
 
 _matcher_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_topo_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> topology.py's _Topo
+_handle_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> its integer handle
+_group_of_handle: dict = {}
 
 
 class Comm(_Handled):
@@ -103,6 +106,40 @@ class Comm(_Handled):
             return "<MPI.COMM_NULL>"
         return f"<MPI.{type(self).__name__} {self._name} rank={self._group.rank} size={self._group.size}>"
 
+    # ---- integer handles (toint/fromint, py2f/f2py) ----
+    #
+    # A communicator's handle is a number given to its group on first
+    # request (COMM_NULL is 0); fromint gives back a communicator of that
+    # group, typed by its topology (Cartcomm...) as mpi4py does.
+
+    def toint(self) -> int:
+        if self._group is None:
+            return 0
+        h = _handle_of.get(self._group)
+        if h is None:
+            h = _handle_of[self._group] = len(_group_of_handle) + 1
+            _group_of_handle[h] = weakref.ref(self._group)
+        return h
+
+    @classmethod
+    def fromint(cls, handle: int) -> "Comm":
+        handle = operator.index(handle)
+        if handle == 0:
+            return COMM_NULL
+        ref = _group_of_handle.get(handle)
+        g = ref() if ref is not None else None
+        if g is None:
+            raise _error(ERR_COMM, f"Comm.fromint: {handle} is not the handle of a live communicator")
+        t = _topo_of.get(g)
+        if t is None:
+            return Intracomm(g, g.name)
+        from . import topology
+        kind = {CART: topology.Cartcomm, GRAPH: topology.Graphcomm, DIST_GRAPH: topology.Distgraphcomm}
+        return kind[t.kind](g, g.name)
+
+    py2f = toint
+    f2py = fromint
+
     def Get_rank(self) -> int:
         return self._g("Get_rank").rank
 
@@ -129,9 +166,13 @@ class Comm(_Handled):
     is_inter = property(Is_inter)
     is_intra = property(Is_intra)
 
-    @property
-    def topology(self) -> int:
-        return UNDEFINED
+    def Get_topology(self) -> int:
+        """CART, GRAPH or DIST_GRAPH for a communicator with a topology, else UNDEFINED."""
+        t = _topo_of.get(self._g("Get_topology"))
+        return UNDEFINED if t is None else t.kind
+
+    topology = property(Get_topology)
+    is_topo = property(lambda self: self.Get_topology() != UNDEFINED)
 
     @property
     def group(self) -> "Group":
@@ -181,8 +222,8 @@ class Comm(_Handled):
         me = g.network.rank
         color, key = (0, members.index(me)) if me in members else (-1, 0)
         new = _group.split_group(g, color, key, name=f"{self._name}/create")
-        return COMM_NULL if new is None else type(self)(new, new.name) if isinstance(self, Intracomm) \
-            else Intracomm(new, new.name)
+        keep = isinstance(self, Intracomm) and g not in _topo_of  # a subclass of Intracomm stays one
+        return COMM_NULL if new is None else type(self)(new, new.name) if keep else Intracomm(new, new.name)
 
     def Create_group(self, group: Group, tag: int = 0) -> "Comm":
         """Create, called by the members of ``group`` only. They agree on a
@@ -245,7 +286,10 @@ class Comm(_Handled):
     def Dup(self, info=None) -> "Comm":
         """The same ranks in a new context: its messages never meet this one's."""
         g = self._g("Dup")
-        new = type(self)(_group.split_group(g, 0, g.rank, name=f"{self._name}/dup"), f"{self._name}/dup")
+        group = _group.split_group(g, 0, g.rank, name=f"{self._name}/dup")
+        if g in _topo_of:  # the copy keeps the topology
+            _topo_of[group] = _topo_of[g]
+        new = type(self)(group, f"{self._name}/dup")
         new._info = self._info if info is None else Info._of(info.items() if info else ())
         return new
 
@@ -363,7 +407,7 @@ class Comm(_Handled):
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Send and receive at once: no ordering of the two can deadlock."""
         rreq = self.Irecv(recvbuf, source, recvtag)
-        sreq = self.Isend(sendbuf, dest, sendtag)
+        sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag))
         Request.Waitall([rreq, sreq], [status, None])
 
     def Send_init(self, buf, dest: int, tag: int = 0) -> Prequest:
@@ -381,7 +425,7 @@ class Comm(_Handled):
                   recvtag: int = ANY_TAG) -> Request:
         """Sendrecv, nonblocking: the Request completes when both halves have."""
         rreq = self.Irecv(recvbuf, source, recvtag)
-        sreq = self.Isend(sendbuf, dest, sendtag)
+        sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag))
         return _Both(rreq, sreq)
 
     def Isendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
@@ -434,7 +478,7 @@ class Comm(_Handled):
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
         rreq = self.irecv(recvbuf, source, recvtag)
-        sreq = self.isend(sendobj, dest, sendtag)
+        sreq = _or_cancel(rreq, lambda: self.isend(sendobj, dest, sendtag))
         Request.Waitall([rreq, sreq], [status, None])
         return rreq._result
 
@@ -451,6 +495,16 @@ class Comm(_Handled):
     def Ibarrier(self) -> Request:
         g = self._g("Ibarrier")
         return Request(g.network, work=_coll.barrier(group=g, async_op=True), timeout=g.timeout)
+
+
+def _or_cancel(rreq: Request, post):
+    """post() (a send), or, when it raises (a bad send buffer), cancel the
+    receive posted for the same call so that it takes no later message."""
+    try:
+        return post()
+    except BaseException:
+        rreq.Cancel()
+        raise
 
 
 class _Both(Request):

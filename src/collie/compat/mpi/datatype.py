@@ -65,6 +65,30 @@ class Datatype:
     def __repr__(self) -> str:
         return f"<MPI.{self.name}: {self.dtype}>"
 
+    # ---- type codes (mpi4py's typemap: NumPy / PEP 3118 character codes) ----
+
+    @classmethod
+    def fromcode(cls, code: str) -> "Datatype":
+        """The predefined datatype of a character code or type string ('i', 'f8', 'Zd'...)."""
+        name = _CODES.get(code) if isinstance(code, str) else None
+        if name is None:
+            raise ValueError(f"cannot map code {code!r} to MPI datatype")
+        return globals()[name]
+
+    def tocode(self) -> str:
+        """The character code of a predefined datatype."""
+        if self.dtype is None or self.name not in _types():
+            raise ValueError("cannot map to character code or type string")
+        return self.dtype.char if self.dtype.char != "?" or self.name != "BYTE" else "B"
+
+    @property
+    def typechar(self) -> str:
+        return "" if self.dtype is None else self.dtype.char
+
+    @property
+    def typestr(self) -> str:
+        return "" if self.dtype is None else self.dtype.str.lstrip("<>=|")
+
 
 def _types() -> dict:
     ints = {np.dtype(c).itemsize: np.dtype(c) for c in "bhilq"}
@@ -111,5 +135,20 @@ def _is_datatype(x) -> bool:
         isinstance(x, type) and issubclass(x, (np.generic, int, float, complex)))
 
 DATATYPE_NULL = Datatype()
+
+# code -> the name of its datatype (mpi4py's TypeDict)
+_CODES = {"?": "C_BOOL", "b": "SIGNED_CHAR", "h": "SHORT", "i": "INT", "l": "LONG", "q": "LONG_LONG",
+          "B": "UNSIGNED_CHAR", "H": "UNSIGNED_SHORT", "I": "UNSIGNED", "L": "UNSIGNED_LONG",
+          "Q": "UNSIGNED_LONG_LONG", "f": "FLOAT", "d": "DOUBLE", "g": "LONG_DOUBLE",
+          "F": "C_FLOAT_COMPLEX", "D": "C_DOUBLE_COMPLEX", "G": "C_LONG_DOUBLE_COMPLEX",
+          "Zf": "C_FLOAT_COMPLEX", "Zd": "C_DOUBLE_COMPLEX", "Zg": "C_LONG_DOUBLE_COMPLEX",
+          "i1": "INT8_T", "i2": "INT16_T", "i4": "INT32_T", "i8": "INT64_T",
+          "u1": "UINT8_T", "u2": "UINT16_T", "u4": "UINT32_T", "u8": "UINT64_T",
+          "f4": "FLOAT", "f8": "DOUBLE", "c8": "C_FLOAT_COMPLEX", "c16": "C_DOUBLE_COMPLEX", "b1": "C_BOOL",
+          "n": "AINT", "p": "AINT"}
+_CODES["N"] = _CODES["P"] = {4: "UINT32_T", 8: "UINT64_T"}[np.dtype(np.intp).itemsize]
+if np.dtype("g").itemsize in (12, 16) and np.dtype("g") != np.dtype("d"):
+    _CODES[f"f{np.dtype('g').itemsize}"] = "LONG_DOUBLE"
+    _CODES[f"c{np.dtype('G').itemsize}"] = "C_LONG_DOUBLE_COMPLEX"
 
 __all__ = ["Datatype", "DATATYPE_NULL", *_types()]

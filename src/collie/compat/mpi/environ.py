@@ -165,7 +165,7 @@ def Get_address(location) -> int:
     if location is BOTTOM:
         return 0
     import numpy as np
-    from ...arrays import to_numpy
+    from .buffers import to_numpy  # DLPack producers read as mpi4py reads them
     arr, _ = to_numpy(location, "Get_address location")
     return arr.__array_interface__["data"][0] if isinstance(arr, np.ndarray) else 0
 

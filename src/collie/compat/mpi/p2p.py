@@ -43,7 +43,8 @@ class _Recv:
         self.error: Optional[BaseException] = None
 
     def matches(self, source: int, tag: int) -> bool:
-        return self.source in (ANY_SOURCE, source) and self.tag in (ANY_TAG, tag)
+        # ANY_TAG takes user tags only: negative tags are the layer's own (neighbour collectives)
+        return self.source in (ANY_SOURCE, source) and (self.tag == tag or (self.tag == ANY_TAG and tag >= 0))
 
     def ready(self) -> bool:
         return (self.cancelled or self.error is not None
