@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("collie.bench:main", "measure every collective's bandwidth, like nccl-tests (--vs mpi4py,gloo)"),
     "verify": ("collie.verify:main", "prove every algorithm's schedules right for 1..64 ranks, symbolically"),
     "pingpong": ("collie.pingpong:main", "8-byte round trip and 64 MiB bandwidth over shm and tcp, next to Pipe and TCP"),
+    "sim": ("collie.sim:main", "predict any collective at any scale from its real schedules (alpha-beta-gamma, --calibrate)"),
     "soak": ("collie.soak:main", "a long random program of collectives checked against NumPy: calls/s, RSS and fd growth; --fault kill|stop"),
 }
 
