@@ -260,9 +260,10 @@ def _sample(n: int, g: int, count: int = 2) -> list:
 
 # ---- the event simulation -------------------------------------------------------
 
-def _run(steps_of: list, n: int, g: int, host_of, model: Model) -> tuple[list, int]:
+def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional[list] = None) -> tuple[list, int]:
     """Simulate representatives 0..g-1 (steps_of[r] are rep r's steps; g == n:
-    every rank). Returns (each rep's end time, messages simulated)."""
+    every rank). Returns (each rep's end time, messages simulated); with
+    ``starts`` (a list per rep), appends when each step of each rep starts."""
     intra, inter = model.intra, model.inter
     gamma, delta = model.gamma, model.delta
     tx_free = [0.0] * g
@@ -311,6 +312,8 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model) -> tuple[list, i
                 finish[r] = now
                 continue
             at[r] = k + 1
+            if starts is not None:
+                starts[r].append(now)
             local, sends, recvs = steps[k]
             t = now if now > cpu_free[r] else cpu_free[r]
             for lk, peer, nbytes in local:
