@@ -29,7 +29,7 @@ def test_trace_context_merge_and_draw(tmp_path):
     results = run_ranks(_traced_calls, n, folder, timeout=60)
     assert results == [results[0]] * n  # the traced calls computed what untraced ones do
     assert sorted(os.listdir(folder)) == [f"rank-{r}.json" for r in range(n)]
-    from collie.trace import main, merge
+    from collie.tracing import main, merge
     merged = merge(folder)
     events = merged["traceEvents"]
     calls = [e for e in events if e.get("cat") == "call"]
@@ -87,7 +87,7 @@ def test_collie_trace_environment_writes_at_exit(tmp_path):
     done = subprocess.run([sys.executable, "-m", "collie", "run", "-n", "2", str(script)], env=env,
                           capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr
-    from collie.trace import merge
+    from collie.tracing import merge
     calls = [e for e in merge(folder)["traceEvents"] if e.get("cat") == "call"]
     mine = [e for e in calls if e["name"] == "all_reduce" and e["args"]["bytes"] == 64]
     assert len(mine) == 2 * 3 and {e["pid"] for e in mine} == {0, 1}
@@ -97,7 +97,7 @@ def test_collie_trace_environment_writes_at_exit(tmp_path):
 
 def test_off_by_default_and_merge_errors(tmp_path):
     from collie import collectives
-    from collie.trace import from_environment, main, merge
+    from collie.tracing import from_environment, main, merge
     assert "COLLIE_TRACE" in os.environ or collectives.TRACE is None
     assert from_environment({}) is None
     with pytest.raises(ValueError, match="no rank"):

@@ -28,7 +28,7 @@ from .collectives import (all_gather, all_gather_into_tensor, all_gather_single,
                           all_to_all_single, barrier, broadcast, gather, monitored_barrier, reduce,
                           reduce_scatter, reduce_scatter_single, reduce_scatter_tensor, scatter)
 from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
-from .trace import trace
+from .tracing import trace
 
 __version__ = "0.1.0"
 

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pingpong": ("collie.pingpong:main", "8-byte round trip and 64 MiB bandwidth over shm and tcp, next to Pipe and TCP"),
     "sim": ("collie.sim:main", "predict any collective at any scale from its real schedules (alpha-beta-gamma, --calibrate)"),
     "draw": ("collie.draw:main", "draw an algorithm's schedules (ranks x rounds, an arrow per message) or a trace, as SVG or PNG"),
-    "trace": ("collie.trace:main", "merge the per-rank traces that COLLIE_TRACE=DIR wrote into one Perfetto file"),
+    "trace": ("collie.tracing:main", "merge the per-rank traces that COLLIE_TRACE=DIR wrote into one Perfetto file"),
     "soak": ("collie.soak:main", "a long random program of collectives checked against NumPy: calls/s, RSS and fd growth; --fault kill|stop"),
 }
 

@@ -36,7 +36,7 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 
 from . import algorithms, engine
-from . import trace as _trace
+from . import tracing as _trace
 from .arrays import Buffer
 from .errors import CollieError, CollieTimeout, MismatchError, PeerError
 from .group import LEAVE_CONTEXT, ProcessGroup, resolve, timeout_seconds, world

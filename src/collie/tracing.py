@@ -1,5 +1,7 @@
 """Traces of real runs, in Chrome Trace Event JSON (ui.perfetto.dev, chrome://tracing).
 
+The module is collie.tracing; collie.trace is its context manager, trace().
+
     COLLIE_TRACE=/tmp/tr collie run -n 4 train.py      # every rank traces all its collectives
     with collie.trace("/tmp/tr"):                      # or part of a program (every rank of the
         collie.all_reduce(x)                           # default group enters it: see trace())
@@ -46,6 +48,7 @@ import os
 import sys
 import threading
 import time
+import zlib
 from typing import Optional
 
 __all__ = ["Tracer", "trace", "merge", "main"]
@@ -82,7 +85,8 @@ class Tracer:
 
     def __init__(self, folder: str):
         self.folder = folder
-        self.events: list = []
+        self.calls: list = []    # calls, as Chrome Trace Event objects
+        self.raw: list = []      # steps, as tuples (see _step)
         self.rank: Optional[int] = None
         self.offset_us = 0.0   # this rank's clock minus rank 0's
         self.offset_estimated = False
@@ -98,7 +102,7 @@ class Tracer:
         itemsize = prepared.program.dtype.itemsize
         call = {"op": name, "algorithm": prepared.choice.algorithm, "segments": prepared.choice.segments,
                 "bytes": itemsize * max(plan.counts.get("out", 0), plan.counts.get("in", 0)),
-                "group": g.name, "seq": seq, "steps": prepared.nsteps}
+                "group": g.name, "seq": seq, "steps": prepared.nsteps, "_crc": zlib.crc32(g.name.encode())}
         start = _now_us()
         error = None
         try:
@@ -108,34 +112,46 @@ class Tracer:
             error = f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            args = dict(call, error=error) if error else call
+            args = {k: v for k, v in call.items() if k != "_crc"}
+            if error:
+                args["error"] = error
             with self.lock:
-                self.events.append({"ph": "X", "cat": "call", "name": name, "pid": network.rank, "tid": 0,
+                self.calls.append({"ph": "X", "cat": "call", "name": name, "pid": network.rank, "tid": 0,
                                     "ts": start, "dur": _now_us() - start, "args": args})
 
     def _step(self, me: int, call: dict, step: int, posted: float, done: float, sends, recvs, counts: dict,
               tag: int) -> None:
-        messages, flows = [], []
+        # Kept raw (tuples) while the program runs; events() makes the JSON objects.
+        out = []
         for peer, data in sends:
             j = counts.get((me, peer), 0)
             counts[(me, peer)] = j + 1
-            messages.append({"dir": "send", "peer": peer, "bytes": len(data), "posted": posted,
-                             "completed": done, "waited": done - posted})
-            flows.append({"ph": "s", "cat": "message", "name": "message", "pid": me, "tid": 1, "ts": posted,
-                          "id": _flow_id(tag, call["group"], me, peer, j)})
+            out.append((peer, len(data), j))
+        into = []
         for peer, dst, combine in recvs:
             j = counts.get((peer, me), 0)
             counts[(peer, me)] = j + 1
-            messages.append({"dir": "recv", "peer": peer, "bytes": len(dst), "reduce": combine is not None,
-                             "posted": posted, "completed": done, "waited": done - posted})
-            flows.append({"ph": "f", "bp": "e", "cat": "message", "name": "message", "pid": me, "tid": 1,
-                          "ts": done, "id": _flow_id(tag, call["group"], peer, me, j)})
-        event = {"ph": "X", "cat": "step", "name": f"{call['op']} step {step}", "pid": me, "tid": 1,
-                 "ts": posted, "dur": done - posted,
-                 "args": {"step": step, "seq": call["seq"], "messages": messages}}
+            into.append((peer, len(dst), j, combine is not None))
+        self.raw.append((me, call, step, posted, done, out, into, tag))
+
+    def events(self) -> list:
+        """Every event so far, as Chrome Trace Event objects."""
         with self.lock:
-            self.events.append(event)
-            self.events.extend(flows)
+            events, raw = list(self.calls), list(self.raw)
+        for me, call, step, posted, done, out, into, tag in raw:
+            crc = call["_crc"]
+            messages = [{"dir": "send", "peer": peer, "bytes": nbytes, "posted": posted, "completed": done,
+                         "waited": done - posted} for peer, nbytes, _ in out]
+            messages += [{"dir": "recv", "peer": peer, "bytes": nbytes, "reduce": reduce, "posted": posted,
+                          "completed": done, "waited": done - posted} for peer, nbytes, _, reduce in into]
+            events.append({"ph": "X", "cat": "step", "name": f"{call['op']} step {step}", "pid": me, "tid": 1,
+                           "ts": posted, "dur": done - posted,
+                           "args": {"step": step, "seq": call["seq"], "messages": messages}})
+            events += [{"ph": "s", "cat": "message", "name": "message", "pid": me, "tid": 1, "ts": posted,
+                        "id": _flow_id(tag, crc, me, peer, j)} for peer, _, j in out]
+            events += [{"ph": "f", "bp": "e", "cat": "message", "name": "message", "pid": me, "tid": 1,
+                        "ts": done, "id": _flow_id(tag, crc, peer, me, j)} for peer, _, j, _ in into]
+        return events
 
     # -- clocks and output --------------------------------------------------------------
     def estimate_offset(self, rounds: int = 5) -> None:
@@ -167,8 +183,7 @@ class Tracer:
 
     def flush(self) -> Optional[str]:
         """Write this rank's file (nothing when it traced no call)."""
-        with self.lock:
-            events, rank = list(self.events), self.rank
+        events, rank = self.events(), self.rank
         if rank is None:
             return None
         os.makedirs(self.folder, exist_ok=True)
@@ -180,12 +195,10 @@ class Tracer:
         return path
 
 
-def _flow_id(tag: int, group: str, src: int, dst: int, j: int) -> int:
-    h = 1469598103934665603  # FNV-1a over the message's identity: the same on both ranks
-    for part in (str(group), tag, src, dst, j):
-        for byte in str(part).encode() + b"/":
-            h = ((h ^ byte) * 1099511628211) & ((1 << 64) - 1)
-    return h & ((1 << 53) - 1)
+def _flow_id(tag: int, group: int, src: int, dst: int, j: int) -> int:
+    """The same number on both ranks of a message (a tuple of ints hashes
+    alike in every process; ``group`` is the crc32 of the group's name)."""
+    return hash((group, tag, src, dst, j)) & ((1 << 53) - 1)
 
 
 def _install(tracer: Optional[Tracer]) -> Optional[Tracer]:
