@@ -597,6 +597,7 @@ def _parse(argv: list):
     p.add_argument("--size", "--sizes", dest="sizes", default="8,64K,1M,16M", metavar="LIST",
                    help="sizes as the bench takes them, e.g. 8,64K,1M (default 8,64K,1M,16M)")
     p.add_argument("--segments", type=int, default=None, help="pipeline segments (default: the tuner's rule)")
+    p.add_argument("--root", type=int, default=0, help="root of broadcast, reduce, gather, scatter (default 0)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--full", action="store_true", help="simulate every rank, even where schedules are symmetric")
     p.add_argument("--model", default=None, metavar="FILE.json", help="a model saved by --calibrate --save")
@@ -666,6 +667,8 @@ def main(argv: Optional[list] = None) -> int:
         p.error(f"-n must be at least 1, got {opts.nranks}")
     if opts.hosts < 1 or opts.nranks % opts.hosts:
         p.error(f"--hosts must be >= 1 and divide -n ({opts.nranks}), got {opts.hosts}")
+    if not 0 <= opts.root < opts.nranks:
+        p.error(f"--root must be in [0, {opts.nranks}), got {opts.root}")
     if opts.segments is not None and opts.segments < 1:
         p.error(f"--segments must be at least 1, got {opts.segments}")
     try:
@@ -708,7 +711,7 @@ def main(argv: Optional[list] = None) -> int:
                 t0 = time.perf_counter()
                 try:
                     res = simulate(op, algo, n, size, model=model, hosts=opts.hosts, segments=segs,
-                                   dtype=dtype, symmetry="full" if opts.full else "auto")
+                                   root=opts.root, dtype=dtype, symmetry="full" if opts.full else "auto")
                 except ValueError as exc:
                     print(f"# {op} {algo} at {size} bytes: not simulated: {exc}")
                     continue
@@ -721,7 +724,7 @@ def main(argv: Optional[list] = None) -> int:
                        "algorithm": algo, "time_us": seconds * 1e6, "algbw_GBps": algbw,
                        "busbw_GBps": algbw * bus_factor(op, n), "wrong": None, "count": count,
                        "redop": "sum" if COLLECTIVES[op].reduces else "none",
-                       "root": 0 if COLLECTIVES[op].rooted else -1, "hosts": opts.hosts,
+                       "root": opts.root if COLLECTIVES[op].rooted else -1, "hosts": opts.hosts,
                        "segments": res.segments, "simulated": res.simulated}
                 results.append(row)
                 rows.append(row)
