@@ -245,7 +245,7 @@ def test_a_time_budget_warms_up_before_timing():
     cfg = bench.Config(ops=["all_reduce"], sizes=[8], dtype="float32", redop="sum", iters=20, warmup=5,
                        repeats=3, time_budget=0.3, algo=None, check=False, transport="auto",
                        progress=False, tty=False)
-    _, iters = bench.measure(OneRank(), call, cfg)
+    iters = bench.measure(OneRank(), call, cfg).iters
     warm = len(calls) - 3 * iters - 5
     # From the warmup calls' time per call p: iters = int(0.1 s / p), warm = int(0.03 s / p).
     assert iters <= 1000 and 0.3 * iters - 1 <= warm <= 0.3 * (iters + 1), (iters, warm)
@@ -304,3 +304,38 @@ def test_the_layers_script_of_docs_perf_runs():
     rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines() if not line.startswith("#")}
     assert list(rows) == ["ring", "transport", "exchange", "engine", "execute", "run", "api"]
     assert all(float(cells[0]) > 0 for cells in rows.values())
+
+
+def _hog_pids() -> set:
+    pids = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"os.getppid() == parent" in f.read():
+                    pids.add(pid)
+        except OSError:
+            pass
+    return pids
+
+
+def test_percentiles_and_a_hog(tmp_path):
+    """--percentiles adds p50/p99 per call (the slowest rank's); --hog runs
+    CPU-bound processes throughout, says so, and leaves none behind."""
+    out = tmp_path / "rows.json"
+    before = _hog_pids()
+    done = _bench("-n", "2", "--op", "all_reduce", "--sizes", "8,1K", "--iters", "50", "--warmup", "1",
+                  "--repeats", "2", "--percentiles", "--hog", "1", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "# load: 1 CPU-bound process(es)" in done.stdout
+    header = next(line for line in done.stdout.splitlines() if "time(us)" in line and "size" in line)
+    assert header.split()[10:12] == ["p50(us)", "p99(us)"], header
+    rows = _rows(out)
+    assert len(rows) == 2
+    for r in rows:
+        assert 0 < r["p50_us"] <= r["p99_us"], r
+    assert _hog_pids() <= before, "a hog outlived the bench"
+
+
+def test_hog_must_not_be_negative():
+    done = _bench("-n", "2", "--hog", "-1")
+    assert done.returncode == 2 and "--hog must not be negative" in done.stderr

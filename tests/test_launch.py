@@ -430,7 +430,7 @@ def test_run_killed_during_setup_leaves_no_shm_file(tmp_path, out, kill_launcher
 def test_sweep_removes_only_files_of_dead_owners(tmp_path):
     import fcntl
 
-    from collie.transports.shm import sweep_segments
+    from collie.transports.segment import sweep_segments
     gone = subprocess.Popen(["true"])
     gone.wait()
     job = uuid.uuid4().hex[:12]

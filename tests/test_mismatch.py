@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from collie.transports.shm import _HEADER, _LINE
+from collie.transports.ring import HEADER, LINE
 from harness import run_ranks
 
 
@@ -74,7 +74,7 @@ def _leftovers(collie):
         for inb in net.shm._in.values():
             held += sum(ours(m.tag) for m in inb.unexpected)
             ring = inb.ring
-            held += sum(ours(_HEADER.unpack_from(ring.mm, ring.headers + t % ring.slots * _LINE)[0])
+            held += sum(ours(HEADER.unpack_from(ring.mm, ring.headers + t % ring.slots * LINE)[0])
                         for t in range(inb.tail, ring.head[0]))
     return held
 

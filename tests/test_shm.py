@@ -31,7 +31,7 @@ import pytest
 
 from collie.errors import CollieError, PeerError
 from harness import reap, start_ranks
-from collie.transports import shm
+from collie.transports import ring, segment, shm
 from collie.transports.base import MessageMismatch, Request
 from collie.transports.doorbell import Doorbell
 from collie.transports.shm import ShmTransport
@@ -485,7 +485,7 @@ def test_peer_that_cannot_open_a_memfd_gets_a_file(tmp_path):
         if rank == 1:
             def refuse(pid, fd):
                 raise PermissionError(13, "not allowed here")
-            shm._open_memfd = refuse
+            segment.open_memfd = refuse
 
     def body(t, rank, n):
         _barrier(t, rank, n)
@@ -733,7 +733,7 @@ def test_single_copy_between_processes(tmp_path):
 
 def test_single_copy_sends_in_flight_are_capped_by_the_acknowledgement_words(local):
     a, b = local(2, slots=2, slot_bytes=64, cma_bytes=1)
-    n = 3 * shm._ACKS
+    n = 3 * ring.ACKS
     data = [payload(0, 1, 8, salt=i) for i in range(n)]
     sends = [a.isend(1, i, mv(data[i])) for i in range(n)]  # one tag each
     got = [np.zeros(8, np.uint8) for _ in range(n)]
@@ -742,7 +742,7 @@ def test_single_copy_sends_in_flight_are_capped_by_the_acknowledgement_words(loc
         recvs.append(b.irecv(0, i, mv(got[i])))
         a.progress()
         b.progress()
-        assert len(a._out[1].pending) <= shm._ACKS
+        assert len(a._out[1].pending) <= ring.ACKS
     drive([a, b], sends + recvs)
     check_ok(sends + recvs)
     assert all(np.array_equal(got[i], data[i]) for i in range(n))

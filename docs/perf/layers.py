@@ -30,7 +30,7 @@ import collie
 from collie import collectives, engine
 from collie.group import world
 from collie.ops import ReduceOp
-from collie.transports.shm import _HEADER, _LINE
+from collie.transports.ring import HEADER, LINE
 
 LAYERS = ("ring", "transport", "exchange", "engine", "execute", "run", "api")
 
@@ -51,7 +51,7 @@ def _layers(rank: int) -> dict:
     def ring():
         r = out.ring
         k = out.head % r.slots
-        _HEADER.pack_into(r.mm, r.headers + k * _LINE, 1, 0, 8, 0, 8)
+        HEADER.pack_into(r.mm, r.headers + k * LINE, 1, 0, 8, 0, 8)
         at = r.offsets[k]
         r.mm[at:at + 8] = tb
         out.head += 1

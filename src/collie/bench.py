@@ -39,6 +39,7 @@ missing (for tests).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -60,7 +61,7 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all
 REDOPS = ("sum", "prod", "min", "max", "avg")
 PEERS = ("mpi4py", "gloo")
 JSON_KEYS = ("backend", "op", "nranks", "bytes", "dtype", "algorithm", "time_us", "algbw_GBps",
-             "busbw_GBps", "wrong")
+             "busbw_GBps", "wrong", "p50_us", "p99_us")
 HINTS = {
     "mpi4py": "mpi4py not found: apt-get install mpich && pip install --no-binary=mpi4py mpi4py",
     "mpiexec": "mpiexec not found: apt-get install mpich (mpi4py needs an MPI launcher)",
@@ -254,6 +255,7 @@ class Config(NamedTuple):
     transport: str
     progress: bool
     tty: bool
+    percentiles: bool = False  # time each call too: p50/p99 columns
 
 
 class Progress:
@@ -276,8 +278,15 @@ class Progress:
         self.shown = False
 
 
-def measure(comm: Comm, call: Callable[[], None], cfg: Config) -> tuple[float, int]:
-    """(median over repeats of the slowest rank's mean seconds per call, iters).
+class Timing(NamedTuple):
+    seconds: float  # the median over repeats of the slowest rank's mean per call
+    iters: int      # timed calls per repeat
+    p50: Optional[float] = None  # with --percentiles: the slowest rank's median call,
+    p99: Optional[float] = None  # and its 99th percentile, over every timed call
+
+
+def measure(comm: Comm, call: Callable[[], None], cfg: Config) -> Timing:
+    """How long ``call`` takes (see Timing).
 
     With a time budget, rank 0 times the warmup calls and picks the iteration
     count that fills the budget; it broadcasts it, so every rank makes the
@@ -299,14 +308,24 @@ def measure(comm: Comm, call: Callable[[], None], cfg: Config) -> tuple[float, i
         more = comm.bcast(min(_MAX_ITERS, int(WARM_SHARE * cfg.time_budget / per_call)))
         for _ in range(more):
             call()
-    times = []
+    times, calls = [], []
+    clock = time.perf_counter
     for _ in range(cfg.repeats):
         comm.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            call()
-        times.append(comm.max((time.perf_counter() - t0) / iters))
-    return statistics.median(times), iters
+        t0 = clock()
+        if cfg.percentiles:  # a clock read per call: ~0.1 us, and the tail shows
+            for _ in range(iters):
+                t = clock()
+                call()
+                calls.append(clock() - t)
+        else:
+            for _ in range(iters):
+                call()
+        times.append(comm.max((clock() - t0) / iters))
+    if not calls:
+        return Timing(statistics.median(times), iters)
+    p50, p99 = np.percentile(calls, [50, 99])
+    return Timing(statistics.median(times), iters, comm.max(float(p50)), comm.max(float(p99)))
 
 
 def run(comm: Comm, cfg: Config, emit: Callable[[dict], None],
@@ -345,7 +364,8 @@ def run(comm: Comm, cfg: Config, emit: Callable[[dict], None],
                     for buf in (send, recv):
                         if buf is not None:
                             buf.fill(timing_fill(op, cfg.redop))
-                    seconds, iters = measure(comm, call, cfg)
+                    timing = measure(comm, call, cfg)
+                    seconds, iters = timing.seconds, timing.iters
                     wrong = None
                     if cfg.check:
                         wrong = comm.total(check(comm, call, op, lay, send, recv, dtype, cfg.redop))
@@ -355,10 +375,14 @@ def run(comm: Comm, cfg: Config, emit: Callable[[dict], None],
                           "time_us": seconds * 1e6, "algbw_GBps": algbw,
                           "busbw_GBps": algbw * bus_factor(op, n), "wrong": wrong,
                           "count": lay.count, "redop": redop, "root": 0 if op in _ROOTED else -1,
-                          "iters": iters})
+                          "iters": iters, "p50_us": _us(timing.p50), "p99_us": _us(timing.p99)})
         except Unsupported as exc:
             note(f"{comm.name}: {op}: {exc}; skipped")
     progress.clear()
+
+
+def _us(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else seconds * 1e6
 
 
 def check(comm: Comm, call, op: str, lay: Layout, send, recv, dtype, redop: str) -> int:
@@ -626,10 +650,32 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# ---- load -------------------------------------------------------------------
+
+# Spins until its parent is gone, so that a bench killed outright leaves no hog.
+_HOG = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(100000): pass\n"
+
+
+@contextlib.contextmanager
+def hogs(count: int):
+    """``count`` CPU-bound processes for the duration (--hog): a shared
+    machine, made on purpose, so that how each library holds up is measured."""
+    procs = [subprocess.Popen([sys.executable, "-c", _HOG], stdin=subprocess.DEVNULL)
+             for _ in range(count)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+
+
 # ---- output -----------------------------------------------------------------
 
 _COLUMNS = (("size", 12), ("count", 12), ("type", 10), ("redop", 6), ("root", 5), ("time(us)", 11),
             ("algbw(GB/s)", 12), ("busbw(GB/s)", 12), ("#wrong", 7))
+_PERCENTILE_COLUMNS = (("p50(us)", 10), ("p99(us)", 10))
 
 
 def local_start_method() -> str:
@@ -654,7 +700,7 @@ def bound_lines(n: int, mem: Optional[tuple], single_copy: bool) -> dict:
 
 
 def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple],
-           single_copy: bool = False, mem_cores: int = 1) -> str:
+           single_copy: bool = False, mem_cores: int = 1, hogs: int = 0) -> str:
     """The lines above the tables: command, world, machine, date, method."""
     import collie
     cmd = " ".join(["collie bench", *argv])
@@ -668,8 +714,12 @@ def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple
         f"{platform.system()} {platform.release()}",
         f"# date {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M:%S %Z')}",
         f"# time: the slowest rank's mean per call over {timing} (after {warm}), "
-        f"median of {cfg.repeats} repeats; GB/s = 1e9 B/s; size/busbw as in nccl-tests",
+        f"median of {cfg.repeats} repeats; GB/s = 1e9 B/s; size/busbw as in nccl-tests"
+        + ("; p50/p99: of every timed call, the slowest rank's" if cfg.percentiles else ""),
     ]
+    if hogs:
+        lines.append(f"# load: {hogs} CPU-bound process(es) ran beside the ranks and the peers "
+                     f"throughout (--hog); the memory figures were taken before them")
     if mem is not None:
         copy_bw, add_bw, read_bw = mem
         lines.append(f"# memory: each core copies at {copy_bw / 1e9:.1f} GB/s, adds in place at "
@@ -694,6 +744,7 @@ class Table:
         self.peers = [p for p in PEERS if any(r["backend"] == p for r in peer_rows)]
         self.op: Optional[str] = None
         self.started = not banner  # the line that explains the ratio columns is printed
+        self.percentiles = False   # p50/p99 columns: set by the first row that has them
 
     def _say(self, line: str) -> None:
         if self.progress is not None:
@@ -705,7 +756,10 @@ class Table:
         wrong = "N/A" if row["wrong"] is None else str(row["wrong"])
         cells = [f"{row['bytes']:>12}", f"{row['count']:>12}", f"{row['dtype']:>10}", f"{row['redop']:>6}",
                  f"{row['root']:>5}", f"{row['time_us']:>11.2f}", f"{row['algbw_GBps']:>12.3f}",
-                 f"{row['busbw_GBps']:>12.3f}", f"{wrong:>7}", f"  {row['algorithm']:<18}"]
+                 f"{row['busbw_GBps']:>12.3f}", f"{wrong:>7}"]
+        if self.percentiles:
+            cells += [f"{'-' if row.get(k) is None else format(row[k], '.2f'):>10}" for k in ("p50_us", "p99_us")]
+        cells.append(f"  {row['algorithm']:<18}")
         return (" ".join(cells) + "".join(f"{r:>11}" for r in ratios)).rstrip()
 
     def start(self, op: str) -> None:
@@ -714,7 +768,8 @@ class Table:
             self._say("# vs PEER: collie's busbw / the peer's at the same size (above 1: collie is faster)")
         self.started = True
         self.op = op
-        names = " ".join(f"{name:>{w}}" for name, w in _COLUMNS)
+        columns = _COLUMNS + (_PERCENTILE_COLUMNS if self.percentiles else ())
+        names = " ".join(f"{name:>{w}}" for name, w in columns)
         ratios = "".join(f"{'vs ' + p:>11}" for p in self.peers)
         self._say(f"#\n# {op}")
         if op in self.bounds:
@@ -722,6 +777,7 @@ class Table:
         self._say(f"#{names[1:]}   {'algorithm':<18}{ratios}".rstrip())
 
     def add(self, row: dict) -> None:
+        self.percentiles = self.percentiles or row.get("p50_us") is not None
         if row["op"] != self.op:
             self.start(row["op"])
         ratios = []
@@ -749,7 +805,7 @@ def write_json(path: str, rows: list) -> None:
     """One JSON object per line, per row, with JSON_KEYS."""
     with open(path, "w") as f:
         for r in rows:
-            f.write(json.dumps({k: r[k] for k in JSON_KEYS}) + "\n")
+            f.write(json.dumps({k: r.get(k) for k in JSON_KEYS}) + "\n")
 
 
 def plot_available() -> bool:
@@ -930,6 +986,11 @@ def _parse(argv: list) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     p.add_argument("--algo", default=None, metavar="NAME|all",
                    help="force an algorithm, or run each one the op has, side by side")
     p.add_argument("--check", action="store_true", help="validate every result (the #wrong column)")
+    p.add_argument("--percentiles", action="store_true",
+                   help="also time each call: the slowest rank's p50 and p99 per call (columns p50, p99)")
+    p.add_argument("--hog", type=int, default=0, metavar="N",
+                   help="run N CPU-bound processes beside the ranks (and the peers) while measuring: "
+                        "how each holds up on a shared machine")
     p.add_argument("--transport", default="auto", choices=("auto", "shm", "tcp"),
                    help="collie backend (default auto: shared memory on one host)")
     p.add_argument("--json", default=None, metavar="PATH", help="write one JSON object per row")
@@ -977,11 +1038,13 @@ def _config(opts: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
         p.error("--warmup must not be negative")
     if opts.time_budget is not None and opts.time_budget <= 0:
         p.error("--time-budget must be positive")
+    if opts.hog < 0:
+        p.error("--hog must not be negative")
     tty = sys.stderr.isatty()
     return Config(ops=ops, sizes=sizes, dtype=dtype.name, redop=opts.redop, iters=opts.iters,
                   warmup=opts.warmup, repeats=opts.repeats, time_budget=opts.time_budget,
                   algo=opts.algo, check=opts.check, transport=opts.transport,
-                  progress=opts.progress or tty, tty=tty)
+                  progress=opts.progress or tty, tty=tty, percentiles=opts.percentiles)
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -1004,8 +1067,8 @@ def main(argv: Optional[list] = None) -> int:
         mem = memory_bandwidth(cores=1) if rank == "0" else None
         collie.init_process_group(backend=cfg.transport)
         try:
-            if collie.get_rank() == 0 and (peers or opts.nranks is not None):
-                _say("-n and --vs apply only when collie bench starts its own ranks; ignored")
+            if collie.get_rank() == 0 and (peers or opts.nranks is not None or opts.hog):
+                _say("-n, --vs and --hog apply only when collie bench starts its own ranks; ignored")
             rank_main(cfg, argv, "ranks of an existing world", mem, [], opts.json, opts.plot,
                       print_header=True)
         finally:
@@ -1018,7 +1081,7 @@ def main(argv: Optional[list] = None) -> int:
     mem = memory_bandwidth(cores=min(n, _cores()))
     start = local_start_method()
     where = f"started here, {start}"
-    print(header(argv, n, where, cfg, mem, _single_copy(cfg), min(n, _cores())), flush=True)
+    print(header(argv, n, where, cfg, mem, _single_copy(cfg), min(n, _cores()), opts.hog), flush=True)
     hints = {peer: peer_missing(peer) for peer in peers}
     for hint in filter(None, hints.values()):
         _say(hint)
@@ -1030,7 +1093,7 @@ def main(argv: Optional[list] = None) -> int:
         # written here, from every batch's rows.
         batches = [[op] for op in cfg.ops] if peers else [cfg.ops]
         everything: list = []
-        with tempfile.TemporaryDirectory(prefix="collie-bench-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="collie-bench-") as tmp, hogs(opts.hog):
             rows_path = os.path.join(tmp, "rows.json")
             for k, ops in enumerate(batches):
                 part = cfg._replace(ops=ops)

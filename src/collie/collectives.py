@@ -39,28 +39,17 @@ from . import algorithms, engine
 from . import tracing as _trace
 from .arrays import Buffer
 from .errors import CollieError, CollieTimeout, MismatchError, PeerError
-from .group import LEAVE_CONTEXT, ProcessGroup, resolve, timeout_seconds, world
+from .group import ProcessGroup, resolve, world
 from .ops import ReduceOp, as_op, average, check_op, kernel, scale
+from .rendezvous import timeout_seconds
 from .schedule import COLLECTIVES
 from .tuner import Tuner
+from .wire import LEAVE_CONTEXT, pack_meta
 from .work import CompletedWork, Work, wait_seconds
 
 __all__ = ["ReduceOp", "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
            "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
            "all_to_all_single", "barrier"]
-
-_CODES = {name: i for i, name in enumerate(COLLECTIVES)}
-_NAMES = {i: name for name, i in _CODES.items()}
-_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-           "float16", "float32", "float64", "complex64", "complex128", "bfloat16", "longdouble",
-           "clongdouble")
-_DTYPE_CODES = {name: i for i, name in enumerate(_DTYPES)}
-_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "PREMUL_SUM")
-# Every algorithm name of every collective, in a fixed order (15: another one).
-_ALGORITHMS = ("direct", "ring", "tree", "dbtree", "recursive_doubling", "rabenseifner", "bruck",
-               "pairwise", "shm")
-_ALGORITHM_CODES = {name: i for i, name in enumerate(_ALGORITHMS)}
-_COUNT_BITS = 30  # counts compare modulo 2**30 here; a message's size is checked too
 
 _tuner: Optional[Tuner] = None
 
@@ -70,34 +59,6 @@ def tuner() -> Tuner:
     if _tuner is None:
         _tuner = Tuner()
     return _tuner
-
-
-# ---- the meta word: what each rank called ----
-
-def pack_meta(collective: str, dtype_name: str, op: Optional[ReduceOp], root: int, count: int,
-              algorithm: str = "") -> int:
-    """bits 0-3 collective, 4-8 dtype, 9-12 op, 13-28 root, 29-32 algorithm, 33-62 count."""
-    code = _DTYPE_CODES.get(dtype_name, 31)
-    opc = 15 if op is None else op.code
-    return (_CODES[collective] | code << 4 | opc << 9 | (root & 0xFFFF) << 13
-            | _ALGORITHM_CODES.get(algorithm, 15) << 29 | (count & ((1 << _COUNT_BITS) - 1)) << 33)
-
-
-def meta_text(meta: int) -> str:
-    """The call a meta word describes, for error messages."""
-    coll = _NAMES.get(meta & 0xF, "?")
-    code = (meta >> 4) & 0x1F
-    opc = (meta >> 9) & 0xF
-    root = (meta >> 13) & 0xFFFF
-    algorithm = (meta >> 29) & 0xF
-    count = meta >> 33
-    parts = [f"dtype={_DTYPES[code] if code < len(_DTYPES) else '?'}", f"count={count}"]
-    if opc != 15:
-        parts.append(f"op={_OPS[opc]}")
-    if COLLECTIVES.get(coll) is not None and COLLECTIVES[coll].rooted:
-        parts.append(f"root={root} (group rank)")
-    parts.append(f"algorithm={_ALGORITHMS[algorithm] if algorithm < len(_ALGORITHMS) else '?'}")
-    return f"{coll}({', '.join(parts)})"
 
 
 # ---- running calls in order, synchronously or on the background thread ----

@@ -25,14 +25,9 @@ from datetime import timedelta
 from typing import Optional, Sequence
 
 from .errors import CollieError
-from .rendezvous import DEFAULT_TIMEOUT, _seconds
+from .rendezvous import timeout_seconds
 
-TAG_BITS = 47                     # bits for a user tag or a collective's sequence number
-MAX_TAG = (1 << TAG_BITS) - 1
-_COLLECTIVE_BIT = 1 << TAG_BITS   # set in tags of collectives, clear in point-to-point tags
-MAX_CONTEXTS = 1 << 15  # context << 48 must fit a signed 64-bit tag
-LEAVE_CONTEXT = MAX_CONTEXTS - 1  # the barriers of destroy_process_group (_leave_together)
-SELF_CONTEXT = MAX_CONTEXTS - 2   # one-rank groups made without a collective (MPI_COMM_SELF)
+from .wire import COLLECTIVE_BIT, LEAVE_CONTEXT, MAX_TAG, SELF_CONTEXT, TAG_BITS
 
 
 class ProcessGroup:
@@ -87,7 +82,7 @@ class ProcessGroup:
         return (self.context << (TAG_BITS + 1)) | tag
 
     def collective_tag(self, seq: int) -> int:
-        return (self.context << (TAG_BITS + 1)) | _COLLECTIVE_BIT | (seq & MAX_TAG)
+        return (self.context << (TAG_BITS + 1)) | COLLECTIVE_BIT | (seq & MAX_TAG)
 
 
 @dataclass
@@ -120,20 +115,6 @@ def resolve(group: Optional[ProcessGroup]) -> ProcessGroup:
     if _world is None or group.network is not _world.network:
         raise CollieError(f"group {group.name} belongs to a destroyed process group")
     return group
-
-
-def timeout_seconds(timeout, where: str, default: Optional[float] = None) -> float:
-    """A user's timeout (a timedelta or seconds) as seconds; None means
-    ``default`` (None: collie's 5 minutes). Every public call that takes a
-    timeout comes through here before it sends anything, so a negative or
-    NaN one is a ValueError naming the call (``where``) and the value. The
-    rule itself is the store's (rendezvous._seconds): one rule for both."""
-    if default is None:
-        default = DEFAULT_TIMEOUT.total_seconds()
-    try:
-        return _seconds(timeout, default)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
 
 
 def _agree_context(parent: ProcessGroup, count: int, extra=()) -> tuple[int, list]:
@@ -179,6 +160,45 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout=None, backend=None,
     seconds = timeout_seconds(timeout, "new_group", default=w.group.timeout)
     context, _ = _agree_context(w.group, 1)
     group = ProcessGroup(w.network, members, context, seconds, group_desc or f"group{context}")
+    w.groups.append(group)
+    return group
+
+
+def new_group_from_store(ranks: Sequence[int], key: str, timeout=None,
+                         name: Optional[str] = None) -> ProcessGroup:
+    """Create a group of the given global ranks, called by its members only.
+
+    new_group agrees on the group's context with a collective over the whole
+    world, so every rank must call it. Callers that create groups on their
+    members alone (torch's process-group creator, new_group with
+    use_local_synchronization) use the world's store instead: the group's
+    first rank takes the next context from a counter in the store, counting
+    down from the top so that it never meets new_group's, which count up,
+    and publishes it under ``key``; the others read it there. ``key`` must be
+    the same on every member and used for one group only. The ranks keep
+    the order given.
+    """
+    w = world()
+    size = w.group.size
+    members = list(ranks)
+    for r in members:
+        if not isinstance(r, int) or not 0 <= r < size:
+            raise ValueError(f"new_group_from_store: rank {r!r} is not a rank of the world (size {size})")
+    if not members or len(set(members)) != len(members):
+        raise ValueError(f"new_group_from_store: ranks {members} must be non-empty and distinct")
+    me = w.network.rank
+    if me not in members:
+        raise ValueError(f"new_group_from_store: rank {me} is not in ranks {members}: only the "
+                         f"members of the group call it")
+    seconds = timeout_seconds(timeout, "new_group_from_store", default=w.group.timeout)
+    if members[0] == me:
+        context = SELF_CONTEXT - int(w.store.add("collie/store_contexts", 1))
+        if context < w.next_context:
+            raise CollieError(f"too many groups: at most {SELF_CONTEXT - 1} can be created")
+        w.store.set(key, str(context).encode())
+    else:
+        context = int(w.store.get(key, timeout=seconds))
+    group = ProcessGroup(w.network, members, context, seconds, name or f"group{context}")
     w.groups.append(group)
     return group
 
@@ -408,11 +428,20 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
     tok = token_from_env(token)
     if token_required() and tok is None:
         raise AuthError(NO_TOKEN_REFUSED)
+    master_addr = "127.0.0.1"
+    if store is None and init_method in (None, "env://") \
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent already serves the store on MASTER_PORT: join it as
+        # a client, through torch's own TCPStore (torch is there).
+        from .torch._store import agent_store
+        store = agent_store(seconds)
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        master_addr = os.environ.get("MASTER_ADDR", master_addr)
     if store is not None:
         if rank is None or rank < 0 or world_size is None or world_size < 1:
             raise ValueError("init_process_group(store=...) needs rank= and world_size=")
         info = rdv.Rendezvous(store=store, rank=rank, world_size=world_size, local_rank=None,
-                              local_world_size=None, master_addr="127.0.0.1", master_port=0,
+                              local_world_size=None, master_addr=master_addr, master_port=0,
                               job_id=_store_job_id(store, rank))
     else:
         info = rdv.rendezvous(init_method, rank=None if rank is None or rank < 0 else rank,
@@ -433,8 +462,6 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         raise
     # Every rank is done with the store before anyone may leave and close it.
     rdv.store_barrier(info.store, f"collie/{info.job_id}/connected", info.world_size, seconds)
-    from .collectives import meta_text
-    network.meta_text = meta_text
     group = ProcessGroup(network, range(info.world_size), 0, seconds, group_name or "WORLD")
     _world = _World(network=network, store=info.store, group=group, owns_store=store is None,
                     backend="auto" if backend is None else backend.lower())

@@ -134,6 +134,15 @@ NO_TOKEN_HINT = ("no token: any process that can reach {where} can join this job
                  "give it to every host as COLLIE_TOKEN, or in a file only you can read: --token-file PATH")
 
 
+def _is_python(target: str) -> bool:
+    """Whether TARGET names a Python interpreter (python, python3, python3.11,
+    or a path to one) rather than a script."""
+    import re
+    import shutil
+    return (re.fullmatch(r"python[0-9.]*", os.path.basename(target)) is not None
+            and not target.endswith(".py") and shutil.which(target) is not None)
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="collie run",
@@ -172,7 +181,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     if opts.job_id is not None and (not opts.job_id or "-" in opts.job_id or "/" in opts.job_id):
         p.error(f"--job-id must be non-empty without '-' or '/' (it names /dev/shm files "
                 f"collie-JOB-...), got {opts.job_id!r}")
-    if not opts.module and not os.path.isfile(opts.target):
+    opts.command = None
+    if not opts.module and _is_python(opts.target):
+        # `collie run -n 2 python x.py`: run what follows with the interpreter named
+        if not opts.args:
+            p.error(f"{opts.target!r} is a Python interpreter: give the script after it "
+                    f"(collie run -n {opts.nproc} script.py also works, without {opts.target!r})")
+        opts.command = [opts.target, *opts.args]
+    elif not opts.module and not os.path.isfile(opts.target):
         p.error(f"no such script: {opts.target!r} (use -m to run a module)")
     try:
         opts.token = _job_token(opts)
@@ -220,7 +236,7 @@ def _job_token(opts: argparse.Namespace) -> Optional[str]:
     return None
 
 
-def _forward(pipe, out: TextIO, prefix: str, lock: threading.Lock) -> threading.Thread:
+def _forward(pipe, out: TextIO, prefix: str, lock: threading.Lock, rank: int = 0) -> threading.Thread:
     """Copy a rank's pipe to ``out`` line by line with ``prefix``, on a thread.
 
     It keeps reading even if ``out`` fails, so a rank never blocks on a full pipe.
@@ -237,7 +253,7 @@ def _forward(pipe, out: TextIO, prefix: str, lock: threading.Lock) -> threading.
                         out.flush()
                     except (OSError, ValueError):
                         pass
-    t = threading.Thread(target=loop, name=f"collie-forward-{prefix.strip('[]: ')}", daemon=True)
+    t = threading.Thread(target=loop, name=f"collie-forward-{rank}", daemon=True)
     t.start()
     return t
 
@@ -354,8 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     port = opts.master_port or free_port()
     job_id = opts.job_id or (job_id_for(opts.master_addr, port) if opts.nnodes > 1
                              else secrets.token_hex(4))
-    cmd = [sys.executable, *(["-m"] if opts.module else []), opts.target, *opts.args]
-    pipe = subprocess.PIPE if opts.tag_output else None
+    cmd = opts.command or [sys.executable, *(["-m"] if opts.module else []), opts.target, *opts.args]
+    # Every rank's output goes through a pipe that the launcher copies line by
+    # line (as mpiexec does), so that lines of several ranks never mix
+    # mid-line, whatever the ranks' buffering (PYTHONUNBUFFERED=1 writes a
+    # print's text and its newline apart).
+    pipe = subprocess.PIPE
+    prefix = "[{rank}]: " if opts.tag_output else ""
 
     # The ranks live in their own sessions, so the terminal's Ctrl-C reaches
     # only the launcher; it queues the signal and _supervise stops the ranks.
@@ -377,15 +398,13 @@ def main(argv: list[str] | None = None) -> int:
                                 opts.master_addr, port, job_id))
             if opts.token:
                 env["COLLIE_TOKEN"] = opts.token
-            if opts.tag_output:
-                env.setdefault("PYTHONUNBUFFERED", "1")  # a pipe would block-buffer
+            env.setdefault("PYTHONUNBUFFERED", "1")  # a pipe would block-buffer
             procs[rank] = p = subprocess.Popen(cmd, env=env, stdout=pipe, stderr=pipe,
                                                start_new_session=True, preexec_fn=die_with_parent)
             threading.Thread(target=_watch, args=(rank, p, events), name=f"collie-watch-{rank}",
                              daemon=True).start()
-            if opts.tag_output:
-                threads.append(_forward(p.stdout, sys.stdout, f"[{rank}]: ", lock))
-                threads.append(_forward(p.stderr, sys.stderr, f"[{rank}]: ", lock))
+            threads.append(_forward(p.stdout, sys.stdout, prefix.format(rank=rank), lock, rank))
+            threads.append(_forward(p.stderr, sys.stderr, prefix.format(rank=rank), lock, rank))
         return _supervise(procs, events)
     finally:
         # After a failure or a signal the ranks are gone already; after a

@@ -28,9 +28,9 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 
 from .errors import AbortedError, CollieError, CollieTimeout, MismatchError, PeerError
-from .group import LEAVE_CONTEXT, MAX_TAG, TAG_BITS
 from .transports.base import Request, Transport
 from .transports.doorbell import Doorbell
+from .wire import COLLECTIVE_BIT, CONTEXT_SHIFT, LEAVE_CONTEXT, MAX_TAG, meta_text
 
 BACKENDS = ("auto", "shm", "tcp")
 # The shm transport relies on x86-64's memory ordering (see transports/shm.py).
@@ -60,7 +60,6 @@ QUERY_GRACE = 0.5
 _QUERY = struct.Struct("<q")        # the context asked about
 _ANSWER = struct.Struct("<qqq")     # context, last call finished on it (-1: none), tag of the call now running;
                                     # then the ranks the answering rank is waiting for (int32 each)
-_CONTEXT_SHIFT = TAG_BITS + 1       # a tag is context << 48 | collective bit << 47 | sequence
 _ERRORS = {"MismatchError": MismatchError, "PeerError": PeerError, "CollieTimeout": CollieTimeout}
 
 
@@ -131,7 +130,6 @@ class Network:
         self._failed: set[tuple[int, int]] = set()  # (context, sequence) of calls that failed here
         #: context -> (global ranks, name) of every group made on this network.
         self.groups: dict[int, tuple[tuple, str]] = {}
-        self.meta_text: Optional[Callable[[int], str]] = None  # decodes meta words for errors
         self._closed = False
 
         hosts = self._exchange_hosts(store, job_id)
@@ -168,6 +166,8 @@ class Network:
         self.routes: list[Optional[Transport]] = [
             self.shm if p in shm_peers else (self.tcp if p != rank else None) for p in range(size)]
         self.transports: tuple[Transport, ...] = tuple(t for t in (self.shm, self.tcp) if t is not None)
+        self._windows = next((t for t in self.transports if t.windows), None)
+        self._control_route = next(t for t in self.transports if t.liveness)
         self._progress = tuple(t.progress for t in self.transports)  # looked up once: progress() runs often
         for t in self.transports:
             t.unexpected = self._unexpected
@@ -215,9 +215,9 @@ class Network:
         receive it and this rank's did not, so the two called it differently
         (a broadcast's root of one only sends). Such a message is dropped,
         and the group told. Called on transport threads too."""
-        if not (tag >> TAG_BITS) & 1:
+        if not tag & COLLECTIVE_BIT:
             return False  # point to point: a receive may come any time
-        context, seq = tag >> _CONTEXT_SHIFT, tag & MAX_TAG
+        context, seq = tag >> CONTEXT_SHIFT, tag & MAX_TAG
         if self._abort is not None and context != LEAVE_CONTEXT:
             return True  # broken: no collective will take it
         done = self.done.get(context)
@@ -226,10 +226,9 @@ class Network:
         if (context, seq) in self._failed:
             return True  # a late arrival to a call that timed out or failed here: just drop it
         ranks, name = self.groups.get(context, ((peer,), f"of context {context}"))
-        text = self.meta_text or (lambda m: f"meta {m:#x}")
-        mine = text(done[1]) if seq == done[0] else "it differently"
+        mine = meta_text(done[1]) if seq == done[0] else "it differently"
         self.fail(ranks, "MismatchError", (peer,),
-                  f"rank {peer} called {text(meta)} but rank {self.rank} called {mine} (call #{seq} "
+                  f"rank {peer} called {meta_text(meta)} but rank {self.rank} called {mine} (call #{seq} "
                   f"on group {name}: rank {peer} sent data that rank {self.rank}'s call did not take)")
         return True
 
@@ -293,13 +292,13 @@ class Network:
 
     def window(self, rank: int) -> memoryview:
         """The shared window of ``rank`` (this rank or a peer on this host)."""
-        if self.shm is None:
+        if self._windows is None:
             raise ValueError(f"rank {self.rank} has no shared-memory peers, so no shared windows")
-        return self.shm.window(rank)
+        return self._windows.window(rank)
 
     def window_capacity(self) -> int:
         """Bytes of every shared window the ranks of this host agree to use (0: none)."""
-        return self.shm.window_capacity() if self.shm is not None else 0
+        return self._windows.window_capacity() if self._windows is not None else 0
 
     # Posting for callers that already checked the peer (the engine's peers
     # are valid by construction, p2p checks against the group): no second
@@ -357,7 +356,7 @@ class Network:
     def send_control(self, peer: int, payload: bytes) -> None:
         if peer not in self._lost:
             try:
-                self.tcp.send_control(peer, payload)
+                self._control_route.send_control(peer, payload)
             except OSError:
                 pass  # the peer is gone; its death is reported elsewhere
 
@@ -387,10 +386,10 @@ class Network:
         """Collective ``tag`` is over on this rank (``failed``: with an
         error): record it (a message for it from now on is stale), and drop
         the stale messages already here from the group ranks ``sweep``."""
-        self.done[tag >> _CONTEXT_SHIFT] = (tag & MAX_TAG, meta)
+        self.done[tag >> CONTEXT_SHIFT] = (tag & MAX_TAG, meta)
         self.current = 0
         if failed:
-            self._failed.add((tag >> _CONTEXT_SHIFT, tag & MAX_TAG))
+            self._failed.add((tag >> CONTEXT_SHIFT, tag & MAX_TAG))
         if sweep:
             with self.lock:
                 for t in self.transports:
@@ -398,7 +397,7 @@ class Network:
 
     def check(self, describe: Callable[[], str], tag: int = 0) -> None:
         """Raise why communication is broken, if it is (but for the leave barrier)."""
-        if self._abort is not None and tag >> _CONTEXT_SHIFT != LEAVE_CONTEXT:
+        if self._abort is not None and tag >> CONTEXT_SHIFT != LEAVE_CONTEXT:
             self._raise_abort(describe)
 
     # ---- progress and waiting ----
@@ -423,7 +422,7 @@ class Network:
         for peer, error in list(self._lost.items()):
             if peer not in self._failed_seen:
                 self._failed_seen.add(peer)
-                if getattr(error, "left", False) and self.routes[peer] is self.shm:
+                if getattr(error, "left", False) and self.routes[peer].pollable:
                     continue
                 for t in self.transports:
                     t.fail_peer(peer, error)
@@ -484,7 +483,7 @@ class Network:
         spin_until = start + self._spin
         announced = call is None
         tag = call[0] if call is not None else 0
-        leave = tag >> _CONTEXT_SHIFT == LEAVE_CONTEXT  # the leave barrier ignores what broke
+        leave = tag >> CONTEXT_SHIFT == LEAVE_CONTEXT  # the leave barrier ignores what broke
         spin = None  # decided the first time nothing moved (most waits end before)
         while True:
             # Taken before the progress pass: a peer's "leaving" follows all it
@@ -567,7 +566,7 @@ class Network:
         # the waits are followed.
         tag = call[0] if call is not None else pending[0].tag if pending else 0
         members = call[2] if call is not None else ()
-        context, seq = tag >> _CONTEXT_SHIFT, tag & MAX_TAG
+        context, seq = tag >> CONTEXT_SHIFT, tag & MAX_TAG
         asked = [p for p in range(self.size) if p != self.rank and p not in self._lost]
         for p in asked:
             self._answers.pop(p, None)
@@ -607,11 +606,11 @@ class Network:
 
     def polls(self, requests) -> bool:
         """Whether a waiter on ``requests`` should poll for a while before it
-        sleeps: only when every peer is reached through shared memory (TCP
-        requests complete on receiver threads, which need the GIL a polling
-        thread holds)."""
-        return (self.shm is not None and bool(requests)
-                and all(r.peer >= 0 and self.routes[r.peer] is self.shm for r in requests))
+        sleeps: only when every peer is reached through a pollable transport
+        (shared memory; TCP requests complete on receiver threads, which need
+        the GIL a polling thread holds)."""
+        routes = self.routes
+        return bool(requests) and all(r.peer >= 0 and routes[r.peer].pollable for r in requests)
 
     @property
     def spin_seconds(self) -> float:
@@ -658,8 +657,7 @@ class Network:
         tag, meta, _, parts = call
         for peer, (their_tag, their_meta, their_parts) in list(self._states.items()):
             if their_tag == tag and (their_meta != meta or their_parts != parts):
-                text = self.meta_text or (lambda m: f"meta {m:#x}")
-                mine, theirs = text(meta), text(their_meta)
+                mine, theirs = meta_text(meta), meta_text(their_meta)
                 if their_meta == meta:
                     mine, theirs = f"{mine} in {parts} segments", f"{theirs} in {their_parts} segments"
                 raise MismatchError(f"rank {self.rank}: {describe()}: rank {peer} called "
@@ -688,15 +686,14 @@ class Network:
         err = req.error
         what = describe()
         if isinstance(err, MessageMismatch):
-            text = self.meta_text or (lambda m: f"meta {m:#x}")
             if err.expected_meta is not None and err.meta != err.expected_meta:
                 return MismatchError(
-                    f"rank {self.rank}: {what}: rank {err.peer} called {text(err.meta)} but rank "
-                    f"{self.rank} called {text(err.expected_meta)}", err.peer)
+                    f"rank {self.rank}: {what}: rank {err.peer} called {meta_text(err.meta)} but rank "
+                    f"{self.rank} called {meta_text(err.expected_meta)}", err.peer)
             if collective:
                 return MismatchError(
                     f"rank {self.rank}: {what}: rank {err.peer} sent {err.nbytes} bytes where rank "
-                    f"{self.rank} expected {err.expected_nbytes} (both called {text(err.meta)}: their "
+                    f"{self.rank} expected {err.expected_nbytes} (both called {meta_text(err.meta)}: their "
                     f"splits or segments differ)", err.peer)
             return ValueError(f"rank {self.rank}: {what}: the message from rank {err.peer} has "
                               f"{err.nbytes} bytes but the receive buffer has {err.expected_nbytes} bytes")
@@ -711,13 +708,13 @@ class Network:
         if self._closed:
             return
         self._closed = True
-        # TCP first: its threads ring the doorbell, which lives in the shm
-        # segment, so they must be gone before the segment is unmapped.
-        for t in (self.tcp, self.shm):
-            if t is not None:
-                try:
-                    t.close()
-                except Exception:
-                    pass
+        # Transports with threads of their own (TCP) first: they ring the
+        # doorbell, which lives in the shm segment, so they must be gone
+        # before the segment is unmapped.
+        for t in sorted(self.transports, key=lambda t: t.pollable):
+            try:
+                t.close()
+            except Exception:
+                pass
         if self.shm is None:
             self.doorbell.release()

@@ -15,7 +15,8 @@ from typing import Optional
 import numpy as np
 
 from .arrays import Buffer, byte_view
-from .group import MAX_TAG, ProcessGroup, resolve
+from .group import ProcessGroup, resolve
+from .wire import MAX_TAG
 from .work import Work
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",

@@ -77,6 +77,20 @@ def _seconds(timeout: Timeout | None, default: float | None = None) -> float:
     return min(value, 1e9)  # "forever" (inf, timedelta.max) must still fit sockets' timeouts
 
 
+def timeout_seconds(timeout, where: str, default: float | None = None) -> float:
+    """A user's timeout (a timedelta or seconds) as seconds; None means
+    ``default`` (None: collie's 5 minutes). Every public call that takes a
+    timeout comes through here before it sends anything, so a negative or
+    NaN one is a ValueError naming the call (``where``) and the value. The
+    rule itself is the store's (_seconds): one rule for both."""
+    if default is None:
+        default = DEFAULT_TIMEOUT.total_seconds()
+    try:
+        return _seconds(timeout, default)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
 def _key(key: str) -> bytes:
     if not isinstance(key, str):
         raise TypeError(f"store keys are str, got {type(key).__name__}")

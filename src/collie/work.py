@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .group import timeout_seconds
+from .rendezvous import timeout_seconds
 
 
 class Work:

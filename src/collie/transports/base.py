@@ -3,8 +3,11 @@
 A transport moves *messages* (a tag, a 64-bit meta word, and 0 or more bytes)
 from this rank to peers and back. It knows nothing of collectives, dtypes or
 groups: the Network routes each peer to one transport, and the engine builds
-collectives out of messages. One conformance suite (tests/test_transports.py)
-runs the same checks against every transport.
+collectives out of messages. conformance.py holds the contract as checks
+(check_transport) that every transport passes in one process
+(tests/test_transport_contract.py, with loopback.py, an in-process
+transport, among them); tests/test_transports.py checks it again across
+processes, through the Network.
 
 The contract
 ------------
@@ -56,6 +59,10 @@ unexpected(peer, tag, meta, nbytes) -> bool
 
 close()
     Releases everything the transport holds. Idempotent.
+
+Capabilities (class attributes, see Transport): ``windows``, ``pollable``
+and ``liveness`` say what else a transport offers; the Network asks them
+instead of knowing transports by name.
 
 Requests complete (``done`` set True) or fail (``error`` set) only inside
 progress() or on the transport's own threads; after either, the transport no
@@ -121,6 +128,19 @@ class Transport(ABC):
 
     name = "transport"
     unexpected: Optional[Callable[[int, int, int, int], bool]] = None
+
+    # What the Network may count on, declared by each transport:
+    #: window(rank) and window_capacity() give memory of peers that this
+    #: rank reads directly (the shm algorithm's one-sided reads).
+    windows = False
+    #: Requests complete inside progress(), so a waiter may poll it, and what
+    #: a peer sent before it left still waits to be taken there. False: they
+    #: complete on the transport's own threads, which need the GIL a polling
+    #: waiter would hold.
+    pollable = False
+    #: It notices on its own that a peer is gone (on_peer_lost), and carries
+    #: control messages (send_control) that reach a peer however busy it is.
+    liveness = False
 
     @abstractmethod
     def isend(self, peer: int, tag: int, data: memoryview, meta: int = 0) -> Request: ...

@@ -9,23 +9,10 @@ Each rank owns one segment of shared memory::
                   directly (the shm algorithm's "win"), COLLIE_SHM_WINDOW_BYTES
                   (default 64 MiB); its pages cost memory only once written
 
-A ring is a single-producer single-consumer queue of fixed-size slots::
-
-    +0    head  int64, slots the writer has filled (only the writer stores it)
-    +64   tail  int64, slots the reader has emptied (only the reader stores it)
-    +128  one 64-byte header per slot: tag, meta, message nbytes,
-          fragment offset, fragment nbytes
-    then  64 acknowledgement words (int64) for single-copy messages
-    then  the shared-copy offer: rendezvous id, address, split, done word,
-          and a one-token semaphore (see "Single copy")
-    page  the slots' payloads, ``slot_bytes`` each
-
-Slot ``k`` holds fragment number ``k % slots``; head - tail is the number of
-full slots. A message is cut into fragments of at most ``slot_bytes`` bytes
-(so every fragment starts at a multiple of ``slot_bytes``, which is a multiple
-of 64, into the message); a zero-byte message is one empty fragment. The
-slots are the flow control: a writer whose ring is full keeps the rest of its
-sends queued and writes them from progress() once the reader has made room.
+Each ring is a single-producer single-consumer queue of fixed-size slots:
+its layout, and how its two ends hand slots over without locks, are in
+ring.py; the segment, how peers find it and why nothing of it stays in
+/dev/shm, in segment.py.
 
 Single copy. A message of at least ``cma_bytes`` (COLLIE_SHM_CMA_BYTES,
 default 256 KiB; 0: never) does not go through the slots when the reader can
@@ -56,29 +43,6 @@ unread: in an exchange the writer is busy reading it, and one read of the
 whole message costs less than two halves (each read has a fixed cost of a few
 microseconds, most of it the ctypes call: about 1 us in the kernel).
 
-Memory ordering. head and tail are read and stored through int64
-memoryviews of the mapping (one aligned 8-byte load or store each: atomic on
-x86-64; a memoryview costs less per access than a NumPy view). The
-writer fills a slot and only then stores head; the reader reads head, then
-the slot, then stores tail. x86-64 is TSO (stores become visible in program
-order, loads are not reordered with other loads, nor stores with older loads),
-so Python statement order is enough for those two hand-offs (glibc's memcpy
-ends its non-temporal stores with an sfence, and fast-string stores are not
-reordered past later stores). The one reordering x86 does allow, a load
-passing an older store, matters when deciding who must be woken (see _pull),
-and is closed with full barriers there. Other architectures would need real
-fences; collie supports x86-64 Linux.
-
-Names. Nothing of ours stays in /dev/shm once setup is over, even if a rank
-is SIGKILLed later. A segment is a memfd (it has no name at all) that peers
-open through /proc/<pid>/fd/<fd> while its owner is alive. Where that does not
-work (a peer in another pid namespace, a hardened /proc), the segment is a
-file /dev/shm/collie-<job>-<rank>-<pid>, unlinked as soon as every peer has
-mapped it; if a rank dies during setup, the launcher removes collie-<job>-*,
-and where no launcher is left to do so, the next setup on the host removes
-the files of dead owners (sweep_segments). COLLIE_SHM_MEMFD=0 (or
-``memfd=False``) forces the file.
-
 Tuning: COLLIE_SHM_SLOTS (default 8) and COLLIE_SHM_SLOT_BYTES (default
 256 KiB, a multiple of 64) size every ring this rank reads; writers use the
 geometry the reader published. Memory per rank: peers * slots * slot_bytes,
@@ -88,13 +52,9 @@ touched only as rings fill.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import mmap
 import os
-import re
-import stat
-import struct
 from collections import deque
 from typing import Optional
 
@@ -103,24 +63,18 @@ import numpy as np
 from ..errors import CollieError, PeerError
 from . import cma
 from .base import Combine, MessageMismatch, Request, Transport
-from .doorbell import Doorbell, full_barrier
+from .doorbell import Doorbell
+from .ring import (ACKS, HEADER, LINE, PAGE, RDV, RDV_BODY, In, Message, Out, Recv, Ring, Send, Sent,
+                   acknowledge, align, deliver, freed, put, ring_bytes, seen_tail, take_posted)
+from .segment import Segment, close_mapping, map_peer, sweep_segments
 
 DEFAULT_SLOTS = 8
 DEFAULT_SLOT_BYTES = 256 * 1024
 DEFAULT_WINDOW_BYTES = 64 << 20
 DEFAULT_CMA_BYTES = 256 * 1024
 
-_PAGE = mmap.PAGESIZE
-_LINE = 64
-_HEADER = struct.Struct("<qQqqq")  # tag, meta, message nbytes, fragment offset, fragment nbytes
 _MASK64 = (1 << 64) - 1
-_RDV = -1                         # fragment offset of a single-copy message's only slot
-_RDV_BODY = struct.Struct("<qq")  # its payload: the bytes' address in the writer, rendezvous id
-_ACKS = 64                        # acknowledgement words per ring: single-copy sends in flight
 _CMA_CHUNK = 256 * 1024           # a combining receive reads this much at a time, then combines
-
-def _align(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
 
 
 def _env_int(name: str, default: int) -> int:
@@ -131,324 +85,17 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, not {value!r}") from None
 
 
-def _ring_header_bytes(slots: int) -> int:
-    return _align(2 * _LINE + slots * _LINE + _ACKS * 8 + 2 * _LINE, _PAGE)
-
-
-def _ring_bytes(slots: int, slot_bytes: int) -> int:
-    return _ring_header_bytes(slots) + _align(slots * slot_bytes, _PAGE)
-
-
-def _open_memfd(pid: int, fd: int) -> int:
-    """Open another process's memfd (works for processes of the same user in
-    the same pid namespace, while the owner keeps the fd open)."""
-    return os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
-
-
-def _put(out: "_Out", tag: int, meta: int, nbytes: int, offset: int, piece: memoryview) -> None:
-    """Write one fragment into the next slot of ``out``'s ring (which has room)."""
-    ring = out.ring
-    k = out.head % ring.slots
-    n = len(piece)
-    _HEADER.pack_into(ring.mm, ring.headers + k * _LINE, tag, meta, nbytes, offset, n)
-    if n:
-        at = ring.offsets[k]
-        ring.mm[at:at + n] = piece
-    out.head += 1
-    ring.head[0] = out.head  # after the payload: see "Memory ordering"
-
-
-def _may_rendezvous(out: "_Out") -> bool:
+def _may_rendezvous(out: Out) -> bool:
     """Whether the next single-copy send's acknowledgement word is free."""
-    return not out.pending or out.next_id + 1 - next(iter(out.pending)) < _ACKS
+    return not out.pending or out.next_id + 1 - next(iter(out.pending)) < ACKS
 
 
-def _rendezvous(out: "_Out", send: "_Send") -> None:
+def _rendezvous(out: Out, send: Send) -> None:
     """Post a single-copy send (the ring has room): one slot saying where its
     bytes are. It is done once the reader acknowledges it."""
     out.next_id += 1
-    _put(out, send.tag, send.meta, send.nbytes, _RDV, _RDV_BODY.pack(cma.address(send.data), out.next_id))
+    put(out, send.tag, send.meta, send.nbytes, RDV, RDV_BODY.pack(cma.address(send.data), out.next_id))
     out.pending[out.next_id] = send
-
-
-def _seen_tail(out: "_Out") -> int:
-    """Re-read how far the reader of ``out``'s ring has got (when it looks full)."""
-    out.tail = out.ring.tail[0]
-    return out.tail
-
-
-def _deliver(req: "_Recv", offset: int, src: memoryview) -> bool:
-    """Copy (or combine) a piece of a message into its receive's buffer.
-    If combine raises, the receive fails with that error (the rest of the
-    message is then dropped) rather than leaving the ring half read."""
-    dst = req.dst if offset == 0 and src.nbytes == req.nbytes else req.dst[offset:offset + src.nbytes]
-    if req.combine is None:
-        dst[:] = src
-        return True
-    try:
-        req.combine(dst, src)
-        return True
-    except Exception as exc:  # noqa: BLE001 - handed to the waiter through the request
-        req.error = exc
-        return False
-
-
-def _take_posted(inb: "_In", tag: int, queue: deque) -> "_Recv":
-    """Take the first receive posted for ``tag`` (``queue``, not empty) off the books."""
-    req = queue.popleft()
-    if not queue:
-        del inb.posted[tag]  # tags are mostly used once: keep the dict small
-    inb.nposted -= 1
-    return req
-
-
-def _freed(inb: "_In", start: int) -> None:
-    """After the reader stored a tail past ``start``: wake the writer if it
-    may have found the ring full and gone to sleep. It saw full at some tail
-    >= start, so head >= start + slots. The barrier orders our tail store
-    before this head load; with the writer's barrier (in its wake()) either
-    it sees our tail, or we see its head."""
-    full_barrier()
-    if inb.ring.head[0] - start >= inb.ring.slots:
-        inb.bell.wake()
-
-
-def _acknowledge(inb: "_In", rid: int, ok: bool) -> None:
-    """Tell the writer that its single-copy send ``rid`` was read (or failed)."""
-    inb.ring.acks[rid % _ACKS] = rid if ok else -rid
-    inb.bell.wake()  # the writer may be asleep, waiting for this
-
-
-class _Ring:
-    """Views of one ring inside a mapping (the same code for both ends)."""
-
-    def __init__(self, mm: mmap.mmap, base: int, slots: int, slot_bytes: int):
-        self.mm = mm
-        self.slots = slots
-        self.slot_bytes = slot_bytes
-        view = memoryview(mm)
-        self.head = view[base:base + 8].cast("q")
-        self.tail = view[base + _LINE:base + _LINE + 8].cast("q")
-        self.headers = base + 2 * _LINE  # offset of slot 0's header in mm
-        self.acks = np.frombuffer(mm, np.int64, _ACKS, self.headers + slots * _LINE)
-        # The shared-copy offer: id, reader's address, split, done word; the token after it.
-        self.offer_at = self.headers + slots * _LINE + _ACKS * 8
-        self.offer = np.frombuffer(mm, np.int64, 4, self.offer_at)
-        self.token_at = self.offer_at + _LINE
-        payloads = base + _ring_header_bytes(slots)
-        self.offsets = [payloads + k * slot_bytes for k in range(slots)]
-        self.payload = [view[o:o + slot_bytes] for o in self.offsets]
-        view.release()
-
-    def drop(self) -> None:
-        """Let go of every view so the mapping can be closed."""
-        for v in self.payload:
-            v.release()
-        if self.head is not None:
-            self.head.release()
-            self.tail.release()
-        self.payload = []
-        self.head = self.tail = self.acks = self.offer = self.mm = None
-
-
-class _Send(Request):
-    __slots__ = ("data", "meta", "offset")  # offset: bytes written so far
-
-    def __init__(self, peer: int, tag: int, data: memoryview, meta: int):
-        # Request.__init__'s fields, set here to spare a call on the fast path.
-        self.kind, self.peer, self.tag, self.nbytes = "send", peer, tag, data.nbytes
-        self.done, self.error = False, None
-        self.data, self.meta, self.offset = data, meta, 0
-
-
-class _Sent(Request):
-    """A send completed as it was posted (written whole into a slot)."""
-
-    __slots__ = ()
-
-    def __init__(self, peer: int, tag: int, nbytes: int):
-        self.kind, self.peer, self.tag, self.nbytes = "send", peer, tag, nbytes
-        self.done, self.error = True, None
-
-
-class _Recv(Request):
-    __slots__ = ("dst", "combine", "meta")
-
-    def __init__(self, peer: int, tag: int, dst: memoryview, combine, meta):
-        self.kind, self.peer, self.tag, self.nbytes = "recv", peer, tag, dst.nbytes
-        self.done, self.error = False, None
-        self.dst, self.combine, self.meta = dst, combine, meta
-
-
-class _Message:
-    """A message being read out of a ring. Its fragments go to ``req``, or
-    to ``buf`` (an unexpected message), or nowhere (after a mismatch)."""
-
-    __slots__ = ("tag", "meta", "nbytes", "got", "req", "buf", "claimed", "rdv")
-
-    def __init__(self, tag, meta, nbytes, req=None, buf=None, rdv=None):
-        self.tag, self.meta, self.nbytes = tag, meta, nbytes
-        self.got = 0
-        self.req: Optional[_Recv] = req
-        self.buf: Optional[bytearray] = buf
-        self.claimed: Optional[_Recv] = None  # a receive waiting to take this unexpected message
-        self.rdv: Optional[tuple] = rdv        # (address, id): a single-copy message, still in the writer
-
-
-class _Out:
-    """What this rank sends to one peer: the ring in the peer's segment."""
-
-    def __init__(self, ring: _Ring, bell: Doorbell):
-        self.ring = ring
-        self.bell = bell
-        self.head = ring.head[0]
-        self.tail = ring.tail[0]  # last tail seen; re-read when the ring looks full
-        self.queue: deque[_Send] = deque()
-        self.cma_bytes = 1 << 62  # sends of at least this size go single copy (set in setup)
-        self.pid = 0              # the peer's process, for shared copies into it
-        self.token: Optional[Doorbell] = None  # the peer's offers of a shared copy
-        self.next_id = 0          # the last rendezvous id used
-        self.pending: dict[int, _Send] = {}  # rendezvous id -> single-copy send not yet read
-        self.busy = False  # listed in ShmTransport._out_busy: progress() pushes its queue
-        self.error: Optional[BaseException] = None
-
-
-class _In:
-    """What this rank receives from one peer: the ring in our segment."""
-
-    def __init__(self, peer: int, ring: _Ring):
-        self.peer = peer
-        self.ring = ring
-        self.tail = 0
-        self.bell: Optional[Doorbell] = None  # the peer's (the writer's) doorbell
-        self.pid = 0                          # the peer's process, for single-copy reads
-        self.token: Optional[Doorbell] = None  # our offers of a shared copy to the writer
-        self.shared: list = []                # (receive, id, nbytes, address, split, read error):
-                                              # receives whose second half the writer is copying
-        self.posted: dict[int, deque[_Recv]] = {}
-        self.nposted = 0
-        self.current: Optional[_Message] = None  # message whose fragments are being read
-        self.unexpected: list[_Message] = []     # copied out before a receive asked for them
-        self.claims: list[_Message] = []         # unexpected messages a receive has claimed
-        self.stash = False                       # a probe wants messages behind the head
-        self.busy = False  # listed in ShmTransport._in_busy: progress() looks at it
-        self.error: Optional[BaseException] = None
-
-
-SHM_DIR = "/dev/shm"
-_SEGMENT_FILE = re.compile(r"collie-.+-\d+-(\d+)")  # collie-<job>-<rank>-<owner's pid>
-
-
-class _Segment:
-    """One shared-memory segment: a memfd or a /dev/shm file, and its mapping.
-
-    A file's owner holds an exclusive flock on it until it unlinks it, so
-    that a later job can tell a file left by a dead owner (sweep_segments).
-    """
-
-    def __init__(self, size: int, memfd: bool, name: str):
-        self.size = size
-        self.path: Optional[str] = None
-        if memfd:
-            self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
-        else:
-            self.path = f"{SHM_DIR}/{name}"
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            if not memfd:
-                fcntl.flock(self.fd, fcntl.LOCK_EX)  # waits out a sweeper looking at it
-            os.ftruncate(self.fd, size)
-            self.mm = mmap.mmap(self.fd, size)
-        except BaseException:
-            self.release_name()
-            raise
-
-    def info(self) -> dict:
-        where = {"path": self.path} if self.path else {"pid": os.getpid(), "fd": self.fd}
-        return dict(where, size=self.size)
-
-    def release_name(self) -> None:
-        """Remove every way to reach the segment but the mapping itself."""
-        if self.path is not None:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-            self.path = None
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def sweep_segments() -> list[str]:
-    """Remove the segment files in /dev/shm whose owner is dead; returns
-    their paths.
-
-    A file lives only while its owner sets up, but an owner SIGKILLed then,
-    with no launcher left to remove it (torchrun, mpiexec, a killed
-    ``collie run``), leaves it behind; every later setup on the host sweeps.
-    A file goes only if it is this user's, has collie's name, its owner's
-    pid is not alive here, and its lock is free: a live owner in another
-    pid namespace still holds the lock.
-    """
-    removed = []
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return removed
-    for name in names:
-        match = _SEGMENT_FILE.fullmatch(name)
-        if match is None or _alive(int(match.group(1))):
-            continue
-        path = f"{SHM_DIR}/{name}"
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue  # gone already, or not ours to open
-        try:
-            st = os.fstat(fd)
-            if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue
-            now = os.stat(path, follow_symlinks=False)
-            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):  # not a new file of that name
-                os.unlink(path)
-                removed.append(path)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's
-    return True
-
-
-def _map_peer(info: dict) -> mmap.mmap:
-    fd = _open_memfd(info["pid"], info["fd"]) if "fd" in info else os.open(info["path"], os.O_RDWR)
-    try:
-        return mmap.mmap(fd, info["size"])
-    finally:
-        os.close(fd)
-
-
-def _close_mapping(mm: Optional[mmap.mmap]) -> None:
-    if mm is None:
-        return
-    try:
-        mm.close()
-    except BufferError:
-        pass  # someone still holds a view (a piece given to combine); GC unmaps it later
 
 
 class ShmTransport(Transport):
@@ -461,6 +108,8 @@ class ShmTransport(Transport):
     """
 
     name = "shm"
+    windows = True
+    pollable = True
 
     def __init__(self, rank: int, peers: list[int], store, job_id: str, timeout: float, *,
                  memfd: Optional[bool] = None, slots: Optional[int] = None,
@@ -475,10 +124,10 @@ class ShmTransport(Transport):
                            if slot_bytes is None else slot_bytes)
         if self.slots < 1:
             raise ValueError(f"COLLIE_SHM_SLOTS must be at least 1, not {self.slots}")
-        if self.slot_bytes < _LINE or self.slot_bytes % _LINE:
+        if self.slot_bytes < LINE or self.slot_bytes % LINE:
             raise ValueError(f"COLLIE_SHM_SLOT_BYTES must be a positive multiple of 64, "
                              f"not {self.slot_bytes}")
-        self.window_bytes = _align(_env_int("COLLIE_SHM_WINDOW_BYTES", DEFAULT_WINDOW_BYTES), _PAGE)
+        self.window_bytes = align(_env_int("COLLIE_SHM_WINDOW_BYTES", DEFAULT_WINDOW_BYTES), PAGE)
         self.cma_bytes = (_env_int("COLLIE_SHM_CMA_BYTES", DEFAULT_CMA_BYTES)
                           if cma_bytes is None else cma_bytes)
         if self.cma_bytes < 0:
@@ -492,12 +141,12 @@ class ShmTransport(Transport):
         if memfd is None:
             memfd = os.environ.get("COLLIE_SHM_MEMFD", "1") != "0" and hasattr(os, "memfd_create")
         self._closed = False
-        self._segments: list[_Segment] = []   # this rank's (usually one)
+        self._segments: list[Segment] = []   # this rank's (usually one)
         self._maps: dict[int, mmap.mmap] = {}  # peer -> its segment, mapped here
-        self._out: dict[int, _Out] = {}
-        self._in: dict[int, _In] = {}
-        self._out_busy: list[_Out] = []
-        self._in_busy: list[_In] = []
+        self._out: dict[int, Out] = {}
+        self._in: dict[int, In] = {}
+        self._out_busy: list[Out] = []
+        self._in_busy: list[In] = []
         self._stash = False
         self.memfd = memfd  # how this rank's segment is reachable (False: a /dev/shm file)
         try:
@@ -511,19 +160,19 @@ class ShmTransport(Transport):
     def _key(self, rank: int, what: str = "") -> str:
         return f"shm/{self.job_id}/{rank}" + (f"/{what}" if what else "")
 
-    def _create(self, memfd: bool) -> _Segment:
-        ring = _ring_bytes(self.slots, self.slot_bytes)
-        window_at = _align(Doorbell.RESERVED, _PAGE) + ring * len(self.peers)
+    def _create(self, memfd: bool) -> Segment:
+        ring = ring_bytes(self.slots, self.slot_bytes)
+        window_at = align(Doorbell.RESERVED, PAGE) + ring * len(self.peers)
         size = window_at + self.window_bytes
         name = f"collie-{self.job_id}-{self.rank}-{os.getpid()}"
         sweep_segments()
         try:
-            seg = _Segment(size, memfd, name)
+            seg = Segment(size, memfd, name)
         except OSError:
             if not memfd:
                 raise
             self.memfd = False  # no memfd_create here (or it is forbidden)
-            seg = _Segment(size, False, name)
+            seg = Segment(size, False, name)
         self._segments.append(seg)
         for inb in self._in.values():  # those of a segment we replace
             inb.ring.drop()
@@ -532,9 +181,9 @@ class ShmTransport(Transport):
         self.doorbell = Doorbell(seg.mm, 0, create=True)
         rings = {}
         for k, peer in enumerate(self.peers):
-            base = _align(Doorbell.RESERVED, _PAGE) + k * ring
+            base = align(Doorbell.RESERVED, PAGE) + k * ring
             rings[str(peer)] = base
-            inb = self._in[peer] = _In(peer, _Ring(seg.mm, base, self.slots, self.slot_bytes))
+            inb = self._in[peer] = In(peer, Ring(seg.mm, base, self.slots, self.slot_bytes))
             inb.token = Doorbell(seg.mm, inb.ring.token_at, create=True, sleepers=False)
         self._info = dict(seg.info(), slots=self.slots, slot_bytes=self.slot_bytes,
                           npeers=len(self.peers), rings=rings, window=window_at,
@@ -563,7 +212,7 @@ class ShmTransport(Transport):
                 raise CollieError(f"rank {self.rank}: rank {peer} has no shared-memory ring for "
                                   f"this rank (the ranks disagree on who shares this host)")
             try:
-                self._maps[peer] = _map_peer(info)
+                self._maps[peer] = map_peer(info)
             except OSError:
                 if "fd" not in info:
                     raise
@@ -588,9 +237,9 @@ class ShmTransport(Transport):
         for peer in self.peers:
             final = store.get(self._key(peer, "final"), timeout=timeout)
             if final != b"same":
-                _close_mapping(self._maps.pop(peer, None))
+                close_mapping(self._maps.pop(peer, None))
                 infos[peer] = json.loads(final)
-                self._maps[peer] = _map_peer(infos[peer])
+                self._maps[peer] = map_peer(infos[peer])
                 if store.add(self._key(peer, "mapped"), 1) == infos[peer]["npeers"]:
                     store.set(self._key(peer, "mapped-all"), b"1")
             elif peer not in self._maps:
@@ -600,12 +249,12 @@ class ShmTransport(Transport):
             seg.release_name()
         if len(self._segments) > 1:  # the memfd we replaced
             old = self._segments.pop(0)
-            _close_mapping(old.mm)
+            close_mapping(old.mm)
         for peer in self.peers:
             info, mm = infos[peer], self._maps[peer]
             self._windows[peer] = memoryview(mm)[info["window"]:info["window"] + info["window_bytes"]]
-            ring = _Ring(mm, info["rings"][str(self.rank)], info["slots"], info["slot_bytes"])
-            self._out[peer] = _Out(ring, Doorbell(mm, 0, create=False))
+            ring = Ring(mm, info["rings"][str(self.rank)], info["slots"], info["slot_bytes"])
+            self._out[peer] = Out(ring, Doorbell(mm, 0, create=False))
             self._in[peer].bell = self._out[peer].bell
             self._in[peer].pid = self._out[peer].pid = info["cma"]["pid"]
             self._out[peer].token = Doorbell(mm, ring.token_at, create=False, sleepers=False)
@@ -657,14 +306,14 @@ class ShmTransport(Transport):
         nbytes = data.nbytes
         ring = out.ring
         room = (out.error is None and not out.queue
-                and (out.head - out.tail < ring.slots or out.head - _seen_tail(out) < ring.slots))
+                and (out.head - out.tail < ring.slots or out.head - seen_tail(out) < ring.slots))
         if room and nbytes <= ring.slot_bytes and nbytes < out.cma_bytes:
             # The fast path of small messages: the whole message fits in a
             # free slot, and is sent once written there.
-            _put(out, tag, meta, nbytes, 0, data)
+            put(out, tag, meta, nbytes, 0, data)
             out.bell.wake()
-            return _Sent(peer, tag, nbytes)
-        req = _Send(peer, tag, data, meta)
+            return Sent(peer, tag, nbytes)
+        req = Send(peer, tag, data, meta)
         if out.error is not None:
             req.error = out.error
             return req
@@ -689,7 +338,7 @@ class ShmTransport(Transport):
             raise self._bad_peer(peer)
         if dst.ndim != 1 or dst.format != "B":
             dst = dst.cast("B")
-        req = _Recv(peer, tag, dst, combine, None if meta is None else meta & _MASK64)
+        req = Recv(peer, tag, dst, combine, None if meta is None else meta & _MASK64)
         if inb.error is not None:
             req.error = inb.error
             return req
@@ -715,7 +364,7 @@ class ShmTransport(Transport):
             self._in_busy.append(inb)
         return req
 
-    def _take_waiting(self, inb: _In, req: _Recv) -> bool:
+    def _take_waiting(self, inb: In, req: Recv) -> bool:
         """Take ``req``'s message at once if it is next in the ring, whole in
         one slot or single copy: a receive posted after its message came (in
         a lockstep exchange, the later rank's), with nothing else read or
@@ -728,27 +377,27 @@ class ShmTransport(Transport):
         if ring.head[0] == tail:
             return False
         k = tail % ring.slots
-        tag, meta, nbytes, offset, _ = _HEADER.unpack_from(ring.mm, ring.headers + k * _LINE)
+        tag, meta, nbytes, offset, _ = HEADER.unpack_from(ring.mm, ring.headers + k * LINE)
         if tag != req.tag:
             return False
-        if offset == _RDV:
-            rdv = _RDV_BODY.unpack_from(ring.mm, ring.offsets[k])
+        if offset == RDV:
+            rdv = RDV_BODY.unpack_from(ring.mm, ring.offsets[k])
             inb.tail = tail + 1
             ring.tail[0] = tail + 1
-            _freed(inb, tail)
+            freed(inb, tail)
             self._read_single_copy(inb, req, nbytes, meta, rdv)  # acknowledges, mismatch or not
             return True
         if (offset != 0 or nbytes != req.nbytes or nbytes > ring.slot_bytes
                 or (req.meta is not None and req.meta != meta)):
             return False
-        if not nbytes or _deliver(req, 0, ring.payload[k] if nbytes == ring.slot_bytes else ring.payload[k][:nbytes]):
+        if not nbytes or deliver(req, 0, ring.payload[k] if nbytes == ring.slot_bytes else ring.payload[k][:nbytes]):
             req.done = True
         inb.tail = tail + 1
         ring.tail[0] = tail + 1
-        _freed(inb, tail)
+        freed(inb, tail)
         return True
 
-    def _mark_busy(self, inb: _In) -> None:
+    def _mark_busy(self, inb: In) -> None:
         if not inb.busy:
             inb.busy = True
             self._in_busy.append(inb)
@@ -764,8 +413,8 @@ class ShmTransport(Transport):
             return None  # the next message with this tag is already promised
         ring = inb.ring
         if inb.current is None and ring.head[0] > inb.tail:
-            at = ring.headers + (inb.tail % ring.slots) * _LINE
-            htag, _, nbytes, _, _ = _HEADER.unpack_from(ring.mm, at)
+            at = ring.headers + (inb.tail % ring.slots) * LINE
+            htag, _, nbytes, _, _ = HEADER.unpack_from(ring.mm, at)
             if htag == tag:
                 return nbytes
         if inb.current is not None or ring.head[0] > inb.tail:
@@ -807,7 +456,7 @@ class ShmTransport(Transport):
                 self._in_busy = [i for i in self._in_busy if i.busy] if len(self._in_busy) > 1 else []
         return moved
 
-    def _push(self, out: _Out) -> bool:
+    def _push(self, out: Out) -> bool:
         """Write queued fragments into the peer's ring while it has room."""
         if out.error is not None:
             return False
@@ -831,7 +480,7 @@ class ShmTransport(Transport):
                     continue
                 n = min(size, send.nbytes - send.offset)
                 piece = send.data if n == send.nbytes else send.data[send.offset:send.offset + n]
-                _put(out, send.tag, send.meta, send.nbytes, send.offset, piece)
+                put(out, send.tag, send.meta, send.nbytes, send.offset, piece)
                 send.offset += n
                 wrote = True
                 if send.offset >= send.nbytes:
@@ -847,7 +496,7 @@ class ShmTransport(Transport):
             out.bell.wake()
         return moved
 
-    def _pull(self, inb: _In) -> bool:
+    def _pull(self, inb: In) -> bool:
         """Read the fragments at the head of one inbound ring that have a
         place to go; leave the rest for later (the writer waits)."""
         ring = inb.ring
@@ -860,17 +509,17 @@ class ShmTransport(Transport):
             k = tail % slots
             msg = inb.current
             if msg is None:
-                tag, meta, nbytes, offset, _ = _HEADER.unpack_from(ring.mm, ring.headers + k * _LINE)
+                tag, meta, nbytes, offset, _ = HEADER.unpack_from(ring.mm, ring.headers + k * LINE)
                 queue = inb.posted.get(tag)
                 stale = not queue and self._stale(inb.peer, tag, meta, nbytes)
-                if offset == _RDV:
-                    rdv = _RDV_BODY.unpack_from(ring.mm, ring.offsets[k])
+                if offset == RDV:
+                    rdv = RDV_BODY.unpack_from(ring.mm, ring.offsets[k])
                     if queue:
-                        self._read_single_copy(inb, _take_posted(inb, tag, queue), nbytes, meta, rdv)
+                        self._read_single_copy(inb, take_posted(inb, tag, queue), nbytes, meta, rdv)
                     elif stale:
-                        _acknowledge(inb, rdv[1], True)  # never read: the writer's send completes
+                        acknowledge(inb, rdv[1], True)  # never read: the writer's send completes
                     elif inb.nposted or inb.stash:  # in the way of another tag: set it aside
-                        inb.unexpected.append(_Message(tag, meta, nbytes, rdv=rdv))
+                        inb.unexpected.append(Message(tag, meta, nbytes, rdv=rdv))
                     else:
                         break
                     tail += 1
@@ -878,17 +527,17 @@ class ShmTransport(Transport):
                     continue
                 if queue and nbytes <= size:
                     # The fast path: a whole message for a waiting receive.
-                    req = _take_posted(inb, tag, queue)
+                    req = take_posted(inb, tag, queue)
                     if nbytes != req.nbytes or (req.meta is not None and req.meta != meta):
                         self._mismatch(req, nbytes, meta)  # fails the receive
                     elif not nbytes:
                         req.done = True
-                    elif _deliver(req, 0, ring.payload[k] if nbytes == size else ring.payload[k][:nbytes]):
+                    elif deliver(req, 0, ring.payload[k] if nbytes == size else ring.payload[k][:nbytes]):
                         req.done = True
                     tail += 1
                     ring.tail[0] = tail
                     continue
-                msg = _Message(tag, meta, nbytes) if stale else self._start(inb, tag, meta, nbytes)
+                msg = Message(tag, meta, nbytes) if stale else self._start(inb, tag, meta, nbytes)
                 if msg is None:
                     break
                 inb.current = msg
@@ -896,7 +545,7 @@ class ShmTransport(Transport):
             if n:
                 src = ring.payload[k] if n == size else ring.payload[k][:n]
                 if msg.req is not None:
-                    if not _deliver(msg.req, msg.got, src):
+                    if not deliver(msg.req, msg.got, src):
                         msg.req = None  # failed: drop the rest
                 elif msg.buf is not None:
                     msg.buf[msg.got:msg.got + n] = src
@@ -911,7 +560,7 @@ class ShmTransport(Transport):
         if tail == start:
             return False
         inb.tail = tail
-        _freed(inb, start)
+        freed(inb, start)
         return True
 
     def _stale(self, peer: int, tag: int, meta: int, nbytes: int) -> bool:
@@ -927,30 +576,30 @@ class ShmTransport(Transport):
                 if msg.claimed is None and self._stale(peer, msg.tag, msg.meta, msg.nbytes):
                     inb.unexpected.remove(msg)
                     if msg.rdv is not None:
-                        _acknowledge(inb, msg.rdv[1], True)
+                        acknowledge(inb, msg.rdv[1], True)
                     msg.buf = None  # if still arriving, the rest is read and dropped
             if inb.ring.head[0] != inb.tail:
                 self._pull(inb)  # offers what waits at the head of the ring
                 if inb.current is not None:
                     self._mark_busy(inb)  # progress() reads the rest of a dropped message
 
-    def _start(self, inb: _In, tag: int, meta: int, nbytes: int) -> Optional[_Message]:
+    def _start(self, inb: In, tag: int, meta: int, nbytes: int) -> Optional[Message]:
         """Decide where a new message at the head of a ring goes."""
         queue = inb.posted.get(tag)
         if queue:
-            req = _take_posted(inb, tag, queue)
+            req = take_posted(inb, tag, queue)
             if self._mismatch(req, nbytes, meta):
-                return _Message(tag, meta, nbytes)  # read and dropped
-            return _Message(tag, meta, nbytes, req=req)
+                return Message(tag, meta, nbytes)  # read and dropped
+            return Message(tag, meta, nbytes, req=req)
         if inb.nposted or inb.stash:
             # A receive waits for another tag behind this message: move it
             # out of the way.
-            msg = _Message(tag, meta, nbytes, buf=bytearray(nbytes))
+            msg = Message(tag, meta, nbytes, buf=bytearray(nbytes))
             inb.unexpected.append(msg)
             return msg
         return None
 
-    def _read_single_copy(self, inb: _In, req: _Recv, nbytes: int, meta: int, rdv: tuple) -> None:
+    def _read_single_copy(self, inb: In, req: Recv, nbytes: int, meta: int, rdv: tuple) -> None:
         """Take a single-copy message: read its bytes from the writer's memory
         into ``req`` (unless it mismatches), then acknowledge it, so that the
         writer's send completes (it fails only if the read itself failed)."""
@@ -971,16 +620,16 @@ class ShmTransport(Transport):
                     for at in range(0, nbytes, _CMA_CHUNK):
                         piece = self._scratch[:min(_CMA_CHUNK, nbytes - at)]
                         cma.read(inb.pid, piece, address + at)
-                        if not _deliver(req, at, piece):
+                        if not deliver(req, at, piece):
                             break  # combine failed: req.error says why
                     else:
                         req.done = True
             except OSError as exc:
                 ok = False
                 req.error = self._read_failed(inb, nbytes, exc)
-        _acknowledge(inb, rid, ok)
+        acknowledge(inb, rid, ok)
 
-    def _read_failed(self, inb: _In, nbytes: int, exc: OSError) -> Exception:
+    def _read_failed(self, inb: In, nbytes: int, exc: OSError) -> Exception:
         """Why a single-copy read from ``inb``'s writer failed."""
         if exc.errno == errno.ESRCH:
             return PeerError(f"rank {inb.peer} died (its process is gone while rank "
@@ -988,11 +637,11 @@ class ShmTransport(Transport):
         return CollieError(f"rank {self.rank}: could not read a {nbytes}-byte message "
                            f"from the memory of rank {inb.peer}: {exc}")
 
-    def _read_shared(self, inb: _In, req: _Recv, nbytes: int, address: int, rid: int) -> bool:
+    def _read_shared(self, inb: In, req: Recv, nbytes: int, address: int, rid: int) -> bool:
         """Offer the writer the second half of a message and read the first;
         True if the writer took the offer (it is copying the rest), False if
         this rank read everything itself (``req`` is then done)."""
-        split = nbytes // 2 // _LINE * _LINE
+        split = nbytes // 2 // LINE * LINE
         offer = inb.ring.offer
         offer[1], offer[2], offer[3] = cma.address(req.dst), split, 0
         offer[0] = rid
@@ -1013,7 +662,7 @@ class ShmTransport(Transport):
         self._mark_busy(inb)
         return True
 
-    def _shared_done(self, inb: _In) -> bool:
+    def _shared_done(self, inb: In) -> bool:
         """Complete the receives whose second half the writer has copied."""
         done = inb.ring.offer.item(3)
         moved = False
@@ -1032,11 +681,11 @@ class ShmTransport(Transport):
             except OSError as exc:
                 ok = False
                 req.error = self._read_failed(inb, nbytes, exc)
-            _acknowledge(inb, rid, ok)
+            acknowledge(inb, rid, ok)
             moved = True
         return moved
 
-    def _help(self, out: _Out) -> bool:
+    def _help(self, out: Out) -> bool:
         """Take the reader's offer of a shared copy, if one is up for one of
         our pending sends, and write its second half into the reader."""
         offer = out.ring.offer
@@ -1055,12 +704,12 @@ class ShmTransport(Transport):
         out.bell.wake()  # wake the reader
         return True
 
-    def _acknowledged(self, out: _Out) -> bool:
+    def _acknowledged(self, out: Out) -> bool:
         """Complete the single-copy sends whose readers have acknowledged them."""
         acks = out.ring.acks
         moved = False
         for rid in list(out.pending):
-            got = acks.item(rid % _ACKS)
+            got = acks.item(rid % ACKS)
             if got == rid or got == -rid:
                 send = out.pending.pop(rid)
                 send.data = None
@@ -1072,13 +721,13 @@ class ShmTransport(Transport):
                 moved = True
         return moved
 
-    def _mismatch(self, req: _Recv, nbytes: int, meta: int) -> bool:
+    def _mismatch(self, req: Recv, nbytes: int, meta: int) -> bool:
         if nbytes != req.nbytes or (req.meta is not None and req.meta != meta):
             req.error = MessageMismatch(req.peer, req.tag, nbytes, meta, req.nbytes, req.meta)
             return True
         return False
 
-    def _take_claims(self, inb: _In) -> bool:
+    def _take_claims(self, inb: In) -> bool:
         """Give unexpected messages to the receives that claimed them."""
         for msg in inb.claims:
             req = msg.claimed
@@ -1091,7 +740,7 @@ class ShmTransport(Transport):
                 continue  # the rest of the message, if any, is dropped
             if msg.got:
                 with memoryview(buf) as view:
-                    if not _deliver(req, 0, view[:msg.got]):
+                    if not deliver(req, 0, view[:msg.got]):
                         continue
             if msg.got >= msg.nbytes:
                 req.done = True
@@ -1157,7 +806,7 @@ class ShmTransport(Transport):
         self._out.clear()
         self._in.clear()
         for mm in self._maps.values():
-            _close_mapping(mm)
+            close_mapping(mm)
         self._maps.clear()
         for seg in self._segments:
             seg.release_name()

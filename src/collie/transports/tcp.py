@@ -449,6 +449,7 @@ class TcpTransport(Transport):
     """
 
     name = "tcp"
+    liveness = True
 
     def __init__(self, rank: int, size: int, store, job_id: str, doorbell, timeout: float,
                  token: Optional[bytes], on_peer_lost: Callable[[int, BaseException], None],

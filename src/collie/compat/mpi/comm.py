@@ -1,0 +1,974 @@
+"""Communicators."""
+
+from __future__ import annotations
+
+import functools
+import operator
+import os
+import pickle
+import socket
+import sys
+import weakref
+from typing import Any, Optional
+
+import numpy as np
+
+from ... import collectives as _coll
+from ... import group as _group
+from ... import objects as _objects
+from ...arrays import byte_view
+from .constants import (COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED, COMM_TYPE_SHARED,
+                        CONGRUENT, IDENT, SIMILAR, UNEQUAL)
+from .exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, _error, _Handled
+from .group import Group
+from .info import Info
+from ...group import ProcessGroup
+from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work
+from .constants import ANY_SOURCE, ANY_TAG, IN_PLACE, PROC_NULL, TAG_UB, UNDEFINED, _TAG_UB
+from .op import SUM, _buffer_op, _py_op
+from .p2p import _Matcher, _Recv, _matchers, _progress, _wait_until
+from .request import Prequest, Request, _done_request
+from .status import Status
+
+__all__ = ["Comm", "Intracomm", "COMM_NULL"]
+
+
+# ---- communicators ----
+
+def _rank_arg(value, size: int, what: str, allowed=()) -> int:
+    try:
+        r = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int rank, got {value!r}") from None
+    if r in allowed or 0 <= r < size:
+        return r
+    raise ValueError(f"{what} {r} is not a rank of the communicator (size {size})")
+
+
+def _tag_arg(value, what: str, allow_any: bool) -> int:
+    try:
+        t = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {value!r}") from None
+    if (allow_any and t == ANY_TAG) or 0 <= t < 2**63:
+        return t
+    raise ValueError(f"{what} must be >= 0{' or MPI.ANY_TAG' if allow_any else ''}, got {t}")
+
+
+_matcher_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class Comm(_Handled):
+    """A communicator: an ordered group of processes and a context that
+    keeps its messages apart from every other communicator's.
+
+    ``MPI.Intracomm(comm)`` (or a subclass's constructor) refers to the same
+    communicator as ``comm``, as in mpi4py; ``MPI.Comm()`` is COMM_NULL."""
+
+    def __init__(self, group=None, name: str = "MPI_COMM_NULL"):
+        if isinstance(group, Comm):
+            name, group = group._name, group._group
+        self._group = group
+        self._name = name
+        self._matcher: Optional[_Matcher] = None
+        self._info = None
+
+    def __reduce__(self):
+        for which in ("COMM_NULL",):
+            if self is globals()[which]:
+                return which
+        raise ValueError(f"cannot pickle {self!r}")
+
+    # ---- identity ----
+
+    def _g(self, what: str) -> ProcessGroup:
+        if self._group is None:
+            raise _error(ERR_COMM, f"{what} called on MPI.COMM_NULL")
+        return _group.resolve(self._group)  # raises once the world was destroyed
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Comm) and self._group is other._group
+
+    def __ne__(self, other) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return id(self._group)
+
+    def __bool__(self) -> bool:
+        return self._group is not None
+
+    def __repr__(self) -> str:
+        if self._group is None:
+            return "<MPI.COMM_NULL>"
+        return f"<MPI.{type(self).__name__} {self._name} rank={self._group.rank} size={self._group.size}>"
+
+    def Get_rank(self) -> int:
+        return self._g("Get_rank").rank
+
+    def Get_size(self) -> int:
+        return self._g("Get_size").size
+
+    rank = property(Get_rank)
+    size = property(Get_size)
+
+    def Get_name(self) -> str:
+        return self._name
+
+    def Set_name(self, name: str) -> None:
+        self._name = name
+
+    name = property(Get_name, Set_name)
+
+    def Is_inter(self) -> bool:
+        return False
+
+    def Is_intra(self) -> bool:
+        return True
+
+    is_inter = property(Is_inter)
+    is_intra = property(Is_intra)
+
+    @property
+    def topology(self) -> int:
+        return UNDEFINED
+
+    @property
+    def group(self) -> "Group":
+        return self.Get_group()
+
+    @property
+    def info(self) -> "Info":
+        return self.Get_info()
+
+    def Get_attr(self, keyval: int):
+        return _TAG_UB if keyval == TAG_UB else None
+
+    def Set_info(self, info) -> None:
+        self._g("Set_info")
+        self._info = Info._of(info.items() if info else ())
+
+    def Get_info(self):
+        self._g("Get_info")
+        return Info._of(self._info.items() if self._info else ())
+
+    # ---- groups ----
+
+    def Get_group(self) -> Group:
+        """The group of this communicator's processes, in rank order."""
+        return Group._of(self._g("Get_group").ranks)
+
+    @classmethod
+    def Compare(cls, comm1: "Comm", comm2: "Comm") -> int:
+        """IDENT (the same communicator), CONGRUENT (same processes in the
+        same order, another context), SIMILAR (same processes), else UNEQUAL."""
+        if comm1 == comm2:
+            return IDENT
+        a, b = comm1._g("Compare").ranks, comm2._g("Compare").ranks
+        if a == b:
+            return CONGRUENT
+        return SIMILAR if set(a) == set(b) else UNEQUAL
+
+    def Create(self, group: Group) -> "Comm":
+        """A communicator of ``group``'s processes (a subset of this one's),
+        in group order; the others get COMM_NULL. Every rank of this
+        communicator calls it with the same group."""
+        g = self._g("Create")
+        members = group._r("Create")
+        missing = [w for w in members if w not in g.ranks]
+        if missing:
+            raise _error(ERR_GROUP, f"Create: processes {missing} are not in {self._name}")
+        me = g.network.rank
+        color, key = (0, members.index(me)) if me in members else (-1, 0)
+        new = _group.split_group(g, color, key, name=f"{self._name}/create")
+        return COMM_NULL if new is None else type(self)(new, new.name) if isinstance(self, Intracomm) \
+            else Intracomm(new, new.name)
+
+    def Create_group(self, group: Group, tag: int = 0) -> "Comm":
+        """Create, called by the members of ``group`` only. They agree on a
+        context among themselves, over messages of this communicator on a
+        tag of collie's own (``tag`` tells concurrent calls apart in MPI;
+        here calls on one communicator must not overlap)."""
+        g = self._g("Create_group")
+        members = group._r("Create_group")
+        me = g.network.rank
+        if me not in members:
+            raise _error(ERR_GROUP, f"Create_group: this process is not in the group {list(members)}")
+        missing = [w for w in members if w not in g.ranks]
+        if missing:
+            raise _error(ERR_GROUP, f"Create_group: processes {missing} are not in {self._name}")
+        context = _agree_among(g, members, operator.index(tag))
+        new = ProcessGroup(g.network, members, context, g.timeout, f"{self._name}/group")
+        _group.world().groups.append(new)
+        return Intracomm(new, new.name)
+
+    def Split_type(self, split_type: int, key: int = 0, info=None) -> "Comm":
+        """COMM_TYPE_SHARED (and the hardware-guided types): the ranks on this
+        host, ordered by key; UNDEFINED: COMM_NULL."""
+        if split_type == UNDEFINED:
+            return self.Split(UNDEFINED, key)
+        if split_type not in (COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED,
+                              COMM_TYPE_RESOURCE_GUIDED):
+            raise _error(ERR_ARG, f"Split_type: unknown split type {split_type}")
+        host = socket.gethostname()
+        hosts = self.allgather(host)
+        color = sorted(set(hosts)).index(host)
+        return self.Split(color, key)
+
+    def Idup(self, info=None):
+        """Dup, done at once; the Request is complete."""
+        comm = self.Dup()
+        return comm, _done_request()
+
+    def Dup_with_info(self, info) -> "Comm":
+        comm = self.Dup()
+        comm.Set_info(info)
+        return comm
+
+    def Idup_with_info(self, info):
+        comm = self.Dup_with_info(info)
+        return comm, _done_request()
+
+    # ---- making and freeing communicators ----
+
+    def Split(self, color: int = 0, key: int = 0) -> "Comm":
+        """Ranks with the same color form a new communicator, ordered by key
+        (then by rank here); color MPI.UNDEFINED gets MPI.COMM_NULL."""
+        g = self._g("Split")
+        color, key = operator.index(color), operator.index(key)
+        if color < 0 and color != UNDEFINED:
+            raise ValueError(f"Split: color must be >= 0 or MPI.UNDEFINED, got {color}")
+        new = _group.split_group(g, -1 if color == UNDEFINED else color, key,
+                                 name=f"{self._name}/split{color}")
+        return COMM_NULL if new is None else Intracomm(new, new.name)
+
+    def Dup(self, info=None) -> "Comm":
+        """The same ranks in a new context: its messages never meet this one's."""
+        g = self._g("Dup")
+        new = type(self)(_group.split_group(g, 0, g.rank, name=f"{self._name}/dup"), f"{self._name}/dup")
+        new._info = self._info if info is None else Info._of(info.items() if info else ())
+        return new
+
+    Clone = Dup
+
+    def Free(self) -> None:
+        g = self._g("Free")
+        if g is _group.world().group or self._name == "MPI_COMM_SELF":
+            raise ValueError(f"Free: {self._name} cannot be freed")
+        _group.destroy_process_group(g)
+        if self._matcher is not None:
+            _matchers.discard(self._matcher)
+        self._group, self._matcher, self._name = None, None, "MPI_COMM_NULL"
+
+    def Abort(self, errorcode: int = 0) -> None:
+        """End this process at once with ``errorcode`` (1 when 0); ``collie
+        run`` then stops every other rank, as mpiexec does."""
+        sys.stdout.flush()
+        sys.stderr.write(f"MPI Abort on rank {self._group.rank if self._group else '?'} "
+                         f"with error code {errorcode}\n")
+        sys.stderr.flush()
+        os._exit(errorcode or 1)
+
+    # ---- point to point: the shared path ----
+
+    def _p2p(self, what: str) -> _Matcher:
+        g = self._g(what)
+        if self._matcher is None or self._matcher.group is not g:
+            # one matcher per group: copies of a communicator (MPI.Intracomm(comm)) share it
+            m = _matcher_of.get(g)
+            if m is None:
+                m = _matcher_of[g] = _Matcher(g, self._name)
+            self._matcher = m
+        return self._matcher
+
+    def _send(self, data: memoryview, dest, tag, what: str, keep=None) -> Request:
+        m = self._p2p(what)
+        dest = _rank_arg(dest, m.group.size, f"{what}: dest", (PROC_NULL,))
+        tag = _tag_arg(tag, f"{what}: tag", allow_any=False)
+        if dest == PROC_NULL:
+            return _done_request()
+        reqs, head = m.isend(data, dest, tag)
+        return Request(m.network, sends=reqs, keep=(keep, data, head), timeout=m.group.timeout,
+                       describe=lambda: f"{what} to rank {dest} (tag {tag}) of {self._name}")
+
+    def _recv(self, dst: Optional[memoryview], source, tag, what: str, after=None, keep=None) -> Request:
+        m = self._p2p(what)
+        source = _rank_arg(source, m.group.size, f"{what}: source", (ANY_SOURCE, PROC_NULL))
+        tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
+        if source == PROC_NULL:
+            return _done_request((PROC_NULL, ANY_TAG, 0, False))
+        op = _Recv(source, tag, dst)
+        m.post(op)
+        src = "any rank" if source == ANY_SOURCE else f"rank {source}"
+        tags = "any tag" if tag == ANY_TAG else f"tag {tag}"
+        return Request(m.network, recv=op, matcher=m, after=after, keep=keep, timeout=m.group.timeout,
+                       describe=lambda: f"{what} from {src} ({tags}) of {self._name}")
+
+    def _probe(self, source, tag, status: Optional[Status], block: bool, what: str) -> bool:
+        m = self._p2p(what)
+        source = _rank_arg(source, m.group.size, f"{what}: source", (ANY_SOURCE, PROC_NULL))
+        tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._set(PROC_NULL, ANY_TAG, 0)
+            return True
+        m.probes.append(source)
+        try:
+            if block:
+                _wait_until(lambda: m.find(source, tag) is not None or m.gone(source) is not None,
+                            m.network, m.group.timeout, lambda: f"{what} of {self._name}")
+            else:
+                for _ in range(2):  # once to post envelope receives, once to take them in
+                    _progress(m.network)
+        finally:
+            m.probes.remove(source)
+        msg = m.find(source, tag)
+        if msg is None and block:
+            raise m.gone(source)
+        if msg is not None and status is not None:
+            status._set(msg.source, msg.tag, msg.nbytes)
+        return msg is not None
+
+    # ---- point to point: buffers ----
+
+    def Send(self, buf, dest: int, tag: int = 0) -> None:
+        """Send a buffer; returns once the buffer may be reused."""
+        self.Isend(buf, dest, tag).Wait()
+
+    Ssend = Send
+    Bsend = Send
+    Rsend = Send
+
+    def Isend(self, buf, dest: int, tag: int = 0) -> Request:
+        if dest == PROC_NULL:
+            return _done_request()
+        b = _Buf(buf, "Isend buf", writable=False, empty_ok=True)
+        return self._send(byte_view(b.section()), dest, tag, "Send", keep=b)
+
+    Issend = Isend
+    Ibsend = Isend
+    Irsend = Isend
+
+    def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:
+        """Receive into a buffer at least as large as the message."""
+        self.Irecv(buf, source, tag).Wait(status)
+
+    def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        if source == PROC_NULL:
+            return self._recv(None, source, tag, "Recv")
+        b = _Buf(buf, "Recv buf", writable=True, empty_ok=True)
+        return self._recv(byte_view(b.section()), source, tag, "Recv", after=b.finish, keep=b)
+
+    def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
+                 recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
+        """Send and receive at once: no ordering of the two can deadlock."""
+        rreq = self.Irecv(recvbuf, source, recvtag)
+        sreq = self.Isend(sendbuf, dest, sendtag)
+        Request.Waitall([rreq, sreq], [status, None])
+
+    def Send_init(self, buf, dest: int, tag: int = 0) -> Prequest:
+        """A persistent send: each Start() sends buf's current contents."""
+        return Prequest(lambda: self.Isend(buf, dest, tag))
+
+    Bsend_init = Send_init
+    Ssend_init = Send_init
+    Rsend_init = Send_init
+
+    def Recv_init(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
+        return Prequest(lambda: self.Irecv(buf, source, tag))
+
+    def Isendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
+                  recvtag: int = ANY_TAG) -> Request:
+        """Sendrecv, nonblocking: the Request completes when both halves have."""
+        rreq = self.Irecv(recvbuf, source, recvtag)
+        sreq = self.Isend(sendbuf, dest, sendtag)
+        return _Both(rreq, sreq)
+
+    def Isendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                          recvtag: int = ANY_TAG) -> Request:
+        if buf is None or (dest == PROC_NULL and source == PROC_NULL):
+            return self.Isendrecv(buf, dest, sendtag, buf, source, recvtag)
+        b = _Buf(buf, "Sendrecv_replace buf", writable=True, empty_ok=True)
+        req = self.Isendrecv(b.section().copy(), dest, sendtag, [b.section(), b.flat.dtype], source, recvtag)
+        req._after = b.finish
+        return req
+
+    def Sendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                         recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
+        b = _Buf(buf, "Sendrecv_replace buf", writable=True, empty_ok=True)
+        self.Sendrecv(b.section().copy(), dest, sendtag, [b.section(), b.flat.dtype], source, recvtag, status)
+        b.finish()
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> bool:
+        """Block until a matching message can be received; Status says which."""
+        return self._probe(source, tag, status, True, "Probe")
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> bool:
+        return self._probe(source, tag, status, False, "Iprobe")
+
+    probe = Probe
+    iprobe = Iprobe
+
+    # ---- point to point: objects ----
+
+    def send(self, obj, dest: int, tag: int = 0) -> None:
+        self.isend(obj, dest, tag).Wait()
+
+    ssend = send
+    bsend = send
+
+    def isend(self, obj, dest: int, tag: int = 0) -> Request:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return self._send(memoryview(data), dest, tag, "send")
+
+    issend = isend
+    ibsend = isend
+
+    def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
+        """Receive an object (``buf`` is accepted for mpi4py's signature and ignored)."""
+        return self.irecv(buf, source, tag).wait(status)
+
+    def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        return self._recv(None, source, tag, "recv")
+
+    def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
+                 recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
+        rreq = self.irecv(recvbuf, source, recvtag)
+        sreq = self.isend(sendobj, dest, sendtag)
+        Request.Waitall([rreq, sreq], [status, None])
+        return rreq._result
+
+    # ---- collectives: shared helpers ----
+
+    def _root(self, g: ProcessGroup, root, what: str) -> int:
+        return _rank_arg(root, g.size, f"{what}: root")
+
+    def Barrier(self) -> None:
+        _coll.barrier(group=self._g("Barrier"))
+
+    barrier = Barrier
+
+    def Ibarrier(self) -> Request:
+        g = self._g("Ibarrier")
+        return Request(g.network, work=_coll.barrier(group=g, async_op=True), timeout=g.timeout)
+
+
+class _Both(Request):
+    """Two requests that complete as one (Isendrecv): the receive's status."""
+
+    def __init__(self, rreq: Request, sreq: Request):
+        super().__init__(rreq._network or sreq._network, timeout=max(rreq._timeout, sreq._timeout))
+        self._pair = (rreq, sreq)
+
+    def _ready(self) -> bool:
+        return self._done or all(r._ready() for r in self._pair)
+
+    def _requests(self) -> list:
+        return [q for r in self._pair for q in r._requests()]
+
+    def _finish(self) -> None:
+        rreq, sreq = self._pair
+        st = Status()
+        rreq._complete(st)
+        sreq._complete(None)
+        self._status = (st.source, st.tag, st._nbytes, st._cancelled)
+        self._result = rreq._result
+        if self._after is not None:
+            self._after()
+
+
+_CREATE_TAG = _group.MAX_TAG - 3  # collie's p2p tag of Create_group's agreement
+
+
+def _agree_among(g: ProcessGroup, members: tuple, tag: int) -> int:
+    """A context unused on every one of ``members`` (world ranks, a subset of
+    g): the first member gathers their next free contexts and sends back the
+    largest; everyone moves past it."""
+    w = _group.world()
+    net = g.network
+    ptag = g.p2p_tag(_CREATE_TAG)
+    mine = np.array([w.next_context, tag], dtype=np.int64)
+    if net.rank == members[0]:
+        rows = [mine]
+        for peer in members[1:]:
+            got = np.empty(2, dtype=np.int64)
+            net.wait([net.irecv(peer, ptag, byte_view(got))], describe=lambda: "Create_group")
+            rows.append(got)
+        if any(int(r[1]) != tag for r in rows):
+            raise _error(ERR_ARG, f"Create_group: the members gave different tags {[int(r[1]) for r in rows]}")
+        context = np.array([max(int(r[0]) for r in rows)], dtype=np.int64)
+        net.wait([net.isend(peer, ptag, byte_view(context)) for peer in members[1:]],
+                 describe=lambda: "Create_group")
+    else:
+        context = np.empty(1, dtype=np.int64)
+        net.wait([net.isend(members[0], ptag, byte_view(mine))], describe=lambda: "Create_group")
+        net.wait([net.irecv(members[0], ptag, byte_view(context))], describe=lambda: "Create_group")
+    w.next_context = int(context[0]) + 1
+    return int(context[0])
+
+
+def _in_place(buf):
+    """None in a send slot is MPI.IN_PLACE, as in mpi4py."""
+    return IN_PLACE if buf is None else buf
+
+
+def _user_reduce(g, nb, op, src, dst, what: str):
+    """A reduction with a user op (Op.Create): all-gather every rank's
+    buffer, then fold them in rank order into dst (None: not wanted here)."""
+    if dst is not None:
+        _check_same(src, dst, what, src.size == dst.size)
+    rows = np.empty((g.size, src.size), dtype=src.dtype)
+    yield _coll.all_gather_into_tensor(rows, np.ascontiguousarray(src), group=g, async_op=nb)
+    if dst is not None:
+        acc = rows[0].copy()
+        for i in range(1, g.size):
+            acc = op._apply(acc, rows[i])
+        _store(dst, acc)
+
+
+def _blocking(gen, doc: str):
+    def call(self, *args, **kwargs):
+        for _ in gen(self, False, *args, **kwargs):
+            pass
+    call.__name__, call.__doc__ = gen.__name__[1:], doc
+    return call
+
+
+def _nonblocking(gen):
+    def call(self, *args, **kwargs) -> Request:
+        steps = gen(self, True, *args, **kwargs)
+        work = next(steps)  # checks the arguments and posts the collective
+        g = self._g(call.__name__)
+
+        def rest():
+            for _ in steps:
+                pass
+
+        return Request(g.network, work=work, keep=steps, after=rest, timeout=g.timeout,
+                       describe=lambda: f"{call.__name__} of {self._name}")
+    call.__name__ = "I" + gen.__name__[1:]
+    call.__doc__ = f"The nonblocking {gen.__name__[1:]}: returns a Request."
+    return call
+
+
+def _persistent(iname: str):
+    """X_init: a persistent request whose Start() runs the nonblocking IX
+    on the arguments given here."""
+    name = iname[1:] + "_init"
+
+    def call(self, *args, **kwargs) -> Prequest:
+        self._g(name)
+        start = getattr(self, iname)
+        return Prequest(lambda: start(*args, **kwargs))
+    call.__name__ = name
+    call.__doc__ = f"The persistent {iname[1:]}: a Prequest; each Start() runs {iname} again."
+    return call
+
+
+class Intracomm(Comm):
+    """A communicator within one group of processes (all of collie's)."""
+
+    # ---- collectives on buffers ----
+    #
+    # Each collective is written once, as a generator _X(nb, ...): it checks
+    # its arguments, runs collie's collective (async_op=nb), yields the
+    # returned Work (None when blocking), then finishes (unpacks, copies the
+    # result out). X runs it to the end; IX (nonblocking) runs it up to its
+    # yield and returns a Request whose completion runs the rest. A
+    # collective made of several collie calls runs all but the last at once.
+    # A send buffer of None means MPI.IN_PLACE, as in mpi4py.
+
+    def _Bcast(self, nb, buf, root=0):
+        g = self._g("Bcast")
+        root = self._root(g, root, "Bcast")
+        b = _Buf(buf, "Bcast buf", writable=g.rank != root, empty_ok=True)
+        data = _u8(b.section())
+        if not data.flags.writeable:
+            data = data.copy()
+        yield _coll.broadcast(data, src=g.ranks[root], group=g, async_op=nb)
+        b.finish()
+
+    def _Scatter(self, nb, sendbuf, recvbuf, root=0):
+        g = self._g("Scatter")
+        root = self._root(g, root, "Scatter")
+        recvbuf = _in_place(recvbuf) if g.rank == root else recvbuf
+        pieces = None
+        if g.rank == root:
+            s = _Buf(sendbuf, "Scatter sendbuf", writable=False, blocks=g.size)
+            pieces = [_u8(s.block(i)) for i in range(g.size)]
+        r = None
+        if recvbuf is IN_PLACE:
+            out = pieces[root].copy()
+        else:
+            r = _Buf(recvbuf, "Scatter recvbuf", writable=True)
+            out = _u8(r.section())
+        yield _coll.scatter(out, pieces, src=g.ranks[root], group=g, async_op=nb)
+        if r is not None:
+            r.finish()
+
+    def _Scatterv(self, nb, sendbuf, recvbuf, root=0):
+        g = self._g("Scatterv")
+        root = self._root(g, root, "Scatterv")
+        recvbuf = _in_place(recvbuf) if g.rank == root else recvbuf
+        in_blocks = [np.zeros(0, dtype=np.uint8)] * g.size
+        if g.rank == root:
+            s = _Buf(sendbuf, "Scatterv sendbuf", writable=False, blocks=g.size, vector=True)
+            in_blocks = [_u8(s.vblock(i)) for i in range(g.size)]
+            if recvbuf is IN_PLACE:
+                in_blocks[root] = np.zeros(0, dtype=np.uint8)
+        out_sizes = [0] * g.size
+        r = None
+        out = np.zeros(0, dtype=np.uint8)
+        if recvbuf is not IN_PLACE:
+            r = _Buf(recvbuf, "Scatterv recvbuf", writable=True, empty_ok=True)
+            out = _u8(r.section())
+            out_sizes[root] = out.size
+        send = _pack(in_blocks)
+        yield _coll.all_to_all_single(out, send, out_sizes, [b.size for b in in_blocks], group=g, async_op=nb)
+        if r is not None:
+            r.finish()
+
+    def _Gather(self, nb, sendbuf, recvbuf, root=0):
+        g = self._g("Gather")
+        root = self._root(g, root, "Gather")
+        sendbuf = _in_place(sendbuf) if g.rank == root else sendbuf
+        _only_root(sendbuf, g, root, "Gather", "sendbuf")
+        outs = r = None
+        if g.rank == root:
+            r = _Buf(recvbuf, "Gather recvbuf", writable=True, blocks=g.size)
+            outs = [_u8(r.block(i)) for i in range(g.size)]
+        if sendbuf is IN_PLACE:
+            send = outs[root].copy()
+        else:
+            send = _u8(_Buf(sendbuf, "Gather sendbuf", writable=False).section())
+        yield _coll.gather(send, outs, dst=g.ranks[root], group=g, async_op=nb)
+        if r is not None:
+            r.finish()
+
+    def _Gatherv(self, nb, sendbuf, recvbuf, root=0):
+        g = self._g("Gatherv")
+        root = self._root(g, root, "Gatherv")
+        sendbuf = _in_place(sendbuf) if g.rank == root else sendbuf
+        _only_root(sendbuf, g, root, "Gatherv", "sendbuf")
+        send = np.zeros(0, dtype=np.uint8)
+        if sendbuf is not IN_PLACE:
+            send = _u8(_Buf(sendbuf, "Gatherv sendbuf", writable=False, empty_ok=True).section())
+        in_sizes = [0] * g.size
+        in_sizes[root] = send.size
+        out_sizes = [0] * g.size
+        r = None
+        out = np.zeros(0, dtype=np.uint8)
+        if g.rank == root:
+            r = _Buf(recvbuf, "Gatherv recvbuf", writable=True, blocks=g.size, vector=True)
+            out_sizes = [r.vblock(i).nbytes for i in range(g.size)]
+            if sendbuf is IN_PLACE:
+                out_sizes[root] = 0
+            out = np.empty(sum(out_sizes), dtype=np.uint8)
+        yield _coll.all_to_all_single(out, send, out_sizes, in_sizes, group=g, async_op=nb)
+        if r is not None:
+            _unpack(out, r, out_sizes, skip=root if sendbuf is IN_PLACE else None)
+
+    def _Allgather(self, nb, sendbuf, recvbuf):
+        g = self._g("Allgather")
+        sendbuf = _in_place(sendbuf)
+        r = _Buf(recvbuf, "Allgather recvbuf", writable=True, blocks=g.size)
+        if sendbuf is IN_PLACE:
+            send = _u8(r.block(g.rank)).copy()
+        else:
+            send = _u8(_Buf(sendbuf, "Allgather sendbuf", writable=False).section())
+        yield _coll.all_gather_into_tensor(_u8(r.section(g.size)), send, group=g, async_op=nb)
+        r.finish()
+
+    def _Allgatherv(self, nb, sendbuf, recvbuf):
+        g = self._g("Allgatherv")
+        sendbuf = _in_place(sendbuf)
+        r = _Buf(recvbuf, "Allgatherv recvbuf", writable=True, blocks=g.size, vector=True)
+        outs = [_u8(r.vblock(i)) for i in range(g.size)]
+        if sendbuf is IN_PLACE:
+            send = outs[g.rank].copy()
+        else:
+            send = _u8(_Buf(sendbuf, "Allgatherv sendbuf", writable=False, empty_ok=True).section())
+        yield _coll.all_gather(outs, send, group=g, async_op=nb)
+        r.finish()
+
+    def _Alltoall(self, nb, sendbuf, recvbuf):
+        g = self._g("Alltoall")
+        sendbuf = _in_place(sendbuf)
+        r = _Buf(recvbuf, "Alltoall recvbuf", writable=True, blocks=g.size)
+        out = _u8(r.section(g.size))
+        if sendbuf is IN_PLACE:
+            send = out.copy()
+        else:
+            send = _u8(_Buf(sendbuf, "Alltoall sendbuf", writable=False, blocks=g.size).section(g.size))
+        yield _coll.all_to_all_single(out, send, group=g, async_op=nb)
+        r.finish()
+
+    def _Alltoallv(self, nb, sendbuf, recvbuf):
+        g = self._g("Alltoallv")
+        sendbuf = _in_place(sendbuf)
+        r = _Buf(recvbuf, "Alltoallv recvbuf", writable=True, blocks=g.size, vector=True)
+        s = r if sendbuf is IN_PLACE else _Buf(sendbuf, "Alltoallv sendbuf", writable=False, blocks=g.size,
+                                               vector=True)
+        in_blocks = [_u8(s.vblock(i)) for i in range(g.size)]
+        send = _pack(in_blocks)  # a copy, so IN_PLACE is safe
+        out_sizes = [r.vblock(i).nbytes for i in range(g.size)]
+        out = np.empty(sum(out_sizes), dtype=np.uint8)
+        yield _coll.all_to_all_single(out, send, out_sizes, [b.size for b in in_blocks], group=g, async_op=nb)
+        _unpack(out, r, out_sizes)
+
+    # ---- reductions on buffers ----
+
+    def _Reduce(self, nb, sendbuf, recvbuf, op=SUM, root=0):
+        g = self._g("Reduce")
+        root = self._root(g, root, "Reduce")
+        op = _buffer_op(op, "Reduce")
+        sendbuf = _in_place(sendbuf) if g.rank == root else sendbuf
+        _only_root(sendbuf, g, root, "Reduce", "sendbuf")
+        r = _Buf(recvbuf, "Reduce recvbuf", writable=True) if g.rank == root else None
+        dst = r.section() if r is not None else None
+        src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, "Reduce sendbuf", writable=False).section()
+        if op._user is not None:
+            yield from _user_reduce(g, nb, op, src, dst, "Reduce")
+            if r is not None:
+                r.finish()
+            return
+        work = _work(op, src, dst, "Reduce")
+        yield _coll.reduce(work, dst=g.ranks[root], op=op._collie, group=g, async_op=nb)
+        if r is not None:
+            _store(dst, work)
+            r.finish()
+
+    def _Allreduce(self, nb, sendbuf, recvbuf, op=SUM):
+        g = self._g("Allreduce")
+        op = _buffer_op(op, "Allreduce")
+        sendbuf = _in_place(sendbuf)
+        r = _Buf(recvbuf, "Allreduce recvbuf", writable=True)
+        dst = r.section()
+        src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, "Allreduce sendbuf", writable=False).section()
+        if op._user is not None:
+            yield from _user_reduce(g, nb, op, src, dst, "Allreduce")
+            r.finish()
+            return
+        work = _work(op, src, dst, "Allreduce")
+        yield _coll.all_reduce(work, op=op._collie, group=g, async_op=nb)
+        _store(dst, work)
+        r.finish()
+
+    def _Reduce_scatter_block(self, nb, sendbuf, recvbuf, op=SUM):
+        g = self._g("Reduce_scatter_block")
+        op = _buffer_op(op, "Reduce_scatter_block")
+        sendbuf = _in_place(sendbuf)
+        if sendbuf is IN_PLACE:
+            r = _Buf(recvbuf, "Reduce_scatter_block recvbuf", writable=True, blocks=g.size)
+            src, dst = r.section(g.size), r.block(0)
+        else:
+            r = _Buf(recvbuf, "Reduce_scatter_block recvbuf", writable=True)
+            src = _Buf(sendbuf, "Reduce_scatter_block sendbuf", writable=False, blocks=g.size).section(g.size)
+            dst = r.section()
+        _check_same(src, dst, "Reduce_scatter_block", src.size == dst.size * g.size)
+        inp = (src != 0) if op._logical else src
+        if sendbuf is IN_PLACE and not op._logical:
+            inp = inp.copy()
+        out = np.empty(dst.size, dtype=inp.dtype) if (op._logical or sendbuf is IN_PLACE) else dst
+        yield _coll.reduce_scatter_tensor(out, inp, op=op._collie, group=g, async_op=nb)
+        _store(dst, out)
+        r.finish()
+
+    def _Reduce_scatter(self, nb, sendbuf, recvbuf, recvcounts=None, op=SUM):
+        g = self._g("Reduce_scatter")
+        op = _buffer_op(op, "Reduce_scatter")
+        sendbuf = _in_place(sendbuf)
+        r = _Buf(recvbuf, "Reduce_scatter recvbuf", writable=True)
+        if recvcounts is None:
+            mine = np.array([r.count], dtype=np.int64)
+            every = np.empty(g.size, dtype=np.int64)
+            _coll.all_gather_into_tensor(every, mine, group=g)
+            recvcounts = every.tolist()
+        counts = [_count(c, "Reduce_scatter recvcounts") for c in recvcounts]
+        if len(counts) != g.size:
+            raise ValueError(f"Reduce_scatter: recvcounts needs one count per rank ({g.size}), got {len(counts)}")
+        total = sum(counts)
+        if sendbuf is IN_PLACE:
+            src, dst = r.flat[r.displ:r.displ + total], r.flat[r.displ:r.displ + counts[g.rank]]
+        else:
+            src = _Buf(sendbuf, "Reduce_scatter sendbuf", writable=False).section()
+            dst = r.section()
+        _check_same(src, dst, "Reduce_scatter", src.size >= total and dst.size >= counts[g.rank])
+        inp = (src[:total] != 0) if op._logical else src[:total]
+        # Blocks padded to the largest count, so that every rank's call looks
+        # the same to collie's mismatch check; the padding lanes are dropped.
+        width = max(counts) if counts else 0
+        padded = np.zeros((g.size, width), dtype=inp.dtype)
+        for i, piece in enumerate(np.split(inp, np.cumsum(counts)[:-1])):
+            padded[i, :piece.size] = piece
+        out = np.empty(width, dtype=inp.dtype)
+        yield _coll.reduce_scatter_tensor(out, padded, op=op._collie, group=g, async_op=nb)
+        _store(dst[:counts[g.rank]], out[:counts[g.rank]])
+        r.finish()
+
+    def _scan(self, nb, sendbuf, recvbuf, op, what: str, inclusive: bool):
+        # All-gather, then reduce locally in rank order: the P-fold memory is
+        # the price of not having a scan schedule; fine for the sizes scans see.
+        g = self._g(what)
+        op = _buffer_op(op, what)
+        sendbuf = _in_place(sendbuf)
+        r = _Buf(recvbuf, f"{what} recvbuf", writable=True)
+        dst = r.section()
+        src = dst if sendbuf is IN_PLACE else _Buf(sendbuf, f"{what} sendbuf", writable=False).section()
+        _check_same(src, dst, what, src.size == dst.size)
+        rows = np.empty((g.size, src.size), dtype=src.dtype)
+        yield _coll.all_gather_into_tensor(rows, np.ascontiguousarray(src), group=g, async_op=nb)
+        upto = g.rank + 1 if inclusive else g.rank
+        if upto == 0:
+            return
+        acc = rows[0].copy()
+        for i in range(1, upto):
+            acc = op._apply(acc, rows[i]).astype(src.dtype, copy=False)
+        if op._logical:
+            acc = acc != 0
+        _store(dst, acc)
+        r.finish()
+
+    def _Scan(self, nb, sendbuf, recvbuf, op=SUM):
+        return self._scan(nb, sendbuf, recvbuf, op, "Scan", inclusive=True)
+
+    def _Exscan(self, nb, sendbuf, recvbuf, op=SUM):
+        return self._scan(nb, sendbuf, recvbuf, op, "Exscan", inclusive=False)
+
+    Bcast = _blocking(_Bcast, "Copy root's buffer into every rank's.")
+    Ibcast = _nonblocking(_Bcast)
+    Scatter = _blocking(_Scatter, "Block r of root's sendbuf into rank r's recvbuf (IN_PLACE at root: "
+                                  "root keeps its block where it is).")
+    Iscatter = _nonblocking(_Scatter)
+    Scatterv = _blocking(_Scatterv, "Scatter with a count and displacement per rank "
+                                    "([buf, (counts, displs), type] at root).")
+    Iscatterv = _nonblocking(_Scatterv)
+    Gather = _blocking(_Gather, "Every rank's sendbuf into block r of root's recvbuf (IN_PLACE at "
+                                "root: root's block is already in place).")
+    Igather = _nonblocking(_Gather)
+    Gatherv = _blocking(_Gatherv, "Gather with a count and displacement per rank "
+                                  "([buf, (counts, displs), type] at root).")
+    Igatherv = _nonblocking(_Gatherv)
+    Allgather = _blocking(_Allgather, "Every rank's sendbuf into block r of every rank's recvbuf.")
+    Iallgather = _nonblocking(_Allgather)
+    Allgatherv = _blocking(_Allgatherv, "Allgather with a count and displacement per rank.")
+    Iallgatherv = _nonblocking(_Allgatherv)
+    Alltoall = _blocking(_Alltoall, "Block q of rank r's sendbuf into block r of rank q's recvbuf.")
+    Ialltoall = _nonblocking(_Alltoall)
+    Alltoallv = _blocking(_Alltoallv, "Alltoall with counts and displacements per rank on both sides.")
+    Ialltoallv = _nonblocking(_Alltoallv)
+    Reduce = _blocking(_Reduce, "Reduce every rank's sendbuf into root's recvbuf.")
+    Ireduce = _nonblocking(_Reduce)
+    Allreduce = _blocking(_Allreduce, "Reduce every rank's sendbuf into every rank's recvbuf.")
+    Iallreduce = _nonblocking(_Allreduce)
+    Reduce_scatter_block = _blocking(_Reduce_scatter_block, "Reduce, then rank r gets block r of the "
+                                     "result (IN_PLACE: recvbuf holds every block, rank r's result "
+                                     "lands in its first block).")
+    Ireduce_scatter_block = _nonblocking(_Reduce_scatter_block)
+    Reduce_scatter = _blocking(_Reduce_scatter, "Reduce, then rank r gets the next recvcounts[r] "
+                               "elements of the result (recvcounts defaults to every rank's recvbuf size).")
+    Ireduce_scatter = _nonblocking(_Reduce_scatter)
+    Scan = _blocking(_Scan, "Rank r gets the reduction of ranks 0..r (inclusive).")
+    Iscan = _nonblocking(_Scan)
+    Exscan = _blocking(_Exscan, "Rank r gets the reduction of ranks 0..r-1; rank 0's recvbuf is left as is.")
+    Iexscan = _nonblocking(_Exscan)
+
+    # ---- persistent collectives (MPI-4) ----
+    #
+    # X_init binds its arguments; each Start() runs IX on them again (the
+    # buffers are read and written at each Start, as MPI does).
+
+    Barrier_init = _persistent("Ibarrier")
+    Bcast_init = _persistent("Ibcast")
+    Scatter_init = _persistent("Iscatter")
+    Scatterv_init = _persistent("Iscatterv")
+    Gather_init = _persistent("Igather")
+    Gatherv_init = _persistent("Igatherv")
+    Allgather_init = _persistent("Iallgather")
+    Allgatherv_init = _persistent("Iallgatherv")
+    Alltoall_init = _persistent("Ialltoall")
+    Alltoallv_init = _persistent("Ialltoallv")
+    Reduce_init = _persistent("Ireduce")
+    Allreduce_init = _persistent("Iallreduce")
+    Reduce_scatter_block_init = _persistent("Ireduce_scatter_block")
+    Reduce_scatter_init = _persistent("Ireduce_scatter")
+    Scan_init = _persistent("Iscan")
+    Exscan_init = _persistent("Iexscan")
+
+    # ---- collectives on objects ----
+
+    def bcast(self, obj=None, root: int = 0) -> Any:
+        """root's object, on every rank."""
+        g = self._g("bcast")
+        root = self._root(g, root, "bcast")
+        box = [obj]
+        _objects.broadcast_object_list(box, src=g.ranks[root], group=g)
+        return box[0]
+
+    def scatter(self, sendobj=None, root: int = 0) -> Any:
+        """Item r of root's sequence, on rank r."""
+        g = self._g("scatter")
+        root = self._root(g, root, "scatter")
+        items = None
+        if g.rank == root:
+            items = list(sendobj) if sendobj is not None else None
+            if items is None or len(items) != g.size:
+                raise ValueError(f"scatter: root's sendobj must be a sequence of {g.size} items (one per rank)")
+        box = [None]
+        _objects.scatter_object_list(box, items, src=g.ranks[root], group=g)
+        return box[0]
+
+    def gather(self, sendobj, root: int = 0) -> Optional[list]:
+        """Every rank's object, in a list at root (None elsewhere)."""
+        g = self._g("gather")
+        root = self._root(g, root, "gather")
+        out = [None] * g.size if g.rank == root else None
+        _objects.gather_object(sendobj, out, dst=g.ranks[root], group=g)
+        return out
+
+    def allgather(self, sendobj) -> list:
+        g = self._g("allgather")
+        out = [None] * g.size
+        _objects.all_gather_object(out, sendobj, group=g)
+        return out
+
+    def alltoall(self, sendobj) -> list:
+        """Item q of rank r's sequence becomes item r of rank q's result."""
+        g = self._g("alltoall")
+        items = list(sendobj)
+        if len(items) != g.size:
+            raise ValueError(f"alltoall: sendobj must be a sequence of {g.size} items (one per rank)")
+        payloads = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in items]
+        sizes = np.array([len(p) for p in payloads], dtype=np.int64)
+        got = np.empty(g.size, dtype=np.int64)
+        _coll.all_to_all_single(got, sizes, group=g)
+        out = np.empty(int(got.sum()), dtype=np.uint8)
+        send = np.frombuffer(b"".join(payloads), dtype=np.uint8)
+        _coll.all_to_all_single(out, send, got.tolist(), sizes.tolist(), group=g)
+        ends = np.cumsum(got)
+        return [pickle.loads(out[e - n:e].tobytes()) for e, n in zip(ends.tolist(), got.tolist())]
+
+    def reduce(self, sendobj, op=SUM, root: int = 0) -> Any:
+        """op folded over every rank's object in rank order, at root (None elsewhere)."""
+        fn = _py_op(op)
+        items = self.gather(sendobj, root)
+        return None if items is None else functools.reduce(fn, items)
+
+    def allreduce(self, sendobj, op=SUM) -> Any:
+        fn = _py_op(op)
+        return functools.reduce(fn, self.allgather(sendobj))
+
+    def scan(self, sendobj, op=SUM) -> Any:
+        fn = _py_op(op)
+        items = self.allgather(sendobj)
+        return functools.reduce(fn, items[:self.Get_rank() + 1])
+
+    def exscan(self, sendobj, op=SUM) -> Any:
+        """The fold over ranks before this one; None on rank 0."""
+        fn = _py_op(op)
+        items = self.allgather(sendobj)
+        rank = self.Get_rank()
+        return None if rank == 0 else functools.reduce(fn, items[:rank])
+
+
+COMM_NULL = Comm(None)

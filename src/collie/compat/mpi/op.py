@@ -1,0 +1,190 @@
+"""Reduction ops."""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable, Optional
+
+import numpy as np
+
+from ...ops import ReduceOp
+
+__all__ = ["Op", "SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC", "REPLACE", "NO_OP", "OP_NULL"]
+
+
+# ---- reduction ops ----
+
+class Op:
+    """A reduction: applies to Python objects (lowercase methods, by calling
+    it) and to buffers (uppercase methods, through collie.ReduceOp)."""
+
+    __slots__ = ("name", "_py", "_ufunc", "_collie", "_logical", "_user", "_commute")
+
+    def __init__(self, name="OP_NULL", py: Optional[Callable] = None, ufunc=None,
+                 collie: Optional[ReduceOp] = None, logical: bool = False):
+        if isinstance(name, Op):  # MPI.Op(op): the same op
+            other = name
+            name, py, ufunc, collie, logical = other.name, other._py, other._ufunc, other._collie, other._logical
+            self._user, self._commute = other._user, other._commute
+        else:
+            self._user, self._commute = None, True
+        self.name, self._py, self._ufunc, self._collie, self._logical = name, py, ufunc, collie, logical
+
+    @classmethod
+    def Create(cls, function: Callable, commute: bool = False) -> "Op":
+        """A user op: ``function(inbuf, inoutbuf, datatype)`` stores
+        ``inbuf op inoutbuf`` into inoutbuf (buffers as NumPy arrays). Buffer
+        reductions with it fold every rank's contribution in rank order."""
+        if not callable(function):
+            raise TypeError(f"Op.Create: expected a function (inbuf, inoutbuf, datatype), got {function!r}")
+        op = cls("user", None)
+        op._user, op._commute = function, bool(commute)
+        op._py = op._call_user
+        return op
+
+    def _call_user(self, x, y):
+        # lowercase reductions: x op y on objects, through the user function
+        # (mpi4py passes the objects themselves; the function returns the result)
+        out = self._user(x, y, None)
+        return y if out is None else out
+
+    def _apply(self, a, b):
+        """a op b on two arrays (a from the lower rank)."""
+        if self._user is not None:
+            out = np.array(b, copy=True)
+            self._user(np.asarray(a), out, _datatype_of(out))
+            return out
+        return self._ufunc(a, b)
+
+    def Reduce_local(self, inbuf, inoutbuf) -> None:
+        """inoutbuf = inbuf op inoutbuf, locally."""
+        from .buffers import _Buf, _check_same
+        a = _Buf(inbuf, "Reduce_local inbuf", writable=False).section()
+        r = _Buf(inoutbuf, "Reduce_local inoutbuf", writable=True)
+        b = r.section()
+        _check_same(a, b, "Reduce_local", a.size == b.size)
+        if self._py is None:
+            from .exceptions import ERR_OP, _error
+            raise _error(ERR_OP, "Reduce_local with MPI.OP_NULL")
+        if self._user is not None:
+            self._user(a, b, _datatype_of(b))
+        elif self._ufunc is not None:
+            res = self._ufunc(a, b)
+            if self._logical:
+                res = res != 0
+            np.copyto(b, res, casting="unsafe")
+        else:
+            np.copyto(b, self._py(a, b))
+        r.finish()
+
+    def __call__(self, x, y):
+        if self._py is None:
+            raise ValueError("MPI.OP_NULL cannot be applied")
+        return self._py(x, y)
+
+    def Is_commutative(self) -> bool:
+        return self._commute
+
+    is_commutative = property(Is_commutative)
+
+    def Is_predefined(self) -> bool:
+        return self._user is None
+
+    is_predefined = property(Is_predefined)
+
+    def Free(self) -> None:
+        if self._user is None:
+            from .exceptions import ERR_OP, _error
+            raise _error(ERR_OP, f"Op.Free: MPI.{self.name} is predefined")
+        self.name, self._py, self._user = "OP_NULL", None, None
+
+    free = Free
+
+    def __bool__(self) -> bool:
+        return self._py is not None
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Op):
+            return NotImplemented
+        return self.name == other.name and self._py is other._py
+
+    def __ne__(self, other) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self) -> int:
+        return hash((self.name, id(self._py)))
+
+    def __reduce__(self):
+        if self._user is None and globals().get(self.name) is self:
+            return self.name
+        raise ValueError(f"cannot pickle {self!r}")
+
+    def __repr__(self) -> str:
+        return f"<MPI.{self.name}>"
+
+
+def _datatype_of(arr):
+    from .datatype import _datatype_for
+    return _datatype_for(arr.dtype)
+
+
+def _either_array(x, y) -> bool:
+    return isinstance(x, np.ndarray) or isinstance(y, np.ndarray)
+
+
+def _min(x, y):
+    return np.minimum(x, y) if _either_array(x, y) else (y if y < x else x)
+
+
+def _max(x, y):
+    return np.maximum(x, y) if _either_array(x, y) else (y if y > x else x)
+
+
+def _maxloc(x, y):
+    # (value, index) pairs: the larger value, the smaller index on ties (MPI_MAXLOC)
+    return y if (y[0] > x[0] or (y[0] == x[0] and y[1] < x[1])) else x
+
+
+def _minloc(x, y):
+    return y if (y[0] < x[0] or (y[0] == x[0] and y[1] < x[1])) else x
+
+
+# LAND/LOR/LXOR on buffers: reduce the truth values (as bool BAND/BOR/BXOR)
+# and write 0/1 back in the buffer's dtype, as MPI's logical ops do.
+SUM = Op("SUM", operator.add, np.add, ReduceOp.SUM)
+PROD = Op("PROD", operator.mul, np.multiply, ReduceOp.PRODUCT)
+MIN = Op("MIN", _min, np.minimum, ReduceOp.MIN)
+MAX = Op("MAX", _max, np.maximum, ReduceOp.MAX)
+LAND = Op("LAND", lambda x, y: x and y, np.logical_and, ReduceOp.BAND, logical=True)
+LOR = Op("LOR", lambda x, y: x or y, np.logical_or, ReduceOp.BOR, logical=True)
+LXOR = Op("LXOR", lambda x, y: (not x) != (not y), np.logical_xor, ReduceOp.BXOR, logical=True)
+BAND = Op("BAND", operator.and_, np.bitwise_and, ReduceOp.BAND)
+BOR = Op("BOR", operator.or_, np.bitwise_or, ReduceOp.BOR)
+BXOR = Op("BXOR", operator.xor, np.bitwise_xor, ReduceOp.BXOR)
+MAXLOC = Op("MAXLOC", _maxloc)
+MINLOC = Op("MINLOC", _minloc)
+REPLACE = Op("REPLACE", lambda x, y: y)
+NO_OP = Op("NO_OP", lambda x, y: x)
+OP_NULL = Op()
+
+
+def _py_op(op) -> Callable:
+    if isinstance(op, Op):
+        return op._py
+    if callable(op):
+        return op
+    raise TypeError(f"op must be an MPI.Op (MPI.SUM...) or a function of two objects, got {op!r}")
+
+
+def _buffer_op(op, what: str) -> Op:
+    if not isinstance(op, Op):
+        raise TypeError(f"{what}: op must be an MPI.Op (MPI.SUM, MPI.MAX...), got {op!r}")
+    if op._py is None:
+        from .exceptions import ERR_OP, _error
+        raise _error(ERR_OP, f"{what}: MPI.OP_NULL is no reduction")
+    if op._collie is None and op._user is None:
+        raise NotImplementedError(f"{what}: MPI.{op.name} works on Python objects only "
+                                  "(lowercase methods); buffers take SUM, PROD, MIN, MAX, LAND, LOR, "
+                                  "LXOR, BAND, BOR, BXOR")
+    return op

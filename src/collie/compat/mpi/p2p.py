@@ -1,0 +1,225 @@
+"""Point-to-point matching (see the package docstring) and the progress loop."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Callable, Optional
+
+import numpy as np
+
+from ...arrays import byte_view
+from ...errors import CollieError, CollieTimeout
+from ...group import ProcessGroup
+from .constants import ANY_SOURCE, ANY_TAG, _ENVELOPE_TAG, _PAYLOAD_TAG
+
+__all__ = []
+
+
+# ---- point-to-point matching (see the module docstring) ----
+
+class _Message:
+    """A message whose envelope has arrived. ``data`` holds its payload unless
+    the payload went straight into a receive's buffer; ``req`` is the payload
+    receive still in flight (None once local or complete)."""
+
+    __slots__ = ("source", "tag", "nbytes", "data", "req")
+
+    def __init__(self, source: int, tag: int, nbytes: int, data=None, req=None):
+        self.source, self.tag, self.nbytes, self.data, self.req = source, tag, nbytes, data, req
+
+
+class _Recv:
+    """A posted receive: ``dst`` is the bytes of the caller's buffer, or None
+    for a pickled object. ``msg`` is the message it matched; ``error`` says
+    why it never will (its peer is gone)."""
+
+    __slots__ = ("source", "tag", "dst", "msg", "cancelled", "error")
+
+    def __init__(self, source: int, tag: int, dst: Optional[memoryview]):
+        self.source, self.tag, self.dst = source, tag, dst
+        self.msg: Optional[_Message] = None
+        self.cancelled = False
+        self.error: Optional[BaseException] = None
+
+    def matches(self, source: int, tag: int) -> bool:
+        return self.source in (ANY_SOURCE, source) and self.tag in (ANY_TAG, tag)
+
+    def ready(self) -> bool:
+        return (self.cancelled or self.error is not None
+                or (self.msg is not None and (self.msg.req is None or self.msg.req.finished)))
+
+
+class _Matcher:
+    """The MPI point-to-point state of one communicator."""
+
+    def __init__(self, group: ProcessGroup, name: str):
+        self.group, self.name = group, name
+        self.network = group.network
+        self.rank = group.rank
+        self.etag = group.p2p_tag(_ENVELOPE_TAG)
+        self.ptag = group.p2p_tag(_PAYLOAD_TAG)
+        self.posted: list[_Recv] = []
+        self.unmatched: list[_Message] = []
+        self.envelopes: dict[int, tuple] = {}  # group rank -> (envelope array, its receive)
+        self.probes: list[int] = []            # sources that a probe is waiting on
+        self.lost: dict[int, BaseException] = {}  # peers whose envelope receive failed: gone
+        _matchers.add(self)
+
+    def isend(self, data: memoryview, dest: int, tag: int) -> tuple:
+        """Post a message; returns its transport requests and what they read."""
+        nbytes = data.nbytes
+        if dest == self.rank:
+            self._deliver(_Message(dest, tag, nbytes, bytearray(data)))
+            return (), None
+        head = np.array([tag, nbytes], dtype=np.int64)
+        peer = self.group.ranks[dest]
+        reqs = (self.network.isend(peer, self.etag, byte_view(head)),
+                self.network.isend(peer, self.ptag, data))
+        return reqs, head
+
+    def post(self, op: _Recv) -> None:
+        for i, msg in enumerate(self.unmatched):
+            if op.matches(msg.source, msg.tag):
+                del self.unmatched[i]
+                op.msg = msg
+                return
+        self.posted.append(op)
+
+    def cancel(self, op: _Recv) -> bool:
+        if op.msg is None and op in self.posted:
+            self.posted.remove(op)
+            op.cancelled = True
+        return op.cancelled
+
+    def find(self, source: int, tag: int) -> Optional[_Message]:
+        probe = _Recv(source, tag, None)
+        return next((m for m in self.unmatched if probe.matches(m.source, m.tag)), None)
+
+    def _deliver(self, msg: _Message) -> None:
+        op = next((o for o in self.posted if o.matches(msg.source, msg.tag)), None)
+        if op is None:
+            self.unmatched.append(msg)
+        else:
+            self.posted.remove(op)
+            op.msg = msg
+
+    def _envelope(self, source: int, tag: int, nbytes: int) -> None:
+        op = next((o for o in self.posted if o.matches(source, tag)), None)
+        msg = _Message(source, tag, nbytes)
+        if op is not None and op.dst is not None and nbytes <= len(op.dst):
+            into = op.dst[:nbytes]
+        else:  # an object, a message nobody wants yet, or one too big (an error on completion)
+            msg.data = bytearray(nbytes)
+            into = memoryview(msg.data)
+        msg.req = self.network.irecv(self.group.ranks[source], self.ptag, into)
+        if op is None:
+            self.unmatched.append(msg)
+        else:
+            self.posted.remove(op)
+            op.msg = msg
+
+    def _wanted(self) -> set:
+        sources = set()
+        for s in [o.source for o in self.posted] + self.probes:
+            if s == ANY_SOURCE:
+                sources = set(range(self.group.size))
+                break
+            sources.add(s)
+        sources.discard(self.rank)
+        return sources
+
+    def busy(self) -> bool:
+        return bool(self.posted or self.envelopes or self.probes)
+
+    def gone(self, source: int) -> Optional[BaseException]:
+        """Why no message from ``source`` (or ANY_SOURCE: from anyone) can come."""
+        if source != ANY_SOURCE:
+            return self.lost.get(source)
+        if self.lost and len(self.lost) >= self.group.size - 1:
+            return next(iter(self.lost.values()))
+        return None
+
+    def poll(self) -> bool:
+        """Take in the envelopes that arrived and post envelope receives for
+        the peers a receive waits on. Never blocks; True if anything changed.
+
+        An envelope receive fails when its peer died or left; that is an
+        error only for the receives that need that peer (an envelope receive
+        left over from an ANY_SOURCE receive is no one's business).
+        """
+        moved = False
+        for source, (head, req) in list(self.envelopes.items()):
+            if req.finished:
+                del self.envelopes[source]
+                moved = True
+                if req.error is None:
+                    self._envelope(source, int(head[0]), int(head[1]))
+                    continue
+                try:  # the error, reworded to name the operation
+                    self.network.wait([req], describe=lambda: f"MPI receive from rank {source} of {self.name}")
+                except (CollieError, ValueError) as exc:
+                    self.lost[source] = exc
+        if self.lost:
+            for op in list(self.posted):
+                op.error = self.gone(op.source)
+                if op.error is not None:
+                    self.posted.remove(op)
+        for source in self._wanted():
+            if source not in self.envelopes and source not in self.lost:
+                head = np.zeros(2, dtype=np.int64)
+                req = self.network.irecv(self.group.ranks[source], self.etag, byte_view(head))
+                self.envelopes[source] = (head, req)
+                moved = True  # a new receive: the transports must look again before we call it idle
+        return moved
+
+
+_matchers: "weakref.WeakSet[_Matcher]" = weakref.WeakSet()
+
+
+def _progress(network) -> bool:
+    """Advance the transports and every communicator's envelopes once."""
+    moved = bool(network.progress())
+    for m in list(_matchers):
+        if m.network is not network:
+            _matchers.discard(m)  # from a destroyed world
+        elif m.busy() and m.poll():
+            moved = True
+    return moved
+
+
+def _fail_departed(network, requests: list) -> None:
+    """Once nothing moves, requests on peers that left (destroy_process_group)
+    can no longer complete: fail them, as Network.wait does."""
+    for m in list(_matchers):
+        if m.network is network:
+            requests = requests + [req for _, req in m.envelopes.values()]
+    network.poll(requests)
+
+
+def _wait_until(ready: Callable[[], bool], network, timeout: float, describe: Callable[[], str],
+                requests: Callable[[], list] = list) -> None:
+    """Make progress until ready(); when idle, poll a while as the Network's
+    own waits do (see Network.polls), then sleep on the rank's doorbell.
+    ``requests()`` are the transport requests ready() depends on."""
+    start = time.monotonic()
+    spin = network.spin_seconds if network.polls(requests()) else 0.0
+    spin_until = start + spin
+    while True:
+        moved = _progress(network)
+        if ready():
+            return
+        now = time.monotonic()
+        if moved:
+            spin_until = now + spin
+            continue
+        if now < spin_until:
+            network.pause()
+            continue
+        _fail_departed(network, requests())
+        if _progress(network) or ready():
+            continue
+        waited = time.monotonic() - start
+        if waited >= timeout:
+            raise CollieTimeout(f"rank {network.rank}: {describe()} timed out after {timeout:g}s")
+        network.doorbell.sleep(min(0.1, timeout - waited), lambda: _progress(network) or ready())

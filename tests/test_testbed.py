@@ -1,0 +1,131 @@
+"""Jobs across several hosts, each host a network namespace with a hostname
+of its own (collie.testbed): results against NumPy, shared memory inside a
+host and TCP between hosts, a shaped link, a failing host, and nothing left
+behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from collie import testbed
+
+WHY = testbed.unavailable()
+pytestmark = [pytest.mark.timeout(180), pytest.mark.skipif(WHY is not None, reason=f"no test bed: {WHY}")]
+
+# Each rank checks every collective against NumPy and prints one JSON line.
+PROGRAM = textwrap.dedent("""\
+    import json, socket, sys
+    import numpy as np
+    import collie
+    collie.init_process_group()
+    r, n = collie.get_rank(), collie.get_world_size()
+    count = int(sys.argv[1])
+    rng = lambda k: np.random.default_rng(k).standard_normal(count)
+    x = rng(r)
+    everyone = np.stack([rng(k) for k in range(n)])
+    ok = {}
+    y = x.copy(); collie.all_reduce(y); ok["all_reduce"] = np.allclose(y, everyone.sum(0))
+    y = x.copy(); collie.broadcast(y, src=n - 1); ok["broadcast"] = np.array_equal(y, everyone[-1])
+    out = np.empty(n * count); collie.all_gather_into_tensor(out, x)
+    ok["all_gather"] = np.array_equal(out, everyone.ravel())
+    blocks = np.stack([rng(100 * k + j) for k in range(n) for j in range(n)]).reshape(n, n, count)
+    got = np.empty(count); collie.reduce_scatter_tensor(got, blocks[r].ravel())
+    ok["reduce_scatter"] = np.allclose(got, blocks[:, r].sum(0))
+    got = np.empty(n * count); collie.all_to_all_single(got, blocks[r].ravel())
+    ok["all_to_all"] = np.array_equal(got, blocks[:, r].ravel())
+    net = collie.group.world().network
+    print(json.dumps({"rank": r, "host": socket.gethostname(), "ok": ok, "routes": net.backend_of}),
+          flush=True)
+    collie.destroy_process_group()
+""")
+
+
+@pytest.fixture
+def program(tmp_path):
+    path = tmp_path / "program.py"
+    path.write_text(PROGRAM)
+    return str(path)
+
+
+def _ranks(results) -> dict:
+    rows = [json.loads(line) for r in results for line in r.stdout.splitlines() if line.startswith("{")]
+    return {row["rank"]: row for row in rows}
+
+
+def _no_beds_left():
+    left = [ns for ns in testbed._namespaces() if ns.startswith(f"{testbed.PREFIX}{os.getpid()}")]
+    assert not left, f"namespaces left behind: {left}"
+
+
+@pytest.mark.parametrize("hosts, per_host, count", [(2, 2, 1001), (3, 1, 70001)], ids=["2x2", "3x1"])
+def test_every_collective_across_hosts(program, hosts, per_host, count):
+    with testbed.TestBed(hosts) as bed:
+        results = bed.run([program, str(count)], ranks_per_host=per_host, timeout=120)
+    _no_beds_left()
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    ranks = _ranks(results)
+    assert sorted(ranks) == list(range(hosts * per_host))
+    for rank, row in ranks.items():
+        assert all(row["ok"].values()), row
+        host = rank // per_host
+        assert row["host"] == bed.names[host]  # its own hostname, so its own "machine"
+        for peer, route in enumerate(row["routes"]):
+            expected = "self" if peer == rank else ("shm" if peer // per_host == host else "tcp")
+            assert route == expected, (rank, row["routes"])
+
+
+def test_a_shaped_link_carries_the_job(program):
+    with testbed.TestBed(2, rate="50mbit") as bed:
+        results = bed.run([program, "200001"], ranks_per_host=1, timeout=120)
+        qdisc = bed.exec(0, ["tc", "-s", "qdisc", "show", "dev", "eth0"]).stdout
+    _no_beds_left()
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    assert all(all(row["ok"].values()) for row in _ranks(results).values())
+    assert "tbf" in qdisc and "rate 50Mbit" in qdisc, qdisc
+    sent = int(qdisc.split("Sent ")[1].split()[0])
+    assert sent > 200001 * 8, qdisc  # the job's bytes went through the shaper
+
+
+def test_a_failing_host_stops_the_others_and_the_bed_is_removed(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import sys, time, collie\ncollie.init_process_group()\n"
+                      "if collie.get_rank() == 2:\n    sys.exit(3)\ntime.sleep(60)\n")
+    with testbed.TestBed(3) as bed:
+        results = bed.run([str(script)], timeout=90)
+    assert bed.first_failure == 2, [r.stderr[-500:] for r in results]
+    assert "rank 2 exited with code 3" in results[2].stderr
+    _no_beds_left()
+
+
+def test_an_error_inside_the_bed_still_removes_it():
+    with pytest.raises(RuntimeError, match="inside"):
+        with testbed.TestBed(2) as bed:
+            assert bed.exec(1, ["hostname"]).stdout.strip() == bed.names[1]
+            raise RuntimeError("inside")
+    _no_beds_left()
+
+
+def test_a_dead_owners_bed_is_swept():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    name = f"{testbed.PREFIX}{dead.pid}h0"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        assert name in testbed.sweep()
+        assert name not in testbed._namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="at least 1 host"):
+        testbed.TestBed(0)
+    with pytest.raises(ValueError, match="cannot shape"):
+        testbed.TestBed(1, rate="fast")
+    _no_beds_left()
