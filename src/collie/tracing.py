@@ -26,8 +26,8 @@ when its step's wait ended: the trace times steps, and messages to the
 step. Local copies and reductions fall between steps.
 
 Overhead: off, one test of a module global per call (collectives._execute);
-on, a clock read and a dict per step and per message, and the file written
-when tracing ends (or at exit, for COLLIE_TRACE).
+on, two clock reads and a tuple per step while the program runs, and the
+JSON made and written when tracing ends (or at exit, for COLLIE_TRACE).
 
 Clocks: timestamps are time.time() (microseconds since the epoch), which
 ranks on one host share. trace() with a process group estimates each rank's
@@ -51,6 +51,8 @@ import time
 import zlib
 from typing import Optional
 
+from . import engine
+
 __all__ = ["Tracer", "trace", "merge", "main"]
 
 
@@ -59,25 +61,29 @@ def _now_us() -> float:
 
 
 class _TracedNetwork:
-    """The network as engine.execute sees it, recording each exchange."""
+    """The network as engine.execute sees it, recording each exchange.
 
-    def __init__(self, network, tracer: "Tracer", call: dict, counts: dict):
+    Between two exchanges a rank's peers may be waiting for it (and a peer
+    that waits long enough goes to sleep, which costs a wake-up), so the
+    recording does the least it can: two clock reads and one tuple per
+    step; events() turns them into JSON when the trace is written."""
+
+    def __init__(self, network, raw: list, call: dict):
         self._network = network
-        self._tracer = tracer
+        self._raw = raw
         self._call = call
-        self._counts = counts  # (src, dst) -> messages so far in this call: flow ids
 
     def __getattr__(self, name):
         return getattr(self._network, name)
 
     def exchange(self, recvs, sends, tag, meta, timeout, describe, step, call) -> None:
-        posted = _now_us()
+        posted = time.time()
         try:
             self._network.exchange(recvs, sends, tag, meta, timeout, describe, step, call)
         finally:
-            done = _now_us()
-            self._tracer._step(self._network.rank, self._call, step, posted, done, sends, recvs,
-                               self._counts, tag)
+            self._raw.append((self._call, step, posted, time.time(),
+                              [(peer, len(data)) for peer, data in sends],
+                              [(peer, len(dst), combine is not None) for peer, dst, combine in recvs]))
 
 
 class Tracer:
@@ -85,8 +91,8 @@ class Tracer:
 
     def __init__(self, folder: str):
         self.folder = folder
-        self.calls: list = []    # calls, as Chrome Trace Event objects
-        self.raw: list = []      # steps, as tuples (see _step)
+        self.calls: list = []    # (call dict, start, end), the call dict filled in as the call ends
+        self.raw: list = []      # steps: (call dict, step, posted, done, sends, recvs), times in s
         self.rank: Optional[int] = None
         self.offset_us = 0.0   # this rank's clock minus rank 0's
         self.offset_estimated = False
@@ -95,62 +101,57 @@ class Tracer:
     # -- called from collectives._execute -------------------------------------------
     def execute(self, g, name: str, seq: int, prepared, arrays: dict, network, tag: int, describe,
                 timeout: float) -> None:
-        from . import engine
-        if self.rank is None:
-            self.rank = network.rank
-        plan = prepared.program.plan
-        itemsize = prepared.program.dtype.itemsize
-        call = {"op": name, "algorithm": prepared.choice.algorithm, "segments": prepared.choice.segments,
-                "bytes": itemsize * max(plan.counts.get("out", 0), plan.counts.get("in", 0)),
-                "group": g.name, "seq": seq, "steps": prepared.nsteps, "_crc": zlib.crc32(g.name.encode())}
-        start = _now_us()
-        error = None
+        call: dict = {}
+        start = time.time()
         try:
-            engine.execute(prepared.program, arrays, _TracedNetwork(network, self, call, {}), tag,
-                           prepared.meta, describe, timeout)
+            engine.execute(prepared.program, arrays, _TracedNetwork(network, self.raw, call), tag,
+                     prepared.meta, describe, timeout)
         except BaseException as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            call["error"] = f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            args = {k: v for k, v in call.items() if k != "_crc"}
-            if error:
-                args["error"] = error
-            with self.lock:
-                self.calls.append({"ph": "X", "cat": "call", "name": name, "pid": network.rank, "tid": 0,
-                                    "ts": start, "dur": _now_us() - start, "args": args})
-
-    def _step(self, me: int, call: dict, step: int, posted: float, done: float, sends, recvs, counts: dict,
-              tag: int) -> None:
-        # Kept raw (tuples) while the program runs; events() makes the JSON objects.
-        out = []
-        for peer, data in sends:
-            j = counts.get((me, peer), 0)
-            counts[(me, peer)] = j + 1
-            out.append((peer, len(data), j))
-        into = []
-        for peer, dst, combine in recvs:
-            j = counts.get((peer, me), 0)
-            counts[(peer, me)] = j + 1
-            into.append((peer, len(dst), j, combine is not None))
-        self.raw.append((me, call, step, posted, done, out, into, tag))
+            end = time.time()
+            plan = prepared.program.plan
+            call.update(op=name, algorithm=prepared.choice.algorithm, segments=prepared.choice.segments,
+                        bytes=prepared.program.dtype.itemsize * max(plan.counts.get("out", 0),
+                                                                    plan.counts.get("in", 0)),
+                        group=g.name, seq=seq, steps=prepared.nsteps, tag=tag, rank=network.rank)
+            if self.rank is None:
+                self.rank = network.rank
+            self.calls.append((call, start, end))
 
     def events(self) -> list:
-        """Every event so far, as Chrome Trace Event objects."""
+        """Every event so far, as Chrome Trace Event objects (times in us)."""
         with self.lock:
-            events, raw = list(self.calls), list(self.raw)
-        for me, call, step, posted, done, out, into, tag in raw:
-            crc = call["_crc"]
+            calls, raw = list(self.calls), list(self.raw)
+        events = []
+        for call, start, end in calls:
+            args = {k: v for k, v in call.items() if k not in ("tag", "rank")}
+            events.append({"ph": "X", "cat": "call", "name": call["op"], "pid": call["rank"], "tid": 0,
+                           "ts": start * 1e6, "dur": (end - start) * 1e6, "args": args})
+        counts: dict = {}  # (id of the call, src, dst) -> messages so far: the flows' ids
+        for call, step, posted, done, sends, recvs in raw:
+            if "op" not in call:
+                continue  # a call still running (in another thread) when the trace was written
+            me, tag, crc = call["rank"], call["tag"], zlib.crc32(call["group"].encode())
+            posted, done = posted * 1e6, done * 1e6
             messages = [{"dir": "send", "peer": peer, "bytes": nbytes, "posted": posted, "completed": done,
-                         "waited": done - posted} for peer, nbytes, _ in out]
+                         "waited": done - posted} for peer, nbytes in sends]
             messages += [{"dir": "recv", "peer": peer, "bytes": nbytes, "reduce": reduce, "posted": posted,
-                          "completed": done, "waited": done - posted} for peer, nbytes, _, reduce in into]
+                          "completed": done, "waited": done - posted} for peer, nbytes, reduce in recvs]
             events.append({"ph": "X", "cat": "step", "name": f"{call['op']} step {step}", "pid": me, "tid": 1,
                            "ts": posted, "dur": done - posted,
                            "args": {"step": step, "seq": call["seq"], "messages": messages}})
-            events += [{"ph": "s", "cat": "message", "name": "message", "pid": me, "tid": 1, "ts": posted,
-                        "id": _flow_id(tag, crc, me, peer, j)} for peer, _, j in out]
-            events += [{"ph": "f", "bp": "e", "cat": "message", "name": "message", "pid": me, "tid": 1,
-                        "ts": done, "id": _flow_id(tag, crc, peer, me, j)} for peer, _, j, _ in into]
+            for peer, _ in sends:
+                j = counts.get((id(call), me, peer), 0)
+                counts[(id(call), me, peer)] = j + 1
+                events.append({"ph": "s", "cat": "message", "name": "message", "pid": me, "tid": 1,
+                               "ts": posted, "id": _flow_id(tag, crc, me, peer, j)})
+            for peer, _, _ in recvs:
+                j = counts.get((id(call), peer, me), 0)
+                counts[(id(call), peer, me)] = j + 1
+                events.append({"ph": "f", "bp": "e", "cat": "message", "name": "message", "pid": me, "tid": 1,
+                               "ts": done, "id": _flow_id(tag, crc, peer, me, j)})
         return events
 
     # -- clocks and output --------------------------------------------------------------
