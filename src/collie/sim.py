@@ -28,6 +28,16 @@ event by event:
 - the step ends when every op of it has completed; the call's time is the
   last rank's end (what `collie bench` times: the slowest rank).
 
+Cores. With ``cores`` > 0 (per host), the CPU work of a host's ranks
+shares that many cores, first come first served, and each rank's work is
+serial (a rank is one thread): local ops, reductions and, for messages
+within a host (shared memory, where a core moves every byte), the sender's
+copy in (``m beta``) and the receiver's taking it in (``alpha``, the
+per-message software cost, then ``m beta``), so that alpha is CPU time
+rather than wire latency. Without it (0, the default) every rank has a
+core of its own and alpha is latency, as in the closed forms below. It is
+what makes 4 ranks on this 2-core machine predictable (docs/scale.md).
+
 Without contention this model is the one of Thakur, Rabenseifner and Gropp
 (2005): ring all_reduce costs 2(p-1) alpha + 2(p-1)/p S beta + (p-1)/p S
 gamma, and so on; tests/test_sim.py checks each closed form of that paper
@@ -84,17 +94,18 @@ class Model(NamedTuple):
     inter: Link
     gamma: float
     delta: float
+    cores: int = 0  # per host; 0: a core for every rank (see "Cores" in the module docstring)
 
     def to_json(self) -> dict:
         return {"intra": self.intra._asdict(), "inter": self.inter._asdict(),
-                "gamma": self.gamma, "delta": self.delta}
+                "gamma": self.gamma, "delta": self.delta, "cores": self.cores}
 
     @classmethod
     def from_json(cls, data: dict) -> "Model":
         try:
             return cls(Link(float(data["intra"]["alpha"]), float(data["intra"]["beta"])),
                        Link(float(data["inter"]["alpha"]), float(data["inter"]["beta"])),
-                       float(data["gamma"]), float(data["delta"]))
+                       float(data["gamma"]), float(data["delta"]), int(data.get("cores", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a model (want intra/inter alpha, beta; gamma; delta): {exc}") from None
 
@@ -102,7 +113,8 @@ class Model(NamedTuple):
         def link(x: Link) -> str:
             return f"alpha {x.alpha * 1e6:.3g} us, {_gbps(x.beta)} GB/s"
         return (f"intra-host {link(self.intra)}; inter-host {link(self.inter)}; "
-                f"reduce {_gbps(self.gamma)} GB/s; local copy {_gbps(self.delta)} GB/s")
+                f"reduce {_gbps(self.gamma)} GB/s; local copy {_gbps(self.delta)} GB/s"
+                + (f"; {self.cores} cores per host" if self.cores else ""))
 
 
 def _gbps(per_byte: float) -> str:
@@ -269,6 +281,21 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
     tx_free = [0.0] * g
     rx_free = [0.0] * g
     cpu_free = [0.0] * g
+    cores = model.cores
+    pools: dict = {}  # host -> when each of its cores is free (model.cores > 0)
+
+    def occupy(r: int, t: float, d: float) -> float:
+        """Start of ``d`` seconds of CPU work that rank r asks for at t: on
+        the first core of its host to be free (at t without a core limit)."""
+        if not cores or d <= 0:
+            return t
+        pool = pools.get(host_of(r))
+        if pool is None:
+            pool = pools[host_of(r)] = [0.0] * cores
+        i = pool.index(min(pool))
+        start = max(t, pool[i], cpu_free[r])  # a rank is one thread: its own work is serial too
+        pool[i] = cpu_free[r] = start + d
+        return start
     at = [0] * g                 # the step each rep is in
     left = [0] * g               # its ops not yet completed
     ends = [0.0] * g             # the latest completion of its current step
@@ -297,7 +324,7 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
         if reduce and nbytes:
             if cpu_free[b] > done:
                 done = cpu_free[b]
-            done += gamma * nbytes
+            done = occupy(b, done, gamma * nbytes) + gamma * nbytes
             cpu_free[b] = done
         complete(b, done)
 
@@ -316,23 +343,29 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
                 starts[r].append(now)
             local, sends, recvs = steps[k]
             t = now if now > cpu_free[r] else cpu_free[r]
+            work = 0.0
             for lk, peer, nbytes in local:
                 if lk == _COPY:
-                    t += delta * nbytes
+                    work += delta * nbytes
                 elif lk == _REDUCE:
-                    t += gamma * nbytes
+                    work += gamma * nbytes
                 else:
                     link = intra if host_of(peer) == host_of(r) else inter
-                    t += link.alpha + link.beta * nbytes + (gamma * nbytes if lk == _READ_REDUCE else 0.0)
+                    work += link.alpha + link.beta * nbytes + (gamma * nbytes if lk == _READ_REDUCE else 0.0)
+            t = occupy(r, t, work) + work
             cpu_free[r] = t
             ends[r] = t
             left[r] = len(sends) + len(recvs) + 1  # +1: this posting itself
             for peer, nbytes in sends:
                 link = intra if host_of(peer) == host_of(r) else inter
                 start = t if t > tx_free[r] else tx_free[r]
+                cpu = cores and link is intra  # within a host, a core copies the message in
+                if cpu:
+                    start = occupy(r, start, link.beta * nbytes)
                 tx_free[r] = start + link.beta * nbytes
                 b = peer % g
-                push(heap, (start + link.alpha, seq, 1, (b, (r - (peer - b)) % n, nbytes, link.beta)))
+                push(heap, (start + (0.0 if cpu else link.alpha), seq, 1,
+                            (b, (r - (peer - b)) % n, nbytes, link.beta, link.alpha if cpu else 0.0)))
                 seq += 1
                 messages += 1
                 complete(r, tx_free[r])
@@ -348,8 +381,10 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
                     w.append((t, nbytes, reduce))
             complete(r, t)
         else:  # a message's head reaches its receiver's port
-            b, sender, nbytes, beta = data
+            b, sender, nbytes, beta, cpu = data
             start = now if now > rx_free[b] else rx_free[b]
+            if cpu:  # and a core of the receiver's host takes it in: alpha of work, then the copy out
+                start = occupy(b, start, cpu + beta * nbytes) + cpu
             rx_end = rx_free[b] = start + beta * nbytes
             key = (b, sender)
             w = waiting.get(key)
@@ -419,7 +454,7 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
         return _skeleton(algorithms.build(op, algorithm, n, r, root, segments), sizes, itemsize, window, sizers)
 
     g = n
-    if symmetry != "full" and n > 1:
+    if symmetry != "full" and n > 1 and not (model.cores and hosts == 1):  # cores: whole hosts
         orbit = per_host if hosts > 1 else 1
         reps = [steps(r) for r in range(orbit)]
         slack = itemsize * max(1, max((len(s.chunks) for s in _ops_with_chunks(op, algorithm, n, segments)),
@@ -532,29 +567,80 @@ def read_bench_rows(path: str) -> list:
     return rows
 
 
-def calibrate(rows: list, base: Model = DEFAULT_MODEL) -> tuple[Model, list]:
+def _predict(rows: list, model: Model) -> list:
+    return [simulate(r["op"], r["algorithm"], r["nranks"], r["bytes"], model=model,
+                     dtype=r.get("dtype", "float32")).seconds for r in rows]
+
+
+def _log_error(rows: list, model: Model) -> float:
+    return sum(math.log(max(p, 1e-12) / (r["time_us"] * 1e-6)) ** 2 for r, p in zip(rows, _predict(rows, model)))
+
+
+def _with(model: Model, name: str, value: float) -> Model:
+    if name == "alpha":
+        return model._replace(intra=model.intra._replace(alpha=value))
+    if name == "beta":
+        return model._replace(intra=model.intra._replace(beta=value))
+    return model._replace(**{name: value})
+
+
+def _value(model: Model, name: str) -> float:
+    return getattr(model.intra, name) if name in ("alpha", "beta") else getattr(model, name)
+
+
+def _refine(rows: list, model: Model, rounds: int = 200) -> Model:
+    """Pattern search on the squared log error, each parameter scaled up and
+    down by a factor that shrinks from 2 to 1.03: for the models where the
+    time is not linear in the parameters (cores > 0)."""
+    best = _log_error(rows, model)
+    for name in _BASIS:  # a parameter at 0 could never move by scaling
+        if _value(model, name) <= 0:
+            model = _with(model, name, {"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-10, "delta": 1e-10}[name])
+    best = _log_error(rows, model)
+    factor = 2.0
+    while factor > 1.03 and rounds > 0:
+        moved = False
+        for name in _BASIS:
+            for f in (factor, 1 / factor):
+                trial = _with(model, name, _value(model, name) * f)
+                err = _log_error(rows, trial)
+                rounds -= 1
+                if err < best:
+                    model, best, moved = trial, err, True
+                    break
+        if not moved:
+            factor = factor ** 0.5
+    return model
+
+
+def calibrate(rows: list, base: Model = DEFAULT_MODEL, cores: int = 0) -> tuple[Model, list]:
     """Fit the intra-host alpha and beta, gamma and delta to bench rows (one
     host: what `collie bench` measures), minimising the squared relative
     error. The simulated time is linear in the parameters when nothing
     contends; the fit uses each row's time under unit models (one parameter
-    1, the others 0) as its coefficients. Returns (model, [(row, predicted
-    seconds)])."""
+    1, the others 0) as its coefficients. With ``cores`` (the bench
+    machine's, when ranks outnumber them) the time is not linear: that fit
+    is the start of a pattern search on the log error. Returns (model,
+    [(row, predicted seconds)])."""
     if not rows:
         raise ValueError("no collie rows with a known op and algorithm to calibrate from")
+    if cores < 0:
+        raise ValueError(f"cores must be >= 0, got {cores}")
     coeffs, targets = [], []
     for row in rows:
         measured = row["time_us"] * 1e-6
         scale = 1e-9  # unit models with tiny values keep sizes in range; linear anyway
         line = [simulate(row["op"], row["algorithm"], row["nranks"], row["bytes"],
-                         model=_basis_model(w, scale), dtype=row.get("dtype", "float32")).seconds / scale
+                         model=_basis_model(w, scale)._replace(cores=cores),
+                         dtype=row.get("dtype", "float32")).seconds / scale
                 for w in _BASIS]
         coeffs.append([c / measured for c in line])
         targets.append(1.0)
     alpha, beta, gamma, delta = _nnls(coeffs, targets)
-    model = Model(Link(alpha, beta), base.inter, gamma, delta)
-    predicted = [(row, simulate(row["op"], row["algorithm"], row["nranks"], row["bytes"], model=model,
-                                dtype=row.get("dtype", "float32")).seconds) for row in rows]
-    return model, predicted
+    model = Model(Link(alpha, beta), base.inter, gamma, delta, cores)
+    if cores:
+        model = _refine(rows, model)
+    return model, list(zip(rows, _predict(rows, model)))
 
 
 # ---- the command ---------------------------------------------------------------
@@ -575,7 +661,7 @@ def _model_from(opts) -> Model:
         inter = inter._replace(beta=1 / (opts.bw_inter * 1e9))
     gamma = model.gamma if opts.bw_reduce is None else 1 / (opts.bw_reduce * 1e9)
     delta = model.delta if opts.bw_copy is None else 1 / (opts.bw_copy * 1e9)
-    return Model(intra, inter, gamma, delta)
+    return Model(intra, inter, gamma, delta, model.cores if opts.cores is None else opts.cores)
 
 
 def _parse(argv: list):
@@ -599,6 +685,8 @@ def _parse(argv: list):
     p.add_argument("--segments", type=int, default=None, help="pipeline segments (default: the tuner's rule)")
     p.add_argument("--root", type=int, default=0, help="root of broadcast, reduce, gather, scatter (default 0)")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--cores", type=int, default=None, metavar="C",
+                   help="cores per host, when ranks outnumber them (default: a core per rank)")
     p.add_argument("--full", action="store_true", help="simulate every rank, even where schedules are symmetric")
     p.add_argument("--model", default=None, metavar="FILE.json", help="a model saved by --calibrate --save")
     p.add_argument("--alpha-intra", type=float, default=None, metavar="US", help="intra-host latency, us")
@@ -617,7 +705,7 @@ def _parse(argv: list):
 def _calibrate_main(opts, p) -> int:
     try:
         rows = read_bench_rows(opts.calibrate)
-        model, predicted = calibrate(rows, _model_from(opts))
+        model, predicted = calibrate(rows, _model_from(opts), opts.cores or 0)
     except (OSError, ValueError) as exc:
         p.error(str(exc))
     print(f"# collie sim --calibrate {opts.calibrate}: {len(rows)} rows")
@@ -655,6 +743,8 @@ def main(argv: Optional[list] = None) -> int:
         value = getattr(opts, name)
         if value is not None and (value < 0 or not math.isfinite(value) or (name.startswith("bw") and value == 0)):
             p.error(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    if opts.cores is not None and opts.cores < 0:
+        p.error(f"--cores must be >= 0, got {opts.cores}")
     if opts.calibrate:
         return _calibrate_main(opts, p)
     if opts.op is None:
