@@ -696,15 +696,16 @@ def _parse(argv: list):
     p.add_argument("--bw-reduce", type=float, default=None, metavar="GBPS", help="reduction rate, GB/s")
     p.add_argument("--bw-copy", type=float, default=None, metavar="GBPS", help="local copy rate, GB/s")
     p.add_argument("--json", default=None, metavar="PATH", help="write one JSON object per row")
-    p.add_argument("--calibrate", default=None, metavar="BENCH.jsonl",
-                   help="fit the model to `collie bench --json` rows and show predicted against measured")
+    p.add_argument("--calibrate", default=None, metavar="BENCH.jsonl[,...]",
+                   help="fit the model to `collie bench --json` rows (a comma list of files) and show "
+                        "predicted against measured; --cores C for machines with fewer cores than ranks")
     p.add_argument("--save", default=None, metavar="FILE.json", help="with --calibrate: write the fitted model")
     return p.parse_args(argv), p
 
 
 def _calibrate_main(opts, p) -> int:
     try:
-        rows = read_bench_rows(opts.calibrate)
+        rows = [row for path in opts.calibrate.split(",") if path.strip() for row in read_bench_rows(path.strip())]
         model, predicted = calibrate(rows, _model_from(opts), opts.cores or 0)
     except (OSError, ValueError) as exc:
         p.error(str(exc))
