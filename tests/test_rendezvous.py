@@ -17,7 +17,7 @@ import pytest
 from harness import open_sockets, reap
 
 from collie.errors import AuthError, CollieTimeout, PeerError
-from collie.rendezvous import (FileStore, TCPStore, _master, _place, _port_from, rendezvous,
+from collie.rendezvous import (FileStore, TCPStore, _master, _place, _port_from, first_host, rendezvous,
                                store_barrier)
 
 CTX = mp.get_context("fork")
@@ -31,7 +31,7 @@ LAUNCH_VARS = [
     "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMIX_RANK", "PMIX_SIZE",
     "PMIX_NAMESPACE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
     "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_STEP_ID", "PBS_JOBID",
-    "COLLIE_JOB_ID", "COLLIE_TOKEN",
+    "COLLIE_JOB_ID", "COLLIE_TOKEN", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
 ]
 
 
@@ -505,6 +505,23 @@ def test_master_address_and_port():
     with pytest.raises(ValueError, match="MASTER_PORT=70000"):
         _master({"MASTER_PORT": "70000"}, place)
     assert _master({}, _place({}, 0, 1, "env")) == ("127.0.0.1", 0)  # alone: any port
+
+
+@pytest.mark.parametrize("nodelist, first", [
+    ("node[07-09,12],gpu1", "node07"), ("n1", "n1"), ("n1,n2", "n1"), ("a[001-3]x", "a001x"),
+    ("rack2-node[3-4]", "rack2-node3")])
+def test_the_first_host_of_a_slurm_node_list(nodelist, first):
+    assert first_host(nodelist) == first
+
+
+def test_under_slurm_the_master_is_the_first_host_of_the_step():
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0",
+           "SLURM_STEP_NODELIST": "cn[12-13]", "SLURM_JOB_NODELIST": "cn[10-13]"}
+    place = _place(env, None, None, "env")
+    assert _master(env, place)[0] == "cn12"
+    assert _master(dict(env, MASTER_ADDR="10.0.0.9"), place)[0] == "10.0.0.9"  # MASTER_ADDR wins
+    mpi = {"PMI_RANK": "1", "PMI_SIZE": "4", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "cn[10-13]"}
+    assert _master(mpi, _place(mpi, None, None, "env"))[0] == "127.0.0.1"  # mpiexec places rank 0 itself
 
 
 @pytest.mark.parametrize("env", [

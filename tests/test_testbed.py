@@ -31,6 +31,7 @@ PROGRAM = textwrap.dedent("""\
     everyone = np.stack([rng(k) for k in range(n)])
     ok = {}
     y = x.copy(); collie.all_reduce(y); ok["all_reduce"] = np.allclose(y, everyone.sum(0))
+    y = x.copy(); collie.all_reduce(y, algorithm="hier"); ok["hier"] = np.allclose(y, everyone.sum(0))
     y = x.copy(); collie.broadcast(y, src=n - 1); ok["broadcast"] = np.array_equal(y, everyone[-1])
     out = np.empty(n * count); collie.all_gather_into_tensor(out, x)
     ok["all_gather"] = np.array_equal(out, everyone.ravel())
@@ -78,6 +79,45 @@ def test_every_collective_across_hosts(program, hosts, per_host, count):
         for peer, route in enumerate(row["routes"]):
             expected = "self" if peer == rank else ("shm" if peer // per_host == host else "tcp")
             assert route == expected, (rank, row["routes"])
+
+
+def _check(results, hosts, per_host):
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    ranks = _ranks(results)
+    assert sorted(ranks) == list(range(hosts * per_host))
+    assert all(all(row["ok"].values()) for row in ranks.values()), ranks
+    assert len({row["host"] for row in ranks.values()}) == hosts
+
+
+def test_the_host_of_rank_0_may_start_last(program):
+    with testbed.TestBed(2) as bed:
+        results = bed.run([program, "101"], ranks_per_host=1, timeout=120, delays=[4.0, 0.0])
+    _check(results, 2, 1)
+
+
+def test_slurm_variables_alone_start_a_multi_host_job(program):
+    """As srun starts tasks: no MASTER_ADDR, RANK or token; collie finds
+    rank 0's host in SLURM_STEP_NODELIST and the port from the job id."""
+    with testbed.TestBed(2) as bed:
+        results = bed.run_slurm([program, "1001"], ranks_per_host=2, timeout=120)
+    _check(results, 2, 2)
+    _no_beds_left()
+
+
+@pytest.mark.parametrize("mode", ["collie", "torch"])
+def test_torchrun_across_hosts(mode):
+    """torchrun --nnodes 2: its agent on host 0 serves the store; collie's API
+    and torch's backend "collie" both join it from both hosts."""
+    pytest.importorskip("torch")
+    program = os.path.join(os.path.dirname(__file__), "torch_launch_program.py")
+    with testbed.TestBed(2) as bed:
+        argvs = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(i),
+                  "--master-addr", bed.addresses[0], "--master-port", str(testbed.MASTER_PORT),
+                  "--nproc-per-node", "2", program, mode] for i in range(2)]
+        results = bed.run_each(argvs, timeout=150, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert all(r.returncode == 0 for r in results), [r.stderr[-3000:] for r in results]
+    lines = sorted(line for r in results for line in r.stdout.splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {k} of 4: sum 10 ok" for k in range(4)], lines
 
 
 def test_a_shaped_link_carries_the_job(program):

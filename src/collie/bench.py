@@ -468,6 +468,9 @@ class CollieComm(DistComm):
             return [None]
         from . import algorithms
         have = list(algorithms.algorithms_for(op))
+        net = _network()
+        if "shm" in have and any(backend == "tcp" for backend in net.backend_of):
+            have.remove("shm")  # its windows reach the ranks of one host only
         if wanted == "all":
             return have
         return [wanted] if wanted in have else []

@@ -192,8 +192,8 @@ def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op,
                    if algorithms.uniform_blocks_only(name, a)}
     if transport != "shm":
         exclude["shm"] = "its ranks are not all on one host"  # windows reach one host only
-    choice = tuner().choose(name, nbytes, g.size, transport, algorithm, g.rank, exclude)
-    schedule = algorithms.build(name, choice.algorithm, g.size, g.rank, root, choice.segments)
+    choice = tuner().choose(name, nbytes, g.size, transport, algorithm, g.rank, exclude, g.hosts)
+    schedule = algorithms.build(name, choice.algorithm, g.size, g.rank, root, choice.segments, g.hosts)
     dtype = np.dtype(np.uint16) if dtype_name == "bfloat16" else np.dtype(dtype_name)  # bfloat16: its bits
     window = g.network.window_capacity() // dtype.itemsize if schedule.win_like is not None else 0
     plan = engine.plan(schedule, block_sizes, window)

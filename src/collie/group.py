@@ -42,6 +42,10 @@ class ProcessGroup:
         self.ranks = tuple(ranks)
         self.size = len(self.ranks)
         self.context = context
+        # Each member's host, as the index of its host among the group's
+        # (what hierarchical algorithms group by).
+        labels: dict = {}
+        self.hosts = tuple(labels.setdefault(network.hosts[r], len(labels)) for r in self.ranks)
         self.timeout = timeout
         self.name = name
         self.rank = self.ranks.index(network.rank) if network.rank in self.ranks else -1
@@ -428,7 +432,6 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
     tok = token_from_env(token)
     if token_required() and tok is None:
         raise AuthError(NO_TOKEN_REFUSED)
-    master_addr = "127.0.0.1"
     if store is None and init_method in (None, "env://") \
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # torchrun's agent already serves the store on MASTER_PORT: join it as
@@ -436,8 +439,10 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         from .torch._store import agent_store
         store = agent_store(seconds)
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        master_addr = os.environ.get("MASTER_ADDR", master_addr)
     if store is not None:
+        # The ranks listen on the interface that reaches rank 0's host:
+        # MASTER_ADDR, else the store's own host, else loopback (one host).
+        master_addr = os.environ.get("MASTER_ADDR") or getattr(store, "host", None) or "127.0.0.1"
         if rank is None or rank < 0 or world_size is None or world_size < 1:
             raise ValueError("init_process_group(store=...) needs rank= and world_size=")
         info = rdv.Rendezvous(store=store, rank=rank, world_size=world_size, local_rank=None,

@@ -133,6 +133,7 @@ class Network:
         self._closed = False
 
         hosts = self._exchange_hosts(store, job_id)
+        self.hosts = tuple(hosts)  # each rank's host: what topological algorithms group by
         local = [p for p in range(size) if p != rank and hosts[p] == hosts[rank]]
         remote = [p for p in range(size) if p != rank and hosts[p] != hosts[rank]]
         if backend == "shm" and remote:

@@ -1170,9 +1170,27 @@ def _port_from(seed: str) -> int:
     return 20000 + int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big") % 40000
 
 
+_SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm host list: "node[07-09,12],gpu1" -> "node07"."""
+    head = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", nodelist.strip())
+    prefix, ranges, suffix = head.group(1), head.group(2), head.group(3)
+    if not prefix and not ranges:
+        raise ValueError(f"cannot read a host from the Slurm node list {nodelist!r}")
+    first = ranges.split(",")[0].split("-")[0] if ranges else ""
+    return prefix + first + suffix
+
+
 def _master(environ: Mapping[str, str], place: _Placement) -> tuple[str, int]:
-    """MASTER_ADDR (default 127.0.0.1) and MASTER_PORT, see rendezvous()."""
-    addr = environ.get("MASTER_ADDR", "").strip() or "127.0.0.1"
+    """MASTER_ADDR (under Slurm, by default the first host of the step's
+    node list; else 127.0.0.1) and MASTER_PORT, see rendezvous()."""
+    addr = environ.get("MASTER_ADDR", "").strip()
+    if not addr and place.launcher is not None and place.launcher.name in ("Slurm", "PMIx"):
+        nodelist = next((environ[v] for v in _SLURM_NODELISTS if environ.get(v, "").strip()), "")
+        addr = first_host(nodelist) if nodelist else ""
+    addr = addr or "127.0.0.1"
     port = _env_int(environ, "MASTER_PORT")
     if port is not None:
         if not 0 <= port <= 65535 or (port == 0 and place.world_size > 1):
@@ -1228,7 +1246,9 @@ def rendezvous(init_method: str | None = None, rank: int | None = None, world_si
     LOCAL_RANK / LOCAL_WORLD_SIZE, else the launcher's own variables, else
     from the hostnames the ranks publish in the store.
 
-    MASTER_ADDR defaults to 127.0.0.1. MASTER_PORT is required when
+    MASTER_ADDR defaults, under Slurm, to the first host of the node list
+    (SLURM_STEP_NODELIST, SLURM_JOB_NODELIST), else to 127.0.0.1; the
+    Slurm task with rank 0 is on that host. MASTER_PORT is required when
     world_size > 1, except under Open MPI, MPICH, PMIx or Slurm: then, if it
     is missing, every rank derives the same port, hashed into 20000..59999,
     from a job identifier all ranks share: COLLIE_JOB_ID, else PMIX_NAMESPACE

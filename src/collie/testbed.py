@@ -40,6 +40,7 @@ from typing import Optional, Sequence
 PREFIX = "ctb"           # ctb<owner pid>h<i>, ctb<owner pid>br
 SUBNET = "10.77.0"       # each bed is its own network: the same addresses in every bed
 MASTER_PORT = 29500
+NETNS_ETC = "/etc/netns"  # files that `ip netns exec` mounts over /etc inside a namespace
 _NAME = re.compile(rf"{PREFIX}(\d+)(?:h\d+|br)")
 
 
@@ -98,6 +99,7 @@ def sweep() -> list[str]:
         match = _NAME.fullmatch(ns)
         if match and not _alive(int(match.group(1))):
             _remove(ns)
+            shutil.rmtree(f"{NETNS_ETC}/{ns}", ignore_errors=True)
             gone.append(ns)
     return gone
 
@@ -148,6 +150,13 @@ class TestBed:
             if self.rate:
                 self._shape(ns, "eth0")
                 self._shape(self.bridge, port)
+        # Names resolve inside the bed: `ip netns exec` mounts /etc/netns/NS/hosts
+        # over /etc/hosts, and the hosts' names are theirs alone.
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for a, n in zip(self.addresses, self.names))
+        for ns in self.names:
+            os.makedirs(f"{NETNS_ETC}/{ns}", exist_ok=True)
+            with open(f"{NETNS_ETC}/{ns}/hosts", "w") as f:
+                f.write(hosts)
 
     def _shape(self, ns: str, dev: str) -> None:
         cmd = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
@@ -166,28 +175,70 @@ class TestBed:
         return subprocess.run(self.command(host, argv), capture_output=True, text=True, timeout=60)
 
     def run(self, argv: Sequence[str], ranks_per_host: int = 1, timeout: float = 300.0,
-            env: Optional[dict] = None, capture: bool = True) -> list[subprocess.CompletedProcess]:
-        """``collie run`` of ``argv`` (script and arguments) on every host at
-        once, as one job of hosts x ranks_per_host ranks with a fresh token.
+            env: Optional[dict] = None, capture: bool = True,
+            delays: Sequence[float] = ()) -> list[subprocess.CompletedProcess]:
+        """``collie run`` of ``argv`` (script and arguments) on every host,
+        as one job of hosts x ranks_per_host ranks with a fresh token; host
+        i starts ``delays[i]`` seconds after the first (none: all at once).
         The first host to fail stops the others (``first_failure`` says
         which); past ``timeout`` all are stopped. Returns each host's
         launcher, in host order."""
         env = dict(os.environ if env is None else env)
         env.setdefault("COLLIE_TOKEN", secrets.token_hex(16))
-        self.first_failure: Optional[int] = None
-        procs = []
+        commands = [[sys.executable, "-m", "collie", "run", "--nnodes", str(self.hosts),
+                     "--node-rank", str(i), "--master-addr", self.addresses[0],
+                     "--master-port", str(MASTER_PORT), "-n", str(ranks_per_host), *argv]
+                    for i in range(self.hosts)]
+        starts = [(delays[i] if i < len(delays) else 0.0, i, commands[i], env) for i in range(self.hosts)]
+        return self._start_and_wait(starts, timeout, capture)
+
+    def run_slurm(self, argv: Sequence[str], ranks_per_host: int = 1, timeout: float = 300.0,
+                  capture: bool = True) -> list[subprocess.CompletedProcess]:
+        """``python argv`` as srun would start it: one process per rank, with
+        only Slurm's variables (no MASTER_ADDR, RANK or COLLIE_*), so that
+        collie must find its way from them alone. Returns each rank's
+        process, in rank order."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("COLLIE_", "MASTER_", "SLURM_")) and k not in ("RANK", "WORLD_SIZE")}
+        ntasks = self.hosts * ranks_per_host
+        tag = self.names[0][:-1]  # ctb<pid>h
+        common = {"SLURM_JOB_ID": str(secrets.randbelow(10**6)), "SLURM_STEP_ID": "0",
+                  "SLURM_NTASKS": str(ntasks), "SLURM_NNODES": str(self.hosts),
+                  "SLURM_TASKS_PER_NODE": f"{ranks_per_host}(x{self.hosts})",
+                  "SLURM_STEP_NODELIST": f"{tag}[0-{self.hosts - 1}]" if self.hosts > 1 else self.names[0]}
+        starts = []
+        for rank in range(ntasks):
+            host = rank // ranks_per_host
+            mine = dict(env, **common, SLURM_PROCID=str(rank), SLURM_NODEID=str(host),
+                        SLURM_LOCALID=str(rank % ranks_per_host))
+            starts.append((0.0, host, [sys.executable, *argv], mine))
+        return self._start_and_wait(starts, timeout, capture)
+
+    def run_each(self, argvs: Sequence[Sequence[str]], timeout: float = 300.0, env: Optional[dict] = None,
+                 capture: bool = True) -> list[subprocess.CompletedProcess]:
+        """``argvs[i]`` in host i, all at once (another launcher: torchrun,
+        mpiexec...); waited for as run() says."""
+        if len(argvs) != self.hosts:
+            raise ValueError(f"{len(argvs)} commands for {self.hosts} hosts")
+        env = dict(os.environ if env is None else env)
+        return self._start_and_wait([(0.0, i, list(a), env) for i, a in enumerate(argvs)], timeout, capture)
+
+    def _start_and_wait(self, starts, timeout: float, capture: bool) -> list[subprocess.CompletedProcess]:
+        """Start each (delay, host, argv, env) in its host; wait as run() says."""
+        self.first_failure = None
+        procs: list = [None] * len(starts)
+        began = time.monotonic()
+        out = subprocess.PIPE if capture else None
         try:
-            for i in range(self.hosts):
-                launcher = [sys.executable, "-m", "collie", "run", "--nnodes", str(self.hosts),
-                            "--node-rank", str(i), "--master-addr", self.addresses[0],
-                            "--master-port", str(MASTER_PORT), "-n", str(ranks_per_host), *argv]
-                out = subprocess.PIPE if capture else None
-                procs.append(subprocess.Popen(self.command(i, launcher), env=env, stdout=out,
-                                              stderr=out, text=True, start_new_session=True))
+            for delay, k in sorted((d, k) for k, (d, *_rest) in enumerate(starts)):
+                time.sleep(max(0.0, began + delay - time.monotonic()))
+                _, host, argv, env = starts[k]
+                procs[k] = subprocess.Popen(self.command(host, argv), env=env, stdout=out, stderr=out,
+                                            text=True, start_new_session=True)
             return self._wait(procs, timeout)
         finally:
             for proc in procs:
-                if proc.poll() is None:
+                if proc is not None and proc.poll() is None:
                     _stop(proc)
 
     def _wait(self, procs, timeout: float) -> list[subprocess.CompletedProcess]:
@@ -214,6 +265,7 @@ class TestBed:
         """Remove every namespace (and so every link) of the bed. Idempotent."""
         for ns in reversed(self._made):
             _remove(ns)
+            shutil.rmtree(f"{NETNS_ETC}/{ns}", ignore_errors=True)
         self._made = []
 
     def __enter__(self) -> "TestBed":

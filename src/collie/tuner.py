@@ -51,7 +51,12 @@ def _segments(nbytes: int, pieces: int, target: int) -> int:
     return max(1, min(64, nbytes // max(1, pieces * target)))
 
 
-def default_choice(collective: str, nbytes: int, nranks: int, transport: str) -> Choice:
+def _hierarchical(hosts) -> bool:
+    """Several hosts, and some host with several ranks: where hier pays."""
+    return hosts is not None and len(set(hosts)) > 1 and len(set(hosts)) < len(hosts)
+
+
+def default_choice(collective: str, nbytes: int, nranks: int, transport: str, hosts=None) -> Choice:
     """The tuned default for one call.
 
     Crossovers measured with `collie bench --algo all` on a 2-core machine
@@ -71,6 +76,11 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str) ->
             return Choice("direct", 1, "few ranks: one step of zero-byte messages")
         return Choice("recursive_doubling", 1, "dissemination: log2(n) steps")
     if collective == "all_reduce":
+        if _hierarchical(hosts) and nbytes >= 4 * MiB:
+            # On the test bed (2 hosts x 2 ranks, docs/multihost.md) hier won
+            # from 4 MiB, shaped to 1 Gbit/s or not, and lost at 1 MiB.
+            return Choice("hier", 1, "several hosts with several ranks each: shared memory inside "
+                                     "hosts, each byte across the network once each way")
         if few:
             if nbytes < 128 * KiB:
                 return Choice("direct", 1, "small message, two ranks: one exchange")
@@ -153,7 +163,8 @@ class Tuner:
         self._said: set = set()
 
     def choose(self, collective: str, nbytes: int, nranks: int, transport: str,
-               algorithm: Optional[str] = None, rank: int = 0, exclude: Optional[dict] = None) -> Choice:
+               algorithm: Optional[str] = None, rank: int = 0, exclude: Optional[dict] = None,
+               hosts=None) -> Choice:
         """``exclude`` maps algorithms that cannot run this call to why (bruck
         on an all_to_all with uneven splits): forcing one per call is an
         error, forcing it with COLLIE_ALGO leaves the call to the table."""
@@ -162,7 +173,7 @@ class Tuner:
         if algorithm in exclude:
             raise ValueError(f"{collective} cannot use algorithm {algorithm!r} for this call "
                              f"({exclude[algorithm]}); choose one of {', '.join(sorted(have))}")
-        default = default_choice(collective, nbytes, nranks, transport)
+        default = default_choice(collective, nbytes, nranks, transport, hosts)
         if default.algorithm not in have:  # excluded for this call (uneven blocks...)
             default = Choice("direct", 1, f"{default.algorithm} cannot run this call; direct can")
         if algorithm is not None:

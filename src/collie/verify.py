@@ -788,17 +788,40 @@ def verify_schedules(schedules: Sequence[Schedule], layouts: Sequence[Layout] = 
         return _Machine(schedules, layouts, label).run()
 
 
-def rounds(collective: str, algorithm: str, nranks: int, root: int = 0, segments: int = 1) -> int:
+def host_layouts(nranks: int) -> list[tuple]:
+    """Ways to place ``nranks`` ranks on hosts, for the algorithms whose
+    schedules depend on it: one host, a host each, two and three hosts
+    taking turns (a host's ranks need not be consecutive), two halves, and
+    uneven ones (one rank alone; hosts of 1, 2, 3... ranks)."""
+    n = nranks
+    uneven, host, left = [], 0, n
+    while left:
+        take = min(host + 1, left)
+        uneven += [host] * take
+        host, left = host + 1, left - take
+    candidates = [(0,) * n, tuple(range(n)), tuple(r % 2 for r in range(n)), tuple(r % 3 for r in range(n)),
+                  tuple(int(r >= n // 2) for r in range(n)), tuple(int(r > 0) for r in range(n)),
+                  tuple(uneven)]
+    return list(dict.fromkeys(candidates))
+
+
+def _layouts_of(collective: str, algorithm: str, nranks: int) -> list:
+    return host_layouts(nranks) if algorithms.topological(collective, algorithm) else [None]
+
+
+def rounds(collective: str, algorithm: str, nranks: int, root: int = 0, segments: int = 1,
+           hosts=None) -> int:
     """Length of one call in rounds (see verify_schedules), verified
     symbolically on the way: the latency term of an algorithm, in messages."""
-    schedules = [algorithms.build(collective, algorithm, nranks, r, root, segments)
+    schedules = [algorithms.build(collective, algorithm, nranks, r, root, segments, hosts)
                  for r in range(nranks)]
     return verify_schedules(schedules)
 
 
 def verify(collective: str, algorithm: str, nranks: int, root: int = 0, segments: int = 1,
-           block_sizes=None) -> None:
-    """Verify one call: ``algorithm`` for ``collective`` on ``nranks`` ranks.
+           block_sizes=None, hosts=None) -> None:
+    """Verify one call: ``algorithm`` for ``collective`` on ``nranks`` ranks
+    (placed on ``hosts``, for an algorithm that cares).
 
     ``block_sizes`` is a per-rank list of {buffer: block sizes in elements};
     by default several layouts from default_layouts() are checked. Raises
@@ -806,13 +829,14 @@ def verify(collective: str, algorithm: str, nranks: int, root: int = 0, segments
     """
     if not COLLECTIVES[collective].rooted:
         root = 0
-    schedules = [algorithms.build(collective, algorithm, nranks, r, root, segments)
+    schedules = [algorithms.build(collective, algorithm, nranks, r, root, segments, hosts)
                  for r in range(nranks)]
     if block_sizes is None:
         layouts = default_layouts(collective, nranks, algorithms.uniform_blocks_only(collective, algorithm))
     else:
         layouts = (block_sizes,)
-    label = f"{algorithm} {collective}, nranks={nranks}, root={root}, segments={segments}"
+    label = f"{algorithm} {collective}, nranks={nranks}, root={root}, segments={segments}" + (
+        f", hosts={hosts}" if hosts is not None else "")
     verify_schedules(schedules, layouts, label)
 
 
@@ -845,10 +869,13 @@ def verify_algorithm(collective: str, algorithm: str, nranks=range(1, 65), segme
             chosen = roots(n) if callable(roots) else roots or _roots(n)
             for root in [q for q in chosen if 0 <= q < n] if rooted else [0]:
                 for s in some:
-                    schedules = [algorithms.build(collective, algorithm, n, r, root, s) for r in range(n)]
-                    label = f"{algorithm} {collective}, nranks={n}, root={root}, segments={s}"
-                    verify_schedules(schedules, layouts, label)
-                    runs += 1
+                    for hosts in _layouts_of(collective, algorithm, n):
+                        schedules = [algorithms.build(collective, algorithm, n, r, root, s, hosts)
+                                     for r in range(n)]
+                        label = f"{algorithm} {collective}, nranks={n}, root={root}, segments={s}" + (
+                            f", hosts={hosts}" if hosts is not None else "")
+                        verify_schedules(schedules, layouts, label)
+                        runs += 1
     return runs
 
 

@@ -36,7 +36,7 @@ _DTYPE_CODES = {name: i for i, name in enumerate(_DTYPES)}
 _OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "PREMUL_SUM")
 # Every algorithm name of every collective, in a fixed order (15: another one).
 _ALGORITHMS = ("direct", "ring", "tree", "dbtree", "recursive_doubling", "rabenseifner", "bruck",
-               "pairwise", "shm")
+               "pairwise", "shm", "hier")
 _ALGORITHM_CODES = {name: i for i, name in enumerate(_ALGORITHMS)}
 _COUNT_BITS = 30  # counts compare modulo 2**30 here; a message's size is checked too
 

@@ -23,6 +23,8 @@ implements (docs/algorithms.md gives their steps and bytes on the wire):
   pairwise            all_to_all
   shm                 every collective but barrier, among ranks of one host:
                       one-sided reads from the peers' shared windows
+  hier                all_reduce over several hosts: shared memory inside
+                      each, one rank per host and part between them
 
 The helpers below are shared by the builders: they write an algorithm as a
 list of (time, op) events, where a send and its matching receive carry the
@@ -50,6 +52,7 @@ __all__ = [
     "table",
     "uniform_blocks_only",
     "pipelined",
+    "topological",
 ]
 
 Builder = Callable[[int, int, int, int], Schedule]
@@ -62,14 +65,19 @@ ALGORITHMS: dict[str, dict[str, Builder]] = {name: {} for name in COLLECTIVES}
 # that use ``segments``.
 _UNIFORM_ONLY: set[tuple[str, str]] = set()
 _PIPELINED: set[tuple[str, str]] = set()
+# Those whose schedules depend on which ranks share a host (hier).
+_TOPOLOGY: set[tuple[str, str]] = set()
 
 
-def register(collective: str, name: str, *, uniform_blocks: bool = False, pipelined: bool = False):
+def register(collective: str, name: str, *, uniform_blocks: bool = False, pipelined: bool = False,
+             topology: bool = False):
     """Decorator: register ``builder`` as algorithm ``name`` of ``collective``.
 
     ``uniform_blocks=True`` marks an algorithm that needs every block of every
     rank to have the same size (the tuner must not pick it otherwise);
-    ``pipelined=True`` one whose schedule depends on ``segments``.
+    ``pipelined=True`` one whose schedule depends on ``segments``;
+    ``topology=True`` one whose builder also takes ``hosts``, the host of
+    each rank (any hashable labels).
     """
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; collectives are {sorted(COLLECTIVES)}")
@@ -82,6 +90,8 @@ def register(collective: str, name: str, *, uniform_blocks: bool = False, pipeli
             _UNIFORM_ONLY.add((collective, name))
         if pipelined:
             _PIPELINED.add((collective, name))
+        if topology:
+            _TOPOLOGY.add((collective, name))
         return builder
 
     return decorate
@@ -109,6 +119,11 @@ def pipelined(collective: str, algorithm: str) -> bool:
     return (collective, algorithm) in _PIPELINED
 
 
+def topological(collective: str, algorithm: str) -> bool:
+    """Whether the algorithm's schedules depend on which ranks share a host."""
+    return (collective, algorithm) in _TOPOLOGY
+
+
 def _index(name: str, value) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an integer, not {value!r}")
@@ -119,13 +134,15 @@ def _index(name: str, value) -> int:
 
 
 def build(collective: str, algorithm: str, nranks: int, rank: int, root: int = 0,
-          segments: int = 1) -> Schedule:
+          segments: int = 1, hosts=None) -> Schedule:
     """The schedule of ``rank`` for one call of ``collective`` with ``algorithm``.
 
-    Raises ValueError for an unknown collective or algorithm (listing those
-    available) and for a bad nranks, rank, root or segments. The root of a
-    collective that has none is taken as 0, and segments as 1 for an
-    algorithm that does not pipeline, so equal calls share one schedule.
+    ``hosts`` (a label per rank; None: all on one host) matters only to
+    topological algorithms. Raises ValueError for an unknown collective or
+    algorithm (listing those available) and for a bad nranks, rank, root,
+    segments or hosts. The root of a collective that has none is taken as 0,
+    and segments as 1 for an algorithm that does not pipeline, so equal
+    calls share one schedule.
     """
     if collective not in ALGORITHMS:
         raise ValueError(f"unknown collective {collective!r}; collectives are {sorted(ALGORITHMS)}")
@@ -148,6 +165,11 @@ def build(collective: str, algorithm: str, nranks: int, rank: int, root: int = 0
         root = 0
     if (collective, algorithm) not in _PIPELINED:
         segments = 1
+    if (collective, algorithm) in _TOPOLOGY:
+        hosts = (0,) * nranks if hosts is None else tuple(hosts)
+        if len(hosts) != nranks:
+            raise ValueError(f"hosts gives {len(hosts)} ranks' hosts, not {nranks}")
+        return _build_on(collective, algorithm, nranks, rank, root, segments, hosts)
     return _build(collective, algorithm, nranks, rank, root, segments)
 
 
@@ -156,6 +178,11 @@ def build(collective: str, algorithm: str, nranks: int, rank: int, root: int = 0
 @functools.lru_cache(maxsize=1024)
 def _build(collective, algorithm, nranks, rank, root, segments):
     return ALGORITHMS[collective][algorithm](nranks, rank, root, segments)
+
+
+@functools.lru_cache(maxsize=1024)
+def _build_on(collective, algorithm, nranks, rank, root, segments, hosts):
+    return ALGORITHMS[collective][algorithm](nranks, rank, root, segments, hosts)
 
 
 # ----------------------------------------------------------------------------
@@ -256,4 +283,4 @@ def fold(nranks: int) -> Fold:
 
 
 # Importing the families registers them (the order is the listing order).
-from . import direct, ring, tree, dbtree, recursive_doubling, rabenseifner, bruck, pairwise, shm  # noqa: E402,F401
+from . import direct, ring, tree, dbtree, recursive_doubling, rabenseifner, bruck, pairwise, shm, hier  # noqa: E402,F401

@@ -371,7 +371,12 @@ class CollieProcessGroup(dist.ProcessGroup):
             # The hot path of a blocking dist.all_reduce: two option fields read, one call.
             red = opts.reduceOp
             op = _OPS_BY_VALUE[red.op.value]
-            C.all_reduce(tensors[0], op if op is not None else _op(red), g)
+            try:
+                C.all_reduce(tensors[0], op if op is not None else _op(red), g)
+            except TypeError:
+                if tensors[0].layout is not torch.sparse_coo:
+                    raise
+                _sparse_all_reduce(tensors[0], _op(red), g)
             return None
         if opts is None:
             opts = AllreduceOptions()
@@ -380,6 +385,8 @@ class CollieProcessGroup(dist.ProcessGroup):
             opts.reduceOp = red
         t = _one(tensors, "allreduce")
         op = _op(opts.reduceOp)
+        if t.layout is torch.sparse_coo:
+            return self._run(opts, lambda: _sparse_all_reduce(t, op, g), [t], "allreduce (sparse)")
         return self._run(opts, lambda: C.all_reduce(t, op, g), [t], "allreduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -562,6 +569,31 @@ class CollieProcessGroup(dist.ProcessGroup):
 
     def abort(self) -> None:
         self.shutdown()
+
+
+def _sparse_all_reduce(t, op, g) -> None:
+    """all_reduce of a sparse COO tensor, as Gloo's: every rank's indices and
+    values are gathered (padded to the largest count), summed into one
+    coalesced tensor, and copied into ``t`` (which may change its nnz)."""
+    if op is not ReduceOp.SUM:
+        raise ValueError(f"collie backend: sparse all_reduce supports ReduceOp.SUM only, not {op}")
+    local = t.coalesce()
+    indices, values = local.indices(), local.values()
+    counts = [torch.empty(1, dtype=torch.int64) for _ in range(g.size)]
+    C.all_gather(counts, torch.tensor([indices.shape[1]], dtype=torch.int64), g)
+    counts = [int(c) for c in counts]
+    most = max(counts)
+    padded_i = indices.new_zeros((indices.shape[0], most))
+    padded_i[:, :indices.shape[1]] = indices
+    padded_v = values.new_zeros((most,) + tuple(values.shape[1:]))
+    padded_v[:values.shape[0]] = values
+    all_i = [torch.empty_like(padded_i) for _ in range(g.size)]
+    all_v = [torch.empty_like(padded_v) for _ in range(g.size)]
+    C.all_gather(all_i, padded_i, g)
+    C.all_gather(all_v, padded_v, g)
+    total = torch.sparse_coo_tensor(torch.cat([i[:, :n] for i, n in zip(all_i, counts)], dim=1),
+                                    torch.cat([v[:n] for v, n in zip(all_v, counts)]), t.shape)
+    t.copy_(total.coalesce())
 
 
 def _AllgatherOptions():  # noqa: N802 - torch's class, not exported by torch.distributed

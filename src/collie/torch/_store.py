@@ -34,6 +34,15 @@ class TorchStore(Store):
     def __repr__(self) -> str:
         return f"TorchStore({self.store!r})"
 
+    @property
+    def host(self):
+        """The host serving the store (a TCPStore's, under any PrefixStores),
+        or None: where rank 0 is, so the ranks know which interface to use."""
+        store = self.store
+        while store is not None and not hasattr(store, "host"):
+            store = getattr(store, "underlying_store", None)
+        return getattr(store, "host", None)
+
     def _wait(self, keys: list, timeout) -> None:
         seconds = _seconds(timeout, self.timeout)
         import torch.distributed as dist
