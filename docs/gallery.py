@@ -24,12 +24,14 @@ SIZES = (4, 8)
 
 
 def drawings() -> list:
-    """(file name, collective, algorithm, ranks), in table order."""
+    """(file name, collective, algorithm, ranks, hosts), in table order.
+    Algorithms built for the hosts of their ranks are drawn on two hosts."""
     out = []
     for op, names in algorithms.table():
         for algo in names:
+            hosts = 2 if algorithms.topological(op, algo) else 1
             for n in SIZES:
-                out.append((f"{op}-{algo}-{n}.svg", op, algo, n))
+                out.append((f"{op}-{algo}-{n}.svg", op, algo, n, hosts))
     return out
 
 
@@ -42,11 +44,12 @@ def section() -> str:
              "into what the receiver holds, dashed arrows are one-sided reads of a peer's window, "
              "and a rank's local copies and reductions are written on its line.", ""]
     op_now = None
-    for name, op, algo, n in drawings():
+    for name, op, algo, n, hosts in drawings():
         if op != op_now:
             lines += [f"### {op}", ""]
             op_now = op
-        lines += [f"![{op} {algo}, {n} ranks](gallery/{name})", ""]
+        where = f" on {hosts} hosts" if hosts > 1 else ""
+        lines += [f"![{op} {algo}, {n} ranks{where}](gallery/{name})", ""]
     lines.append(END)
     return "\n".join(lines) + "\n"
 
@@ -55,9 +58,9 @@ def generate(folder: str, markdown_in: str) -> str:
     """Write every drawing into ``folder``; return ``markdown_in`` with its
     gallery section replaced (appended when it has none)."""
     os.makedirs(folder, exist_ok=True)
-    for name, op, algo, n in drawings():
+    for name, op, algo, n, hosts in drawings():
         with open(os.path.join(folder, name), "w") as f:
-            f.write(to_svg(schedule_figure(op, algo, n)))
+            f.write(to_svg(schedule_figure(op, algo, n, hosts=hosts)))
     if BEGIN in markdown_in:
         head, _, rest = markdown_in.partition(BEGIN)
         _, _, tail = rest.partition(END + "\n")

@@ -33,7 +33,7 @@ def test_gallery_matches_the_schedules(tmp_path):
         with open(os.path.join(ROOT, "docs", "gallery", name)) as a, open(tmp_path / name) as b:
             assert a.read() == b.read(), f"docs/gallery/{name} is stale: run docs/gallery.py"
     pairs = {(op, a) for op, names in algorithms.table() for a in names}
-    assert {(op, a) for _, op, a, _ in gallery.drawings()} == pairs  # every algorithm is drawn
+    assert {(op, a) for _, op, a, _, _ in gallery.drawings()} == pairs  # every algorithm is drawn
 
 
 def _arrows(svg: str):

@@ -112,7 +112,8 @@ def schedule_figure(op: str, algorithm: str, n: int, root: int = 0, segments: in
         raise ValueError(f"{n} ranks is too many rows to draw; at most 64")
     if hosts < 1 or n % hosts:
         raise ValueError(f"hosts must be >= 1 and divide n ({n}), got {hosts}")
-    schedules = [algorithms.build(op, algorithm, n, r, root, segments) for r in range(n)]
+    labels = tuple(r // (n // hosts) for r in range(n)) if algorithms.topological(op, algorithm) else None
+    schedules = [algorithms.build(op, algorithm, n, r, root, segments, labels) for r in range(n)]
     starts = _rounds(schedules)
     spec = COLLECTIVES[op]
     nblocks = {"in": spec.in_blocks(n), "out": spec.out_blocks(n)}

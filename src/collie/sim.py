@@ -437,13 +437,15 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
         raise ValueError("shm works among the ranks of one host; with --hosts > 1 choose another")
     n = int(nranks)
     itemsize = np.dtype(dtype).itemsize
+    per_host = n // hosts
+    labels = tuple(r // per_host for r in range(n))  # each rank's host
     if segments is None:
         from .tuner import Tuner
         segments = Tuner(environ={}).choose(op, 0 if op == "all_to_all" else nbytes, n,
-                                            "shm" if hosts == 1 else "tcp", algorithm).segments
+                                            "shm" if hosts == 1 else "tcp", algorithm, hosts=labels).segments
     _, sizes = block_sizes(op, nbytes, itemsize, n)
     window = window_bytes // itemsize
-    per_host = n // hosts
+    topo = labels if algorithms.topological(op, algorithm) else None
 
     def host_of(r: int) -> int:
         return r // per_host
@@ -451,14 +453,16 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
     sizers: dict = {}
 
     def steps(r: int) -> tuple:
-        return _skeleton(algorithms.build(op, algorithm, n, r, root, segments), sizes, itemsize, window, sizers)
+        return _skeleton(algorithms.build(op, algorithm, n, r, root, segments, topo), sizes, itemsize, window,
+                         sizers)
 
     g = n
     if symmetry != "full" and n > 1 and not (model.cores and hosts == 1):  # cores: whole hosts
         orbit = per_host if hosts > 1 else 1
         reps = [steps(r) for r in range(orbit)]
-        slack = itemsize * max(1, max((len(s.chunks) for s in _ops_with_chunks(op, algorithm, n, segments)),
-                                      default=1))
+        slack = itemsize * max(1, max((len(o.chunks) for o in algorithms.build(op, algorithm, n, 0, root, segments,
+                                                                                topo).ops()
+                                       if hasattr(o, "chunks")), default=1))
         if all(_maps_onto(r, steps(r), r % orbit, reps[r % orbit], n, slack) for r in _sample(n, orbit)):
             g = orbit
             steps_of = reps
@@ -473,12 +477,6 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
         steps_of = [first] + [steps(r) for r in range(1, n)]
     finish, messages = _run(steps_of, n, g, host_of, model)
     return Result(max(finish) if finish else 0.0, n, g, g, messages, algorithm, segments)
-
-
-def _ops_with_chunks(op: str, algorithm: str, n: int, segments: int):
-    """Rank 0's messages: the most chunks one carries bounds the size
-    difference uneven parts can make between symmetric ranks."""
-    return [o for o in algorithms.build(op, algorithm, n, 0, 0, segments).ops() if hasattr(o, "chunks")]
 
 
 # ---- the closed forms of Thakur, Rabenseifner and Gropp (2005) ---------------
@@ -787,7 +785,8 @@ def main(argv: Optional[list] = None) -> int:
         names = " ".join(f"{name:>{w}}" for name, w in _COLUMNS)
         print(f"#\n# {op}\n#{names[1:]}   {'algorithm':<18}{'sym':>7}{'wall(s)':>9}")
         for size in sizes:
-            picked = tuner.choose(op, 0 if op == "all_to_all" else size, n, transport)
+            labels = tuple(r // (n // opts.hosts) for r in range(n))
+            picked = tuner.choose(op, 0 if op == "all_to_all" else size, n, transport, hosts=labels)
             if opts.algo == "all" or opts.tuner:
                 algos = algorithms.algorithms_for(op)
             else:
