@@ -25,9 +25,13 @@ hands a whole step to Network.exchange), so a message's completion is
 when its step's wait ended: the trace times steps, and messages to the
 step. Local copies and reductions fall between steps.
 
-Overhead: off, one test of a module global per call (collectives._execute);
-on, two clock reads and a tuple per step while the program runs, and the
-JSON made and written when tracing ends (or at exit, for COLLIE_TRACE).
+Overhead: off, one test of a module global per call (collectives._execute:
+3 bytecodes of its 66, about 30 ns); on, two clock reads and a tuple per
+step while the program runs (about 7 us per 3-step call), and the JSON
+made and written when tracing ends (or at exit, for COLLIE_TRACE).
+docs/perf/trace_overhead.py measures it end to end: on the shared 2-core
+machine of this work, 1 MiB all_reduce on 2 ranks ran 5% to 25% slower
+traced, in runs whose null check (neither arm traced) read -6% to 0%.
 
 Clocks: timestamps are time.time() (microseconds since the epoch), which
 ranks on one host share. trace() with a process group estimates each rank's
