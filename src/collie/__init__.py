@@ -28,6 +28,7 @@ from .collectives import (all_gather, all_gather_into_tensor, all_gather_single,
                           all_to_all_single, barrier, broadcast, gather, monitored_barrier, reduce,
                           reduce_scatter, reduce_scatter_single, reduce_scatter_tensor, scatter)
 from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
+from .tracing import trace
 
 __version__ = "0.1.0"
 
@@ -48,6 +49,8 @@ __all__ = [
     "reduce_scatter_single", "all_to_all", "all_to_all_single", "barrier",
     "monitored_barrier",
     "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
+    # tools
+    "trace",
     # errors
     "errors", "CollieError", "PeerError", "CollieTimeout", "MismatchError", "AuthError", "AbortedError",
 ]

@@ -17,6 +17,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("collie.bench:main", "measure every collective's bandwidth, like nccl-tests (--vs mpi4py,gloo)"),
     "verify": ("collie.verify:main", "prove every algorithm's schedules right for 1..64 ranks, symbolically"),
     "pingpong": ("collie.pingpong:main", "8-byte round trip and 64 MiB bandwidth over shm and tcp, next to Pipe and TCP"),
+    "sim": ("collie.sim:main", "predict any collective at any scale from its real schedules (alpha-beta-gamma, --calibrate)"),
+    "draw": ("collie.draw:main", "draw an algorithm's schedules (ranks x rounds, an arrow per message) or a trace, as SVG or PNG"),
+    "trace": ("collie.tracing:main", "merge the per-rank traces that COLLIE_TRACE=DIR wrote into one Perfetto file"),
     "testbed": ("collie.testbed:main", "run a script across several hosts made of network namespaces on one machine (root; --rate shapes the links)"),
     "soak": ("collie.soak:main", "a long random program of collectives checked against NumPy: calls/s, RSS and fd growth; --fault kill|stop"),
 }

@@ -36,6 +36,7 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 
 from . import algorithms, engine
+from . import tracing as _trace
 from .arrays import Buffer
 from .errors import CollieError, CollieTimeout, MismatchError, PeerError
 from .group import ProcessGroup, resolve, world
@@ -203,6 +204,9 @@ def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op,
 
 _PREPARED_PER_GROUP = 512
 
+# The tracer (collie.trace) while one is on, else None: one test per call.
+TRACE = _trace.from_environment()
+
 
 def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_name: str,
          op: Optional[ReduceOp] = None, root: int = 0, count: int = 0, nbytes: int = 0,
@@ -243,7 +247,10 @@ def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq:
     tag = g.collective_tag(seq)
     network.current = tag
     try:
-        engine.execute(prepared.program, arrays, network, tag, prepared.meta, describe, timeout)
+        if TRACE is None:
+            engine.execute(prepared.program, arrays, network, tag, prepared.meta, describe, timeout)
+        else:  # collie.trace: the same run, timed step by step
+            TRACE.execute(g, name, seq, prepared, arrays, network, tag, describe, timeout)
     except CollieError as exc:
         if isinstance(exc, (MismatchError, PeerError, CollieTimeout)) and g.context != LEAVE_CONTEXT:
             # Tell the group the root cause, so that ranks waiting on this one

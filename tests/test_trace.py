@@ -1,0 +1,109 @@
+"""collie.trace: per-rank Chrome traces of real runs, merged onto one clock."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from harness import run_ranks
+
+
+def _traced_calls(rank, size, folder):
+    import collie
+    x = np.full(1000, rank + 1.0, np.float32)
+    collie.all_reduce(x, algorithm="ring")           # not traced
+    with collie.trace(folder):
+        collie.all_reduce(x, algorithm="ring")
+        collie.broadcast(x, src=0, algorithm="tree")
+    collie.all_reduce(x)                             # not traced
+    return float(x[0])
+
+
+@pytest.mark.timeout(90)
+def test_trace_context_merge_and_draw(tmp_path):
+    folder = str(tmp_path / "tr")
+    n = 3
+    results = run_ranks(_traced_calls, n, folder, timeout=60)
+    assert results == [results[0]] * n  # the traced calls computed what untraced ones do
+    assert sorted(os.listdir(folder)) == [f"rank-{r}.json" for r in range(n)]
+    from collie.tracing import main, merge
+    merged = merge(folder)
+    events = merged["traceEvents"]
+    calls = [e for e in events if e.get("cat") == "call"]
+    assert sorted((e["pid"], e["name"], e["args"]["algorithm"]) for e in calls) == sorted(
+        (r, op, a) for r in range(n) for op, a in (("all_reduce", "ring"), ("broadcast", "tree")))
+    ring = [e for e in calls if e["name"] == "all_reduce"]
+    assert all(e["args"]["bytes"] == 4000 and e["args"]["group"] and e["args"]["steps"] == 2 * (n - 1)
+               for e in ring)
+    assert len({e["args"]["seq"] for e in ring}) == 1  # one call, seen by every rank
+    steps = [e for e in events if e.get("cat") == "step" and e["name"].startswith("all_reduce")]
+    assert len(steps) == n * 2 * (n - 1)
+    for e in steps:
+        msgs = e["args"]["messages"]
+        assert sorted(m["dir"] for m in msgs) == ["recv", "send"]
+        assert {m["peer"] for m in msgs} == {(e["pid"] + 1) % n, (e["pid"] - 1) % n}
+        assert all(m["completed"] >= m["posted"] >= 0 and m["waited"] >= 0 for m in msgs)
+        assert sum(m["bytes"] for m in msgs if m["dir"] == "send") in (1336, 1332)  # 1000 floats / 3
+    # every send's flow start has its receive's flow end, on the peer
+    starts = {e["id"]: e for e in events if e.get("ph") == "s"}
+    ends = {e["id"]: e for e in events if e.get("ph") == "f"}
+    assert starts and set(starts) == set(ends)
+    # calls start at 0 after the merge; each rank's clock offset was estimated
+    assert min(e["ts"] for e in events if "ts" in e and e.get("ph") != "M") == 0
+    for r in range(n):
+        with open(os.path.join(folder, f"rank-{r}.json")) as f:
+            data = json.load(f)
+        assert data["clock_offset_estimated"] and abs(data["clock_offset_us"]) < 50_000  # one host
+    out = tmp_path / "trace.json"
+    assert main(["merge", folder, "-o", str(out)]) == 0
+    from collie.draw import main as draw
+    assert draw(["--trace", str(out), "-o", str(tmp_path / "run.svg")]) == 0
+    assert (tmp_path / "run.svg").read_text().count("<rect") > 2 * n
+
+
+SCRIPT = """
+import numpy as np
+import collie
+collie.init_process_group()
+x = np.ones(16, np.float32)
+for _ in range(3):
+    collie.all_reduce(x)
+assert collie.collectives.TRACE is not None
+collie.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_collie_trace_environment_writes_at_exit(tmp_path):
+    # COLLIE_TRACE is read when collie is imported: as `collie run` starts ranks.
+    script = tmp_path / "prog.py"
+    script.write_text(SCRIPT)
+    folder = str(tmp_path / "env")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = dict(os.environ, COLLIE_TRACE=folder, PYTHONPATH=src)
+    done = subprocess.run([sys.executable, "-m", "collie", "run", "-n", "2", str(script)], env=env,
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    from collie.tracing import merge
+    calls = [e for e in merge(folder)["traceEvents"] if e.get("cat") == "call"]
+    mine = [e for e in calls if e["name"] == "all_reduce" and e["args"]["bytes"] == 64]
+    assert len(mine) == 2 * 3 and {e["pid"] for e in mine} == {0, 1}
+    # the rest are collie's own calls (setup and leaving), traced as well
+    assert all(e["args"]["group"] != "WORLD" or e["name"] == "barrier" for e in calls if e not in mine), calls
+
+
+def test_off_by_default_and_merge_errors(tmp_path):
+    from collie import collectives
+    from collie.tracing import from_environment, main, merge
+    assert "COLLIE_TRACE" in os.environ or collectives.TRACE is None
+    assert from_environment({}) is None
+    with pytest.raises(ValueError, match="no rank"):
+        merge(str(tmp_path))
+    (tmp_path / "rank-0.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a collie trace"):
+        merge(str(tmp_path))
+    with pytest.raises(SystemExit):
+        main(["merge", str(tmp_path / "nothing")])
