@@ -36,7 +36,6 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 
 from . import algorithms, engine
-from . import tracing as _trace
 from .arrays import Buffer
 from .errors import CollieError, CollieTimeout, MismatchError, PeerError
 from .group import ProcessGroup, resolve, world
@@ -204,8 +203,9 @@ def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op,
 
 _PREPARED_PER_GROUP = 512
 
-# The tracer (collie.trace) while one is on, else None: one test per call.
-TRACE = _trace.from_environment()
+# The tracer (collie.tracing) while one is on, else None: one test per call.
+# COLLIE_TRACE turns one on when collie is imported (collie/__init__.py).
+TRACE = None
 
 
 def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_name: str,

@@ -206,7 +206,9 @@ def _flow_id(tag: int, group: int, src: int, dst: int, j: int) -> int:
     return hash((group, tag, src, dst, j)) & ((1 << 53) - 1)
 
 
-def _install(tracer: Optional[Tracer]) -> Optional[Tracer]:
+def install(tracer: Optional[Tracer]) -> Optional[Tracer]:
+    """Make ``tracer`` (None: none) trace every collective call from now
+    on; returns the one it replaces."""
     from . import collectives
     previous = collectives.TRACE
     collectives.TRACE = tracer
@@ -223,11 +225,11 @@ def trace(folder: str, align_clocks: bool = True):
     from . import group
     if group.is_initialized() and align_clocks:
         tracer.estimate_offset()
-    previous = _install(tracer)
+    previous = install(tracer)
     try:
         yield tracer
     finally:
-        _install(previous)
+        install(previous)
         tracer.flush()
 
 
