@@ -62,14 +62,16 @@ def tuner() -> Tuner:
 
 # ---- running calls in order, synchronously or on the background thread ----
 
-class _Background:
-    """One thread that runs asynchronous calls in the order they were made."""
+class Background:
+    """One thread that runs asynchronous calls in the order they were made
+    (collie's async_op=True calls, and the torch backend's): every rank
+    issues them in one order, so they must also run in it."""
 
-    def __init__(self):
-        self.queue: "queue.Queue" = queue.Queue()
+    def __init__(self, name: str = "collie-async"):
+        self.queue: "queue.SimpleQueue" = queue.SimpleQueue()
         self.pending = 0
         self.idle = threading.Condition()
-        self.thread = threading.Thread(target=self._loop, name="collie-async", daemon=True)
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
     def _loop(self):
@@ -77,22 +79,23 @@ class _Background:
             item = self.queue.get()
             if item is None:
                 return
-            fn, work = item
+            fn, done = item
+            result = error = None
             try:
-                work._result = fn()
+                result = fn()
             except BaseException as exc:  # noqa: BLE001 - handed to the waiter
-                work._error = exc
-            work._event.set()
+                error = exc
+            done(result, error)
             with self.idle:
                 self.pending -= 1
                 self.idle.notify_all()
 
-    def submit(self, fn, timeout: float) -> "AsyncWork":
-        work = AsyncWork(timeout)
+    def submit(self, fn, done) -> None:
+        """Run ``fn()`` after the calls submitted before it, then
+        ``done(result, error)`` (error: what it raised, else None)."""
         with self.idle:
             self.pending += 1
-        self.queue.put((fn, work))
-        return work
+        self.queue.put((fn, done))
 
     def drain(self) -> None:
         with self.idle:
@@ -111,6 +114,10 @@ class AsyncWork(Work):
         super().__init__(None, (), lambda: "")
         self._event = threading.Event()
         self._timeout = timeout
+
+    def _finish(self, result, error: Optional[BaseException]) -> None:
+        self._result, self._error = result, error
+        self._event.set()
 
     def wait(self, timeout=None) -> bool:
         # The call itself times out after the group's timeout; waiting a
@@ -133,10 +140,10 @@ class AsyncWork(Work):
         return self._error if self._event.is_set() else None
 
 
-def _background() -> _Background:
+def _background() -> Background:
     w = world()
     if w.background is None:
-        w.background = _Background()
+        w.background = Background()
     return w.background
 
 
@@ -230,7 +237,9 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
     if timeout is None:
         timeout = g.timeout
     if async_op:
-        return _background().submit(lambda: _execute(g, name, prepared, arrays, seq, after, timeout), timeout)
+        work = AsyncWork(timeout)
+        _background().submit(lambda: _execute(g, name, prepared, arrays, seq, after, timeout), work._finish)
+        return work
     _after_async_calls()
     _execute(g, name, prepared, arrays, seq, after, timeout)
     return None

@@ -85,52 +85,8 @@ def _seconds(timeout) -> Optional[float]:
     return seconds if seconds > 0 else None
 
 
-# ---- running calls: on the caller's thread, or in order on one thread ----
-
-class _Executor:
-    """One thread that runs the asynchronous calls of this process in the
-    order they were made (torch's Gloo runs them on worker threads too)."""
-
-    def __init__(self):
-        import queue
-        self.queue = queue.SimpleQueue()
-        self.pending = 0
-        self.idle = threading.Condition()
-        self.thread = threading.Thread(target=self._loop, name="collie-torch", daemon=True)
-        self.thread.start()
-
-    def _loop(self):
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            fn, work = item
-            error = None
-            try:
-                fn()
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
-                error = exc
-            work._finish(error)
-            with self.idle:
-                self.pending -= 1
-                self.idle.notify_all()
-
-    def submit(self, fn, work: "CollieWork") -> "CollieWork":
-        with self.idle:
-            self.pending += 1
-        self.queue.put((fn, work))
-        return work
-
-    def drain(self) -> None:
-        with self.idle:
-            while self.pending:
-                self.idle.wait(0.1)
-
-    def stop(self) -> None:
-        self.drain()
-        self.queue.put(None)
-        self.thread.join(timeout=5)
-
+# ---- running calls: on the caller's thread, or in order on one thread
+# (collectives.Background, the thread collie's own async calls run on) ----
 
 class _State:
     """What the backend keeps per collie world: the thread of asynchronous
@@ -139,7 +95,7 @@ class _State:
 
     def __init__(self, world):
         self.world = world
-        self.executor = _Executor()
+        self.executor = C.Background("collie-torch")
         self.names: dict = {}
 
 
@@ -176,7 +132,7 @@ class CollieWork(dist.Work):
     def __repr__(self) -> str:
         return f"<CollieWork {self._what} {'done' if self._event.is_set() else 'running'}>"
 
-    def _finish(self, error: Optional[BaseException]) -> None:
+    def _finish(self, _result, error: Optional[BaseException]) -> None:
         self._error = error
         with self._lock:
             self._event.set()
@@ -252,12 +208,12 @@ class _P2PWork(CollieWork):
             try:
                 self._work.wait(_seconds(timeout))
             except BaseException as exc:
-                self._finish(exc)
+                self._finish(None, exc)
                 raise
             sender = self._work._result
             if isinstance(sender, int):  # a receive: the sender's global rank
                 self._source = self._g.group_rank(sender)
-            self._finish(None)
+            self._finish(None, None)
         if self._error is not None:
             raise self._error
         return True
@@ -360,7 +316,9 @@ class CollieProcessGroup(dist.ProcessGroup):
                 state.executor.drain()
             fn()
             return None
-        return state.executor.submit(fn, CollieWork(result, self._timeout, what))
+        work = CollieWork(result, self._timeout, what)
+        state.executor.submit(fn, work._finish)
+        return work
 
     # -- collectives --
 
@@ -560,6 +518,7 @@ class CollieProcessGroup(dist.ProcessGroup):
         if self.collie_group is w.group:
             state, _state = _state, None
             if state is not None:
+                state.executor.drain()
                 state.executor.stop()
             G.destroy_process_group()
         else:
