@@ -31,6 +31,7 @@ from xml.sax.saxutils import escape
 
 from . import algorithms
 from .schedule import COLLECTIVES, Copy, Read, Recv, Reduce, Send
+from .verify import ranges_text
 
 __all__ = ["schedule_figure", "trace_figure", "to_svg", "save", "main"]
 
@@ -42,19 +43,6 @@ class Figure(NamedTuple):
 
 
 _RED, _BLUE, _GREY, _INK = "#c0392b", "#2c6fbb", "#888888", "#222222"
-
-
-def _runs(values) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    values = sorted(set(values))
-    out, i = [], 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def chunk_label(chunks, nblocks: dict, parts: int) -> str:
@@ -71,15 +59,15 @@ def chunk_label(chunks, nblocks: dict, parts: int) -> str:
             if parts == 1 or len(cs) == parts:
                 texts.append(buf if prefix == "" else buf)
             else:
-                texts.append(prefix + "p" + _runs(c.part for c in cs))
+                texts.append(prefix + "p" + ranges_text(c.part for c in cs))
         elif parts == 1:
-            texts.append(prefix + "b" + _runs(blocks))
+            texts.append(prefix + "b" + ranges_text(blocks))
         else:
             per = defaultdict(list)
             for c in cs:
                 per[c.block].append(c.part)
             texts.append(prefix + " ".join(
-                f"b{b}" if len(ps) == parts else f"b{b}[p{_runs(ps)}]" for b, ps in sorted(per.items())))
+                f"b{b}" if len(ps) == parts else f"b{b}[p{ranges_text(ps)}]" for b, ps in sorted(per.items())))
     return " ".join(texts)
 
 

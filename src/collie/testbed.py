@@ -37,6 +37,8 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from .transports.segment import pid_alive
+
 PREFIX = "ctb"           # ctb<owner pid>h<i>, ctb<owner pid>br
 SUBNET = "10.77.0"       # each bed is its own network: the same addresses in every bed
 MASTER_PORT = 29500
@@ -66,16 +68,6 @@ def _ip(*args: str, ns: Optional[str] = None) -> None:
         raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip()}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 def _namespaces() -> list[str]:
     done = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
@@ -97,7 +89,7 @@ def sweep() -> list[str]:
     gone = []
     for ns in _namespaces():
         match = _NAME.fullmatch(ns)
-        if match and not _alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             _remove(ns)
             shutil.rmtree(f"{NETNS_ETC}/{ns}", ignore_errors=True)
             gone.append(ns)

@@ -467,7 +467,7 @@ class _Machine:
                     groups.setdefault(self._name(loc), []).append(r)
             value >>= 1
             bit += 1
-        items = [f"{name} of rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}"
+        items = [f"{name} of rank{'s' if len(ranks) > 1 else ''} {ranges_text(ranks)}"
                  for name, ranks in groups.items()]
         return "{" + "; ".join(items + garbage) + "}"
 
@@ -725,7 +725,7 @@ class _Machine:
                 mask = (1 << self.width) - 1
                 missing = [q for q in range(self.n) if not (heard >> (q * self.width)) & mask]
                 if missing:
-                    _fail(self.ctx, f"barrier: leaves without hearing from ranks {_ranges(missing)}", rank=r)
+                    _fail(self.ctx, f"barrier: leaves without hearing from ranks {ranges_text(missing)}", rank=r)
                 continue
             # What every rank must hold is the same where the collective's
             # result does not depend on the rank: compute it once.
@@ -741,7 +741,7 @@ class _Machine:
                       f"expected {self._describe(wanted[k])}", rank=r)
 
 
-def _ranges(ranks) -> str:
+def ranges_text(ranks) -> str:
     """'0-3,5' for [0, 1, 2, 3, 5]."""
     out, ranks = [], sorted(ranks)
     i = 0

@@ -92,7 +92,7 @@ def sweep_segments() -> list[str]:
         return removed
     for name in names:
         match = SEGMENT_FILE.fullmatch(name)
-        if match is None or _alive(int(match.group(1))):
+        if match is None or pid_alive(int(match.group(1))):
             continue
         path = f"{SHM_DIR}/{name}"
         try:
@@ -118,7 +118,7 @@ def sweep_segments() -> list[str]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
