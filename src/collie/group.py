@@ -440,13 +440,10 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         store = agent_store(seconds)
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if store is not None:
-        # The ranks listen on the interface that reaches rank 0's host:
-        # MASTER_ADDR, else the store's own host, else loopback (one host).
-        master_addr = os.environ.get("MASTER_ADDR") or getattr(store, "host", None) or "127.0.0.1"
         if rank is None or rank < 0 or world_size is None or world_size < 1:
             raise ValueError("init_process_group(store=...) needs rank= and world_size=")
         info = rdv.Rendezvous(store=store, rank=rank, world_size=world_size, local_rank=None,
-                              local_world_size=None, master_addr=master_addr, master_port=0,
+                              local_world_size=None, master_addr=getattr(store, "host", None), master_port=0,
                               job_id=_store_job_id(store, rank))
     else:
         info = rdv.rendezvous(init_method, rank=None if rank is None or rank < 0 else rank,
@@ -457,8 +454,9 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
     try:
         network = Network(info.rank, info.world_size, info.store, info.job_id, backend=transport,
                           timeout=seconds, token=tok,
-                          # file:// names no address: the ranks listen where MASTER_ADDR
-                          # routes to, if set, else on loopback (one host)
+                          # The ranks listen on the interface that reaches rank 0's host: the
+                          # store's (a given store, a TCPStore's host; file:// names none),
+                          # else MASTER_ADDR, else loopback (one host).
                           master_addr=info.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1",
                           local_world_size=info.local_world_size)
     except BaseException:
