@@ -466,11 +466,10 @@ class CollieComm(DistComm):
     def algorithms(self, op, wanted):
         if op == "sendrecv" or wanted is None:
             return [None]
-        from . import algorithms
-        have = list(algorithms.algorithms_for(op))
-        net = _network()
-        if "shm" in have and any(backend == "tcp" for backend in net.backend_of):
-            have.remove("shm")  # its windows reach the ranks of one host only
+        from . import algorithms, collectives
+        from .group import resolve
+        unavailable = collectives.excluded(resolve(None), op)  # shm across hosts
+        have = [a for a in algorithms.algorithms_for(op) if a not in unavailable]
         if wanted == "all":
             return have
         return [wanted] if wanted in have else []

@@ -188,16 +188,23 @@ class _Prepared(NamedTuple):
     rooted: bool              # a rank may finish it without hearing from every peer
 
 
-def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op, root: int, count: int,
-             nbytes: int, algorithm: Optional[str]) -> _Prepared:
-    transport = _transport(g)
+def excluded(g: ProcessGroup, name: str, block_sizes: Optional[dict] = None) -> dict:
+    """The algorithms of collective ``name`` that cannot run on group ``g``
+    (for a call with these block sizes), each with why."""
     exclude = {}
-    if len({size for sizes in block_sizes.values() for size in sizes}) > 1:
+    if block_sizes and len({size for sizes in block_sizes.values() for size in sizes}) > 1:
         # e.g. bruck forwards blocks whose uneven sizes only their two ends know
         exclude = {a: "it needs equal block sizes on every rank" for a in algorithms.algorithms_for(name)
                    if algorithms.uniform_blocks_only(name, a)}
-    if transport != "shm":
+    if _transport(g) != "shm":
         exclude["shm"] = "its ranks are not all on one host"  # windows reach one host only
+    return exclude
+
+
+def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op, root: int, count: int,
+             nbytes: int, algorithm: Optional[str]) -> _Prepared:
+    transport = _transport(g)
+    exclude = excluded(g, name, block_sizes)
     choice = tuner().choose(name, nbytes, g.size, transport, algorithm, g.rank, exclude, g.hosts)
     schedule = algorithms.build(name, choice.algorithm, g.size, g.rank, root, choice.segments, g.hosts)
     dtype = np.dtype(np.uint16) if dtype_name == "bfloat16" else np.dtype(dtype_name)  # bfloat16: its bits
