@@ -145,17 +145,19 @@ def Get_hw_resource_info():
     return Info.Create()
 
 
-def Alloc_mem(size: int, info=None) -> memoryview:
-    """``size`` bytes of memory, writable (Free_mem gives it back)."""
+def Alloc_mem(size: int, info=None):
+    """``size`` bytes of memory, an MPI.buffer (Free_mem gives it back)."""
+    from .memory import buffer
     size = operator.index(size)
     if size < 0:
         from .exceptions import ERR_ARG, Exception
         raise Exception(ERR_ARG, f"Alloc_mem: size {size} is negative")
-    return memoryview(bytearray(size))
+    return buffer.allocate(size, clear=True)
 
 
 def Free_mem(mem) -> None:
-    if isinstance(mem, memoryview):
+    from .memory import buffer
+    if isinstance(mem, (memoryview, buffer)):
         mem.release()
 
 
