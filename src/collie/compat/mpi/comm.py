@@ -28,7 +28,8 @@ from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, 
 from .constants import ANY_SOURCE, ANY_TAG, CART, DIST_GRAPH, GRAPH, IN_PLACE, PROC_NULL, TAG_UB, UNDEFINED, _TAG_UB
 from .op import SUM, _buffer_op, _py_op
 from .p2p import _Matcher, _Recv, _matchers, _progress, _wait_until
-from .request import Prequest, Request, _done_request
+from .request import Prequest, Request, _done_request, _Partitioned
+from .commctx import _comm_lock
 from .message import _mprobe
 from .pickling import pickle as _pickle
 from .status import Status
@@ -436,6 +437,16 @@ class Comm(_Handled):
 
     def Recv_init(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
         return Prequest(lambda: self.Irecv(buf, source, tag))
+
+    def Psend_init(self, buf, partitions: int, dest: int, tag: int = 0, info=None) -> Prequest:
+        """A partitioned send: after Start(), Pready(i) marks partition i of
+        buf ready; the buffer goes once every partition is."""
+        return _Partitioned(lambda: self.Isend(buf, dest, tag), partitions, sending=True)
+
+    def Precv_init(self, buf, partitions: int, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+                   info=None) -> Prequest:
+        """A partitioned receive: Parrived(i) says whether partition i has arrived."""
+        return _Partitioned(lambda: self.Irecv(buf, source, tag), partitions, sending=False)
 
     def Isendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                   recvtag: int = ANY_TAG) -> Request:
@@ -992,7 +1003,8 @@ class Intracomm(Comm):
         g = self._g("bcast")
         root = self._root(g, root, "bcast")
         box = [obj]
-        _objects.broadcast_object_list(box, src=g.ranks[root], group=g)
+        with _comm_lock(self, "bcast"):  # as mpi4py: one object bcast at a time per communicator
+            _objects.broadcast_object_list(box, src=g.ranks[root], group=g)
         return box[0]
 
     def scatter(self, sendobj=None, root: int = 0) -> Any:

@@ -16,14 +16,16 @@ import numpy as np
 
 __all__ = ["buffer", "memory"]
 
+_EMPTY = object()  # buffer() with no argument: empty memory (buffer(None) is an error)
+
 
 class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
     """Memory as bytes: ``buffer(obj)`` views any buffer-like object;
     ``buffer.allocate(n)``, ``buffer.frombuffer(obj)`` and
     ``buffer.fromaddress(address, n)`` make one."""
 
-    def __new__(cls, obj=None):
-        if obj is None and cls is buffer:
+    def __new__(cls, obj=_EMPTY):
+        if obj is _EMPTY:
             return cls._wrap(None, np.empty(0, dtype=np.uint8))
         return cls.frombuffer(obj, readonly=None)
 

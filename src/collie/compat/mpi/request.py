@@ -591,3 +591,73 @@ def _done_request(status=None) -> Request:
     """A request whose operation has nothing left to do (to or from
     PROC_NULL): active until a Wait or Test completes it, as in MPI."""
     return Request(status=status or _EMPTY)
+
+
+# ---- partitioned point to point (Psend_init / Precv_init) ----
+
+class _Partitioned(Prequest):
+    """A partitioned send or receive. The whole buffer travels as one
+    message: a send posts it once every partition is marked ready (Pready);
+    a receive's partitions all arrive when that message has. MPI allows this
+    (a transfer may wait for the last partition); it forgoes the overlap
+    that sending partitions early would give."""
+
+    def __init__(self, post: Callable[[], Request], partitions: int, sending: bool):
+        import operator
+        partitions = operator.index(partitions)
+        if partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {partitions}")
+        super().__init__(self._begin if sending else post)
+        self._post, self._partitions, self._sending = post, partitions, sending
+        self._marked: set = set()
+
+    def _begin(self) -> Request:
+        self._marked = set()
+        waiting = Grequest.Start()  # completes when the application has marked every partition
+        return waiting
+
+    def _partition(self, i, what: str) -> int:
+        import operator
+        i = operator.index(i)
+        if not 0 <= i < self._partitions:
+            raise _error(ERR_OTHER, f"{what}: partition {i} is not in [0, {self._partitions})")
+        if self._current is None:
+            raise _error(ERR_OTHER, f"{what}: the request is not started")
+        return i
+
+    def Pready(self, partition: int) -> None:
+        """Partition ``partition`` of the send buffer may be sent."""
+        self.Pready_list([partition])
+
+    def Pready_range(self, partition_low: int, partition_high: int) -> None:
+        self.Pready_list(range(partition_low, partition_high + 1))
+
+    def Pready_list(self, partitions) -> None:
+        if not self._sending:
+            raise _error(ERR_OTHER, "Pready: the request is a partitioned receive")
+        self._marked.update(self._partition(i, "Pready") for i in partitions)
+        if len(self._marked) == self._partitions and isinstance(self._current, Grequest):
+            self._current = self._post()
+            self._network = self._current._network
+
+    def Parrived(self, partition: int) -> bool:
+        """Whether partition ``partition`` of the receive buffer has arrived."""
+        if self._sending:
+            raise _error(ERR_OTHER, "Parrived: the request is a partitioned send")
+        if self._current is None:
+            return True
+        self._partition(partition, "Parrived")
+        if self._network is not None:
+            _progress(self._network)
+        return self._current._ready()
+
+    def Wait(self, status: Optional[Status] = None) -> bool:
+        if isinstance(self._current, Grequest):
+            raise _error(ERR_OTHER, f"Wait: partitions {sorted(set(range(self._partitions)) - self._marked)} "
+                                    "of the partitioned send were never marked ready (Pready)")
+        return super().Wait(status)
+
+    def Test(self, status: Optional[Status] = None) -> bool:
+        if isinstance(self._current, Grequest):
+            return False
+        return super().Test(status)

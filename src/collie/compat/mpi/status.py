@@ -118,9 +118,9 @@ class Status:
         self.cancelled = flag
 
     def tomemory(self) -> memoryview:
-        """The status's fields as writable bytes (what mpi4py gives for the
-        MPI_Status struct): writing them changes the status."""
-        return memoryview(self._fields).cast("B")
+        """The status's fields as writable integers (what mpi4py gives for
+        the MPI_Status struct): writing them changes the status."""
+        return memoryview(self._fields)
 
     def py2f(self) -> list:
         """The fields as a list of integers (Fortran's status array)."""
