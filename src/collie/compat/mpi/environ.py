@@ -232,6 +232,9 @@ def Attach_buffer(buf) -> None:
     """The buffer of buffered sends. collie's Bsend never needs one (the
     transport copies), so it is only kept, to give back on Detach_buffer."""
     global _attached
+    from .constants import BUFFER_AUTOMATIC
+    if buf is not BUFFER_AUTOMATIC and memoryview(buf).readonly:  # MPI writes into it
+        raise BufferError("Attach_buffer: the buffer is read-only")
     _attached = buf
 
 

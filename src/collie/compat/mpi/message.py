@@ -61,6 +61,9 @@ class Message:
             raise ValueError("cannot pickle a matched Message")
         return (Message, (MESSAGE_NO_PROC if self._state["noproc"] else None,))
 
+    def free(self) -> None:
+        """Nothing to free: MPI has no Message_free (mpi4py's free does nothing)."""
+
     # ---- probing ----
 
     @classmethod
@@ -123,7 +126,7 @@ def _mprobe(comm, source, tag, status: Optional[Status], block: bool, what: str)
     if source == PROC_NULL:
         if status is not None:
             status._set(PROC_NULL, ANY_TAG, 0)
-        return MESSAGE_NO_PROC
+        return Message(MESSAGE_NO_PROC)  # a copy: receiving it makes it MESSAGE_NULL
     m.probes.append(source)
     try:
         if block:
