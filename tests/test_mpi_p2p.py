@@ -255,3 +255,44 @@ def test_buffer():
     assert type(mem) is MPI.buffer and mem.nbytes == 8 and bytes(mem) == bytes(8)
     MPI.Free_mem(mem)
     assert mem.nbytes == 0 and mem.address == 0
+
+
+# ---- DLPack producers that take only stream= ----
+
+class _StreamOnlyProducer:
+    """A DLPack producer of the older kind: __dlpack__(stream=None) only, an
+    unversioned capsule (NumPy would import it read-only)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_stream_only_dlpack_producer_is_a_writable_view():
+    from collie.arrays import Buffer, to_numpy
+    base = np.arange(6, dtype=np.float32)
+    view, _ = to_numpy(_StreamOnlyProducer(base))
+    assert view.flags.writeable and np.shares_memory(view, base)
+    Buffer(_StreamOnlyProducer(base), writable=True).flat[:] = 7
+    assert base.tolist() == [7.0] * 6
+
+
+def _dlpack_recv_body(rank, size):
+    import collie
+    MPI = mpi()
+    got = np.zeros(4, dtype=np.int64)
+    MPI.COMM_WORLD.Sendrecv(np.full(4, rank, dtype=np.int64), (rank + 1) % size, 0,
+                            _StreamOnlyProducer(got), (rank - 1) % size, 0)
+    out = np.zeros(3)
+    collie.broadcast(_StreamOnlyProducer(out) if rank else np.arange(3.0), src=0)
+    return got.tolist(), out.tolist()
+
+
+def test_stream_only_dlpack_producer_receives():
+    results = run(_dlpack_recv_body, 2)
+    assert results == [([1] * 4, [0.0, 0.0, 0.0]), ([0] * 4, [0.0, 1.0, 2.0])]
