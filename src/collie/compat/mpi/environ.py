@@ -232,9 +232,10 @@ def Attach_buffer(buf) -> None:
     """The buffer of buffered sends. collie's Bsend never needs one (the
     transport copies), so it is only kept, to give back on Detach_buffer."""
     global _attached
+    from ...arrays import to_numpy
     from .constants import BUFFER_AUTOMATIC
-    if buf is not BUFFER_AUTOMATIC and memoryview(buf).readonly:  # MPI writes into it
-        raise BufferError("Attach_buffer: the buffer is read-only")
+    if buf is not BUFFER_AUTOMATIC and not to_numpy(buf, "Attach_buffer buf")[0].flags.writeable:
+        raise BufferError("Attach_buffer: the buffer is read-only (MPI writes into it)")
     _attached = buf
 
 
