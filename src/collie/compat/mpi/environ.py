@@ -145,17 +145,19 @@ def Get_hw_resource_info():
     return Info.Create()
 
 
-def Alloc_mem(size: int, info=None) -> memoryview:
-    """``size`` bytes of memory, writable (Free_mem gives it back)."""
+def Alloc_mem(size: int, info=None):
+    """``size`` bytes of memory, an MPI.buffer (Free_mem gives it back)."""
+    from .memory import buffer
     size = operator.index(size)
     if size < 0:
         from .exceptions import ERR_ARG, Exception
         raise Exception(ERR_ARG, f"Alloc_mem: size {size} is negative")
-    return memoryview(bytearray(size))
+    return buffer.allocate(size, clear=True)
 
 
 def Free_mem(mem) -> None:
-    if isinstance(mem, memoryview):
+    from .memory import buffer
+    if isinstance(mem, (memoryview, buffer)):
         mem.release()
 
 
@@ -230,6 +232,10 @@ def Attach_buffer(buf) -> None:
     """The buffer of buffered sends. collie's Bsend never needs one (the
     transport copies), so it is only kept, to give back on Detach_buffer."""
     global _attached
+    from ...arrays import to_numpy
+    from .constants import BUFFER_AUTOMATIC
+    if buf is not BUFFER_AUTOMATIC and not to_numpy(buf, "Attach_buffer buf")[0].flags.writeable:
+        raise BufferError("Attach_buffer: the buffer is read-only (MPI writes into it)")
     _attached = buf
 
 
