@@ -59,6 +59,7 @@ _matcher_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _topo_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> topology.py's _Topo
 _handle_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> its integer handle
 _group_of_handle: dict = {}
+_inter_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # local group -> intercomm.py's _Inter
 
 
 class Comm(_Handled):
@@ -70,6 +71,8 @@ class Comm(_Handled):
 
     def __init__(self, group=None, name: str = "MPI_COMM_NULL"):
         if isinstance(group, Comm):
+            if isinstance(self, Intracomm) and group._group in _inter_of:
+                raise TypeError(f"{type(self).__name__}: {group!r} is an intercommunicator")
             name, group = group._name, group._group
         self._group = group
         self._name = name
@@ -131,6 +134,9 @@ class Comm(_Handled):
         if g is None:
             raise _error(ERR_COMM, f"Comm.fromint: {handle} is not the handle of a live communicator")
         t = _topo_of.get(g)
+        if g in _inter_of:
+            from .intercomm import Intercomm
+            return Intercomm._of(g, g.name)
         if t is None:
             return Intracomm(g, g.name)
         from . import topology
@@ -158,10 +164,10 @@ class Comm(_Handled):
     name = property(Get_name, Set_name)
 
     def Is_inter(self) -> bool:
-        return False
+        return self._g("Is_inter") in _inter_of
 
     def Is_intra(self) -> bool:
-        return True
+        return not self.Is_inter()
 
     is_inter = property(Is_inter)
     is_intra = property(Is_intra)
@@ -205,6 +211,9 @@ class Comm(_Handled):
         same order, another context), SIMILAR (same processes), else UNEQUAL."""
         if comm1 == comm2:
             return IDENT
+        if comm1.Is_inter() or comm2.Is_inter():
+            from .intercomm import Intercomm
+            return Intercomm.Compare(comm1, comm2)
         a, b = comm1._g("Compare").ranks, comm2._g("Compare").ranks
         if a == b:
             return CONGRUENT
@@ -325,9 +334,13 @@ class Comm(_Handled):
             self._matcher = m
         return self._matcher
 
+    def _npeers(self, m: _Matcher) -> int:
+        """How many ranks a message can name (an intercommunicator's: the remote ones)."""
+        return m.group.size
+
     def _send(self, data: memoryview, dest, tag, what: str, keep=None) -> Request:
         m = self._p2p(what)
-        dest = _rank_arg(dest, m.group.size, f"{what}: dest", (PROC_NULL,))
+        dest = _rank_arg(dest, self._npeers(m), f"{what}: dest", (PROC_NULL,))
         tag = _tag_arg(tag, f"{what}: tag", allow_any=False)
         if dest == PROC_NULL:
             return _done_request()
@@ -337,7 +350,7 @@ class Comm(_Handled):
 
     def _recv(self, dst: Optional[memoryview], source, tag, what: str, after=None, keep=None) -> Request:
         m = self._p2p(what)
-        source = _rank_arg(source, m.group.size, f"{what}: source", (ANY_SOURCE, PROC_NULL))
+        source = _rank_arg(source, self._npeers(m), f"{what}: source", (ANY_SOURCE, PROC_NULL))
         tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
         if source == PROC_NULL:
             return _done_request((PROC_NULL, ANY_TAG, 0, False))
@@ -350,7 +363,7 @@ class Comm(_Handled):
 
     def _probe(self, source, tag, status: Optional[Status], block: bool, what: str) -> bool:
         m = self._p2p(what)
-        source = _rank_arg(source, m.group.size, f"{what}: source", (ANY_SOURCE, PROC_NULL))
+        source = _rank_arg(source, self._npeers(m), f"{what}: source", (ANY_SOURCE, PROC_NULL))
         tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
         if source == PROC_NULL:
             if status is not None:
@@ -621,6 +634,13 @@ def _persistent(iname: str):
 
 class Intracomm(Comm):
     """A communicator within one group of processes (all of collie's)."""
+
+    def Create_intercomm(self, local_leader: int, peer_comm: Comm, remote_leader: int, tag: int = 0):
+        """An intercommunicator of this group and another, disjoint one: the
+        two leaders (local_leader here, remote_leader of peer_comm there)
+        meet over peer_comm. Every process of both groups calls it."""
+        from .intercomm import create_intercomm
+        return create_intercomm(self, local_leader, peer_comm, remote_leader, tag)
 
     # ---- collectives on buffers ----
     #
