@@ -6,7 +6,6 @@ import functools
 import operator
 import os
 import pickle
-import socket
 import sys
 import weakref
 from typing import Any, Optional
@@ -74,15 +73,25 @@ class Comm(_Handled):
             if isinstance(self, Intracomm) and group._group in _inter_of:
                 raise TypeError(f"{type(self).__name__}: {group!r} is an intercommunicator")
             name, group = group._name, group._group
+        elif group is not None and not isinstance(group, ProcessGroup):
+            raise TypeError(f"{type(self).__name__}: expected a communicator, got {group!r}")
         self._group = group
         self._name = name
         self._matcher: Optional[_Matcher] = None
         self._info = None
+        self._attached = None
 
     def __reduce__(self):
-        for which in ("COMM_NULL",):
-            if self is globals()[which]:
-                return which
+        # COMM_NULL, COMM_WORLD and COMM_SELF pickle by name, as in mpi4py
+        # (a copy of one comes back as an equal copy); other communicators not.
+        if self is COMM_NULL:
+            return "COMM_NULL"
+        if self._group is None:
+            return type(self), ()
+        from .environ import _cache
+        for which, comm in _cache.items():
+            if comm._group is self._group:
+                return _predefined, (which, None if self is comm else type(self))
         raise ValueError(f"cannot pickle {self!r}")
 
     # ---- identity ----
@@ -184,9 +193,34 @@ class Comm(_Handled):
     def group(self) -> "Group":
         return self.Get_group()
 
-    @property
-    def info(self) -> "Info":
-        return self.Get_info()
+    info = property(lambda self: self.Get_info(), lambda self, info: self.Set_info(info))
+
+    # ---- the buffer of buffered sends (Bsend never needs one here) ----
+
+    def Attach_buffer(self, buf) -> None:
+        """Kept only to be given back by Detach_buffer: collie's Bsend copies anyway."""
+        self._g("Attach_buffer")
+        self._attached = buf
+
+    def Detach_buffer(self):
+        self._g("Detach_buffer")
+        buf, self._attached = self._attached, None
+        return buf
+
+    def Flush_buffer(self) -> None:
+        """Buffered sends are complete when they return: nothing to flush."""
+        self._g("Flush_buffer")
+
+    def Iflush_buffer(self) -> Request:
+        self._g("Iflush_buffer")
+        return _done_request()
+
+    @classmethod
+    def Get_parent(cls) -> "Comm":
+        """The parent of a spawned process; collie spawns none, so a null
+        intercommunicator, as a process not started by Spawn gets."""
+        from .intercomm import Intercomm
+        return Intercomm()
 
     def Get_attr(self, keyval: int):
         return _TAG_UB if keyval == TAG_UB else None
@@ -205,10 +239,10 @@ class Comm(_Handled):
         """The group of this communicator's processes, in rank order."""
         return Group._of(self._g("Get_group").ranks)
 
-    @classmethod
-    def Compare(cls, comm1: "Comm", comm2: "Comm") -> int:
+    def Compare(comm1: "Comm", comm2: "Comm") -> int:
         """IDENT (the same communicator), CONGRUENT (same processes in the
-        same order, another context), SIMILAR (same processes), else UNEQUAL."""
+        same order, another context), SIMILAR (same processes), else UNEQUAL.
+        ``MPI.Comm.Compare(a, b)`` and ``a.Compare(b)`` both work."""
         if comm1 == comm2:
             return IDENT
         if comm1.Is_inter() or comm2.Is_inter():
@@ -252,6 +286,14 @@ class Comm(_Handled):
         _group.world().groups.append(new)
         return Intracomm(new, new.name)
 
+    @classmethod
+    def Create_from_group(cls, group: Group, stringtag: str = "org.mpi4py", info=None,
+                          errhandler=None) -> "Intracomm":
+        """A communicator of ``group``'s processes with no parent communicator
+        (MPI-4): its members call it, and agree on a context among themselves."""
+        from .environ import _comm
+        return _comm("world").Create_group(group)
+
     def Split_type(self, split_type: int, key: int = 0, info=None) -> "Comm":
         """COMM_TYPE_SHARED (and the hardware-guided types): the ranks on this
         host, ordered by key; UNDEFINED: COMM_NULL."""
@@ -260,10 +302,8 @@ class Comm(_Handled):
         if split_type not in (COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED,
                               COMM_TYPE_RESOURCE_GUIDED):
             raise _error(ERR_ARG, f"Split_type: unknown split type {split_type}")
-        host = socket.gethostname()
-        hosts = self.allgather(host)
-        color = sorted(set(hosts)).index(host)
-        return self.Split(color, key)
+        net = self._g("Split_type").network  # every rank knows every rank's host: no message
+        return self.Split(sorted(set(net.hosts)).index(net.hosts[net.rank]), key)
 
     def Idup(self, info=None):
         """Dup, done at once; the Request is complete."""
@@ -508,6 +548,13 @@ class Comm(_Handled):
     def Ibarrier(self) -> Request:
         g = self._g("Ibarrier")
         return Request(g.network, work=_coll.barrier(group=g, async_op=True), timeout=g.timeout)
+
+
+def _predefined(which: str, copy_type=None) -> Comm:
+    """COMM_WORLD or COMM_SELF (or a copy of it, of ``copy_type``), unpickled."""
+    from .environ import _comm
+    comm = _comm(which)
+    return comm if copy_type is None else copy_type(comm)
 
 
 def _or_cancel(rreq: Request, post):

@@ -146,8 +146,7 @@ class Intercomm(Comm):
 
     # ---- making and freeing ----
 
-    @classmethod
-    def Compare(cls, comm1: Comm, comm2: Comm) -> int:
+    def Compare(comm1: Comm, comm2: Comm) -> int:
         """IDENT, CONGRUENT (same local and remote groups), SIMILAR, UNEQUAL."""
         if comm1 == comm2:
             return IDENT
