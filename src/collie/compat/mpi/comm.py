@@ -18,12 +18,13 @@ from ... import objects as _objects
 from ...arrays import byte_view
 from .constants import (COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED, COMM_TYPE_SHARED,
                         CONGRUENT, IDENT, SIMILAR, UNEQUAL)
-from .exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, _error, _Handled
+from .exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, _error, _Handled, _last_used
 from .group import Group
 from .info import Info
 from ...group import ProcessGroup
 from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work
-from .constants import ANY_SOURCE, ANY_TAG, CART, DIST_GRAPH, GRAPH, IN_PLACE, PROC_NULL, TAG_UB, UNDEFINED, _TAG_UB
+from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN_PLACE, IO, LASTUSEDCODE, PROC_NULL,
+                        TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
 from .op import SUM, _buffer_op, _py_op
 from .p2p import _Matcher, _Recv, _matchers, _progress, _wait_until
 from .request import Prequest, Request, _done_request
@@ -223,7 +224,15 @@ class Comm(_Handled):
         return Intercomm()
 
     def Get_attr(self, keyval: int):
-        return _TAG_UB if keyval == TAG_UB else None
+        """The predefined attributes: TAG_UB, LASTUSEDCODE, WTIME_IS_GLOBAL
+        (False: Wtime is each host's own clock), IO (ANY_SOURCE: every process
+        can do I/O), APPNUM (0: one program) and UNIVERSE_SIZE (the world's size)."""
+        g = self._g("Get_attr")
+        predefined = {TAG_UB: lambda: _TAG_UB, LASTUSEDCODE: _last_used, WTIME_IS_GLOBAL: lambda: False,
+                      IO: lambda: ANY_SOURCE, APPNUM: lambda: 0,
+                      UNIVERSE_SIZE: lambda: len(g.network.hosts)}
+        get = predefined.get(keyval)
+        return None if get is None else get()
 
     def Set_info(self, info) -> None:
         self._g("Set_info")
