@@ -22,10 +22,10 @@ from .exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, _error, _Handled, _last_us
 from .group import Group
 from .info import Info
 from ...group import ProcessGroup
-from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work
+from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work, to_numpy
 from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN_PLACE, IO, LASTUSEDCODE, PROC_NULL,
                         TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
-from .op import SUM, _buffer_op, _py_op
+from .op import BAND, SUM, _buffer_op, _py_op
 from .p2p import _Matcher, _Recv, _matchers, _progress, _wait_until
 from .request import Prequest, Request, _done_request
 from .status import Status
@@ -370,6 +370,83 @@ class Comm(_Handled):
                          f"with error code {errorcode}\n")
         sys.stderr.flush()
         os._exit(errorcode or 1)
+
+    # ---- fault tolerance (MPI 5's ULFM) ----
+    #
+    # What collie's failure detection supports: a peer that died is known
+    # to the ranks that talked to it (its calls fail with ERR_PROC_FAILED).
+    # Get_failed lists those, Ack_failed acknowledges them, Agree is a
+    # bitwise AND over every process (it fails like any collective when one
+    # died), Shrink makes a communicator of the processes not known to have
+    # failed. Revoke would have to interrupt the calls pending on the other
+    # processes, which collie cannot: it raises NotImplementedError.
+
+    def _everyone(self) -> ProcessGroup:
+        """The group whose every process takes part in Agree (an intercommunicator: both sides)."""
+        return self._g("Agree")
+
+    def _members(self) -> tuple:
+        return self._g("Get_failed").ranks
+
+    def Is_revoked(self) -> bool:
+        """Always False: nothing can revoke a communicator here (see Revoke)."""
+        self._g("Is_revoked")
+        return False
+
+    def Revoke(self) -> None:
+        self._g("Revoke")
+        raise NotImplementedError("Revoke: collie cannot interrupt the calls pending on the other processes "
+                                  "of a communicator, so it cannot revoke one")
+
+    def Get_failed(self) -> Group:
+        """The processes of this communicator known here to have died (in rank order)."""
+        net = self._g("Get_failed").network
+        dead = {p for p, e in net._lost.items() if not getattr(e, "left", False)}
+        return Group._of([w for w in self._members() if w in dead])
+
+    def Ack_failed(self, num_to_ack: Optional[int] = None) -> int:
+        """Acknowledge the first ``num_to_ack`` failed processes (all by
+        default); returns how many are acknowledged now."""
+        known = self.Get_failed().Get_size()
+        num = known if num_to_ack is None else min(_count(num_to_ack, "Ack_failed: num_to_ack"), known)
+        self._acked = max(getattr(self, "_acked", 0), num)
+        return self._acked
+
+    def Agree(self, flag: int) -> int:
+        """The bitwise AND of every process's ``flag``."""
+        mine = np.array([operator.index(flag)], dtype=np.int64)
+        _coll.all_reduce(mine, op=BAND._collie, group=self._everyone())
+        return int(mine[0])
+
+    def Iagree(self, flag) -> Request:
+        """Agree, nonblocking, on ``flag``: a buffer of one C int, which
+        holds the result once the Request completes."""
+        if isinstance(flag, (int, np.integer)):
+            raise TypeError("Iagree: flag must be a writable buffer of one C int, not an int")
+        arr, _ = to_numpy(flag, "Iagree flag")
+        if arr.nbytes != 4 or not arr.flags.writeable:
+            raise ValueError(f"Iagree: flag must be a writable buffer of one C int (4 bytes), got {arr.nbytes} bytes")
+        out = arr.reshape(-1).view(np.int32)
+        work = np.array(out, copy=True)
+        g = self._everyone()
+
+        def store():
+            out[0] = work[0]
+        return Request(g.network, work=_coll.all_reduce(work, op=BAND._collie, group=g, async_op=True),
+                       keep=work, after=store, timeout=g.timeout, describe=lambda: f"Iagree of {self._name}")
+
+    def Shrink(self) -> "Comm":
+        """A communicator of the processes not known to have failed (the
+        survivors must know the same failures; else it times out)."""
+        g = self._g("Shrink")
+        failed = set(self.Get_failed()._ranks)
+        if not failed:
+            return self.Dup()
+        return Intracomm.Create_group(self, Group._of([w for w in g.ranks if w not in failed]))
+
+    def Ishrink(self):
+        """Shrink, done at once; the Request completes on its first Wait/Test."""
+        return self.Shrink(), Request(describe=lambda: f"Ishrink of {self._name}")
 
     # ---- point to point: the shared path ----
 

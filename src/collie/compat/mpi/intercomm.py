@@ -38,7 +38,7 @@ from .alltoallw import _wspec
 from .buffers import _Buf, _check_same, _count, _store, _u8
 from .comm import COMM_NULL, Comm, Intracomm, _inter_of, _matcher_of, _rank_arg
 from .constants import CONGRUENT, IDENT, PROC_NULL, ROOT, SIMILAR, UNDEFINED, UNEQUAL
-from .exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, ERR_ROOT, _error
+from .exceptions import ERR_ARG, ERR_GROUP, ERR_PROC_FAILED, ERR_ROOT, _error
 from .group import Group
 from .op import SUM, _buffer_op, _py_op
 from .p2p import _Matcher
@@ -254,6 +254,20 @@ class Intercomm(Comm):
         new = _build(wg.network, tuple(local), tuple(remote), context, wg.timeout, "intercomm")
         _group.world().next_context = max(_group.world().next_context, context + 3)
         return cls._of(new, new.name)
+
+    def _everyone(self) -> ProcessGroup:
+        return self._x("Agree").union
+
+    def _members(self) -> tuple:
+        return self._x("Get_failed").union.ranks
+
+    def Shrink(self) -> "Intercomm":
+        """The processes not known to have failed, on both sides (with none failed: Dup)."""
+        failed = set(self.Get_failed()._ranks)
+        if failed:
+            raise _error(ERR_PROC_FAILED, f"Shrink: processes {sorted(failed)} failed; collie shrinks an "
+                                          "intercommunicator only while every process lives")
+        return self.Dup()
 
     def Free(self) -> None:
         g, x = self._g("Free"), self._x("Free")
