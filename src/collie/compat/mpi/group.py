@@ -106,6 +106,11 @@ class Group:
 
     # ---- new groups ----
 
+    @classmethod
+    def Create_from_session_pset(cls, session, pset_name: str) -> "Group":
+        """The group of a session's process set (mpi://WORLD or mpi://SELF)."""
+        return cls._of(session.Create_group(pset_name)._r("Create_from_session_pset"))
+
     def Dup(self) -> "Group":
         return type(self)._of(self._r("Dup"))
 
