@@ -67,20 +67,43 @@ class Comm(_Handled):
     keeps its messages apart from every other communicator's.
 
     ``MPI.Intracomm(comm)`` (or a subclass's constructor) refers to the same
-    communicator as ``comm``, as in mpi4py; ``MPI.Comm()`` is COMM_NULL."""
+    communicator as ``comm``, as in mpi4py; ``MPI.Comm()`` is COMM_NULL.
+    Construction is in __new__, as in mpi4py, so that a subclass's __new__
+    may pass another communicator than the one it was given."""
 
-    def __init__(self, group=None, name: str = "MPI_COMM_NULL"):
-        if isinstance(group, Comm):
-            if isinstance(self, Intracomm) and group._group in _inter_of:
-                raise TypeError(f"{type(self).__name__}: {group!r} is an intercommunicator")
-            name, group = group._name, group._group
-        elif group is not None and not isinstance(group, ProcessGroup):
-            raise TypeError(f"{type(self).__name__}: expected a communicator, got {group!r}")
+    def __new__(cls, comm=None, name: str = "MPI_COMM_NULL"):
+        self = super().__new__(cls)
+        group = comm
+        if isinstance(comm, Comm):
+            cls._check_copy(comm)
+            group, name = comm._group, comm._name
+        elif comm is not None and not isinstance(comm, ProcessGroup):
+            raise TypeError(f"{cls.__name__}: expected a communicator, got {comm!r}")
         self._group = group
         self._name = name
         self._matcher: Optional[_Matcher] = None
         self._info = None
         self._attached = None
+        return self
+
+    @classmethod
+    def _check_copy(cls, comm: "Comm") -> None:
+        """Raise TypeError when ``comm`` is not of this kind (an intercommunicator for an Intracomm...)."""
+        if issubclass(cls, Intracomm) and comm._group in _inter_of:
+            raise TypeError(f"{cls.__name__}: {comm!r} is an intercommunicator")
+
+    @classmethod
+    def _of(cls, group: ProcessGroup, name: str) -> "Comm":
+        """A new communicator of ``cls`` on ``group`` (through cls.__new__ with
+        no argument, which a subclass's __new__ accepts)."""
+        c = cls.__new__(cls)
+        c._group, c._name = group, name
+        return c
+
+    def free(self) -> None:
+        """Free, but a no-op on COMM_NULL and on the predefined communicators."""
+        if self._group is not None and self._name not in ("MPI_COMM_WORLD", "MPI_COMM_SELF"):
+            self.Free()
 
     def __reduce__(self):
         # COMM_NULL, COMM_WORLD and COMM_SELF pickle by name, as in mpi4py
@@ -275,7 +298,7 @@ class Comm(_Handled):
         color, key = (0, members.index(me)) if me in members else (-1, 0)
         new = _group.split_group(g, color, key, name=f"{self._name}/create")
         keep = isinstance(self, Intracomm) and g not in _topo_of  # a subclass of Intracomm stays one
-        return COMM_NULL if new is None else type(self)(new, new.name) if keep else Intracomm(new, new.name)
+        return COMM_NULL if new is None else type(self)._of(new, new.name) if keep else Intracomm(new, new.name)
 
     def Create_group(self, group: Group, tag: int = 0) -> "Comm":
         """Create, called by the members of ``group`` only. They agree on a
@@ -347,7 +370,7 @@ class Comm(_Handled):
         group = _group.split_group(g, 0, g.rank, name=f"{self._name}/dup")
         if g in _topo_of:  # the copy keeps the topology
             _topo_of[group] = _topo_of[g]
-        new = type(self)(group, f"{self._name}/dup")
+        new = type(self)._of(group, f"{self._name}/dup")
         new._info = self._info if info is None else Info._of(info.items() if info else ())
         return new
 

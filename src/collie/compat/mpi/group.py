@@ -57,10 +57,15 @@ class Group:
         return "<MPI.GROUP_NULL>" if self._ranks is None else f"<MPI.Group {list(self._ranks)}>"
 
     def __reduce__(self):
+        # GROUP_NULL and GROUP_EMPTY pickle by name (a copy of one as an equal copy); others not
         if self is GROUP_NULL:
             return "GROUP_NULL"
         if self is GROUP_EMPTY:
             return "GROUP_EMPTY"
+        if self._ranks is None:
+            return type(self), ()
+        if self._ranks == ():
+            return type(self), (GROUP_EMPTY,)
         raise ValueError(f"cannot pickle {self!r}")
 
     # ---- queries ----

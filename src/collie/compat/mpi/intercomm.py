@@ -114,10 +114,10 @@ class Intercomm(Comm):
     """An intercommunicator (see the module doc). Made by
     Intracomm.Create_intercomm or Intercomm.Create_from_groups."""
 
-    def __init__(self, comm=None):
-        if isinstance(comm, Comm) and comm and not comm.Is_inter():
-            raise TypeError(f"Intercomm: {comm!r} is not an intercommunicator")
-        super().__init__(comm)
+    @classmethod
+    def _check_copy(cls, comm: Comm) -> None:
+        if comm._group is not None and comm._group not in _inter_of:
+            raise TypeError(f"{cls.__name__}: {comm!r} is not an intercommunicator")
 
     def _x(self, what: str) -> _Inter:
         return _inter_of[self._g(what)]
@@ -178,12 +178,6 @@ class Intercomm(Comm):
         new = _build(g.network, local, remote, base + 3 * colors.index(color), g.timeout, f"{self._name}/{what}")
         return Intercomm._of(new, new.name)
 
-    @classmethod
-    def _of(cls, group: ProcessGroup, name: str) -> "Intercomm":
-        c = Comm.__new__(cls)
-        Comm.__init__(c, group, name)
-        return c
-
     def Split(self, color: int = 0, key: int = 0) -> "Comm":
         color, key = operator.index(color), operator.index(key)
         if color < 0 and color != UNDEFINED:
@@ -211,7 +205,8 @@ class Intercomm(Comm):
 
     def Dup(self, info=None) -> "Intercomm":
         g = self._g("Dup")
-        new = self._split(0, g.rank, "dup")
+        dup = self._split(0, g.rank, "dup")
+        new = type(self)._of(dup._group, dup._name)  # a subclass's Dup gives that subclass
         new._info = self._info
         return new
 

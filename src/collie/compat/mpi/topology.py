@@ -372,12 +372,13 @@ class Topocomm(Intracomm):
 
     _kind: Optional[int] = None
 
-    def __init__(self, comm=None, name: str = "MPI_COMM_NULL"):
-        super().__init__(comm, name)
-        if self._group is not None:
-            t = _topo_of.get(self._group)
-            if t is None or (self._kind is not None and t.kind != self._kind):
-                raise TypeError(f"MPI.{type(self).__name__}: {comm!r} has "
+    @classmethod
+    def _check_copy(cls, comm) -> None:
+        super()._check_copy(comm)
+        if comm._group is not None:
+            t = _topo_of.get(comm._group)
+            if t is None or (cls._kind is not None and t.kind != cls._kind):
+                raise TypeError(f"MPI.{cls.__name__}: {comm!r} has "
                                 f"{'no' if t is None else 'another'} topology")
 
     def _t(self, what: str) -> _Topo:
