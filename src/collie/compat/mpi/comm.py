@@ -101,9 +101,15 @@ class Comm(_Handled):
         return c
 
     def free(self) -> None:
-        """Free, but a no-op on COMM_NULL and on the predefined communicators."""
-        if self._group is not None and self._name not in ("MPI_COMM_WORLD", "MPI_COMM_SELF"):
-            self.Free()
+        """Free, safely: nothing on COMM_NULL and on COMM_WORLD/COMM_SELF
+        themselves; a copy of those only lets go of its handle."""
+        from .environ import _cache
+        if self._group is None or any(self is c for c in _cache.values()):
+            return
+        if any(self._group is c._group for c in _cache.values()):
+            self._group, self._matcher, self._name = None, None, "MPI_COMM_NULL"
+            return
+        self.Free()
 
     def __reduce__(self):
         # COMM_NULL, COMM_WORLD and COMM_SELF pickle by name, as in mpi4py
@@ -131,8 +137,7 @@ class Comm(_Handled):
     def __ne__(self, other) -> bool:
         return not self == other
 
-    def __hash__(self) -> int:
-        return id(self._group)
+    __hash__ = None  # unhashable, as mpi4py's handles are
 
     def __bool__(self) -> bool:
         return self._group is not None
@@ -178,6 +183,8 @@ class Comm(_Handled):
 
     py2f = toint
     f2py = fromint
+    handle = property(toint, doc="The communicator's integer handle (COMM_NULL: 0).")
+    fromhandle = fromint
 
     def Get_rank(self) -> int:
         return self._g("Get_rank").rank

@@ -236,8 +236,7 @@ class Errhandler:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    def __hash__(self) -> int:
-        return hash((self._name, id(self._fn)))
+    __hash__ = None  # unhashable, as mpi4py's handles are
 
     def __repr__(self) -> str:
         return f"<MPI.Errhandler {self._name or 'NULL'}>"
@@ -273,6 +272,8 @@ class Errhandler:
 
     py2f = toint
     f2py = fromint
+    handle = property(toint, doc="The handler's integer handle (ERRHANDLER_NULL: 0).")
+    fromhandle = fromint
 
     def Free(self) -> None:
         for name in _PREDEFINED[1:]:
@@ -286,7 +287,10 @@ class Errhandler:
             self._owner = False
         self._name, self._fn = None, None
 
-    free = Free
+    def free(self) -> None:
+        """Free, safely: nothing on the predefined handlers themselves."""
+        if not any(self is globals()[name] for name in _PREDEFINED):
+            self.Free()
 
     @classmethod
     def _make(cls, name, fn=None) -> "Errhandler":

@@ -14,6 +14,7 @@ feature the MPI library lacks.
 from __future__ import annotations
 
 import operator
+import weakref
 
 from .exceptions import ERR_ARG, ERR_FILE, ERR_SESSION, _error, _Handled
 from .group import Group
@@ -24,6 +25,19 @@ __all__ = ["Session", "SESSION_NULL", "File", "FILE_NULL"]
 _PSETS = ("mpi://WORLD", "mpi://SELF")
 
 
+class _State:
+    """What copies of one session share: whether it is live, and its handle."""
+
+    __slots__ = ("live", "handle", "__weakref__")
+
+    def __init__(self):
+        self.live, self.handle = True, len(_states) + 1
+        _states[self.handle] = weakref.ref(self)
+
+
+_states: dict = {}  # handle -> weakref to its _State
+
+
 class Session(_Handled):
     """An MPI session (see the module doc). ``Session()`` is SESSION_NULL;
     ``Session(s)`` is the same session as ``s``."""
@@ -31,7 +45,7 @@ class Session(_Handled):
     def __init__(self, session: "Session | None" = None):
         if session is not None and not isinstance(session, Session):
             raise TypeError(f"Session: expected a Session, got {session!r}")
-        self._state = None if session is None else session._state  # a one-item list, shared by copies
+        self._state = None if session is None else session._state
         self._attached = None
 
     @classmethod
@@ -39,7 +53,7 @@ class Session(_Handled):
         from .environ import Init
         Init()
         s = cls()
-        s._state = [True]
+        s._state = _State()
         if errhandler is not None:
             s.Set_errhandler(errhandler)
         return s
@@ -50,13 +64,36 @@ class Session(_Handled):
 
     def Finalize(self) -> None:
         self._live("Finalize")
-        self._state[0] = False
+        self._state.live = False
         self._state = None
 
-    free = Finalize
+    def free(self) -> None:
+        """Finalize, safely: nothing on SESSION_NULL or a finalized session."""
+        if self:
+            self.Finalize()
+        self._state = None
+
+    def toint(self) -> int:
+        return self._state.handle if self else 0
+
+    @classmethod
+    def fromint(cls, handle: int) -> "Session":
+        handle = operator.index(handle)
+        s = cls()
+        if handle != 0:
+            ref = _states.get(handle)
+            s._state = ref() if ref is not None else None
+            if not s:
+                raise _error(ERR_SESSION, f"Session.fromint: {handle} is not a live session's handle")
+        return s
+
+    py2f = toint
+    f2py = fromint
+    handle = property(toint, doc="The session's integer handle (SESSION_NULL: 0).")
+    fromhandle = fromint
 
     def __bool__(self) -> bool:
-        return bool(self._state and self._state[0])
+        return bool(self._state and self._state.live)
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Session):
@@ -67,8 +104,7 @@ class Session(_Handled):
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    def __hash__(self) -> int:
-        return id(self._state)
+    __hash__ = None  # unhashable, as mpi4py's handles are
 
     def __repr__(self) -> str:
         return "<MPI.Session>" if self else "<MPI.SESSION_NULL>"
@@ -76,6 +112,8 @@ class Session(_Handled):
     def __reduce__(self):
         if self is SESSION_NULL:
             return "SESSION_NULL"
+        if not self:
+            return type(self), ()
         raise ValueError(f"cannot pickle {self!r}")
 
     def Abort(self, errorcode: int = 0) -> None:
@@ -161,17 +199,33 @@ class File(_Handled):
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    def __hash__(self) -> int:
-        return 0
+    __hash__ = None  # unhashable, as mpi4py's handles are
 
     def __repr__(self) -> str:
         return "<MPI.FILE_NULL>"
 
     def __reduce__(self):
-        return "FILE_NULL" if self is FILE_NULL else (File, ())
+        return "FILE_NULL" if self is FILE_NULL else (type(self), ())
 
     def Close(self) -> None:
         raise _error(ERR_FILE, "File.Close on MPI.FILE_NULL")
+
+    def free(self) -> None:
+        """Nothing to free: every File here is FILE_NULL."""
+
+    def toint(self) -> int:
+        return 0
+
+    @classmethod
+    def fromint(cls, handle: int) -> "File":
+        if operator.index(handle) != 0:
+            raise _error(ERR_FILE, f"File.fromint: {handle} is not a file's handle (there are none)")
+        return cls()
+
+    py2f = toint
+    f2py = fromint
+    handle = property(toint, doc="0: every File here is FILE_NULL.")
+    fromhandle = fromint
 
 
 FILE_NULL = File()
