@@ -18,7 +18,7 @@ from ... import objects as _objects
 from ...arrays import byte_view
 from .constants import (COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED, COMM_TYPE_SHARED,
                         CONGRUENT, IDENT, SIMILAR, UNEQUAL)
-from .exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, _error, _Handled, _last_used
+from .exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, ERR_ROOT, _error, _Handled, _last_used
 from .group import Group
 from .info import Info
 from ...group import ProcessGroup
@@ -654,7 +654,14 @@ class Comm(_Handled):
     # ---- collectives: shared helpers ----
 
     def _root(self, g: ProcessGroup, root, what: str) -> int:
-        return _rank_arg(root, g.size, f"{what}: root")
+        """The root as a rank; a bad one is MPI.Exception(ERR_ROOT), as in MPI."""
+        try:
+            r = operator.index(root)
+        except TypeError:
+            raise TypeError(f"{what}: root must be an int rank, got {root!r}") from None
+        if not 0 <= r < g.size:
+            raise _error(ERR_ROOT, f"{what}: root {r} is not a rank of the communicator (size {g.size})")
+        return r
 
     def Barrier(self) -> None:
         _coll.barrier(group=self._g("Barrier"))
