@@ -18,14 +18,14 @@ from ... import objects as _objects
 from ...arrays import byte_view
 from .constants import (COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED, COMM_TYPE_SHARED,
                         CONGRUENT, IDENT, SIMILAR, UNEQUAL)
-from .exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, ERR_ROOT, _error, _Handled, _last_used
+from .exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, ERR_PROC_FAILED, ERR_ROOT, _error, _Handled, _last_used
 from .group import Group
 from .info import Info
 from ...group import ProcessGroup
 from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work, to_numpy
 from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN_PLACE, IO, LASTUSEDCODE, PROC_NULL,
                         TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
-from .op import BAND, SUM, _buffer_op, _py_op
+from .op import SUM, _buffer_op, _py_op
 from .p2p import _Matcher, _Recv, _matchers, _progress, _wait_until
 from .request import Prequest, Request, _done_request
 from .status import Status
@@ -406,14 +406,16 @@ class Comm(_Handled):
     # What collie's failure detection supports: a peer that died is known
     # to the ranks that talked to it (its calls fail with ERR_PROC_FAILED).
     # Get_failed lists those, Ack_failed acknowledges them, Agree is a
-    # bitwise AND over every process (it fails like any collective when one
-    # died), Shrink makes a communicator of the processes not known to have
-    # failed. Revoke would have to interrupt the calls pending on the other
-    # processes, which collie cannot: it raises NotImplementedError.
+    # bitwise AND over every process. collie stops the job's communication
+    # once a process died, so Agree and Shrink then fail with
+    # ERR_PROC_FAILED (without failures Shrink is Dup). Revoke would have to
+    # interrupt the calls pending on the other processes, which collie
+    # cannot: it raises NotImplementedError.
 
-    def _everyone(self) -> ProcessGroup:
-        """The group whose every process takes part in Agree (an intercommunicator: both sides)."""
-        return self._g("Agree")
+    def _agree_peers(self, what: str) -> list:
+        """(matcher, ranks) pairs that reach every other process taking part in Agree."""
+        m = Comm._p2p(self, what)
+        return [(m, [r for r in range(m.group.size) if r != m.rank])]
 
     def _members(self) -> tuple:
         return self._g("Get_failed").ranks
@@ -442,11 +444,28 @@ class Comm(_Handled):
         self._acked = max(getattr(self, "_acked", 0), num)
         return self._acked
 
+    def _agreement(self, flag: int, what: str) -> Request:
+        """Every process sends its flag to every other one, over point-to-point
+        messages on an internal tag: not a collective, so an Iagree may be
+        pending while other collectives run (ULFM agrees apart from them)."""
+        from .topology import _Many, _post_recv, _post_send
+        mine = np.array([flag], dtype=np.int64)
+        got, parts = [], []
+        for m, peers in self._agree_peers(what):
+            for p in peers:
+                got.append(np.zeros(1, dtype=np.int64))
+                parts.append(_post_recv(self, m, byte_view(got[-1]), p, _AGREE_TAG, what))
+            parts += [_post_send(self, m, byte_view(mine), p, _AGREE_TAG, what) for p in peers]
+        g = self._g(what)
+
+        def fold():
+            req._result = functools.reduce(operator.and_, [int(a[0]) for a in got], flag)
+        req = _Many(g.network, parts, after=fold, timeout=g.timeout, describe=lambda: f"{what} of {self._name}")
+        return req
+
     def Agree(self, flag: int) -> int:
         """The bitwise AND of every process's ``flag``."""
-        mine = np.array([operator.index(flag)], dtype=np.int64)
-        _coll.all_reduce(mine, op=BAND._collie, group=self._everyone())
-        return int(mine[0])
+        return self._agreement(operator.index(flag), "Agree").wait()
 
     def Iagree(self, flag) -> Request:
         """Agree, nonblocking, on ``flag``: a buffer of one C int, which
@@ -457,22 +476,25 @@ class Comm(_Handled):
         if arr.nbytes != 4 or not arr.flags.writeable:
             raise ValueError(f"Iagree: flag must be a writable buffer of one C int (4 bytes), got {arr.nbytes} bytes")
         out = arr.reshape(-1).view(np.int32)
-        work = np.array(out, copy=True)
-        g = self._everyone()
+        req = self._agreement(int(out[0]), "Iagree")
+        fold = req._after
 
         def store():
-            out[0] = work[0]
-        return Request(g.network, work=_coll.all_reduce(work, op=BAND._collie, group=g, async_op=True),
-                       keep=work, after=store, timeout=g.timeout, describe=lambda: f"Iagree of {self._name}")
+            fold()
+            out[0] = req._result
+        req._after = store
+        return req
 
     def Shrink(self) -> "Comm":
-        """A communicator of the processes not known to have failed (the
-        survivors must know the same failures; else it times out)."""
-        g = self._g("Shrink")
-        failed = set(self.Get_failed()._ranks)
-        if not failed:
-            return self.Dup()
-        return Intracomm.Create_group(self, Group._of([w for w in g.ranks if w not in failed]))
+        """A communicator of the processes not known to have failed: with
+        none failed, a Dup. Once a process died, collie stops every call of
+        the job (the death breaks every group), so no survivor communicator
+        can be made: ERR_PROC_FAILED."""
+        failed = self.Get_failed().Translate_ranks(None, self.Get_group())
+        if failed:
+            raise _error(ERR_PROC_FAILED, f"Shrink: processes {failed} of {self._name} failed, and collie "
+                                          "cannot communicate past a failure")
+        return self.Dup()
 
     def Ishrink(self):
         """Shrink, done at once; the Request completes on its first Wait/Test."""
@@ -715,6 +737,7 @@ class _Both(Request):
 
 
 _CREATE_TAG = _group.MAX_TAG - 3  # collie's p2p tag of Create_group's agreement
+_AGREE_TAG = -4  # the internal MPI tag of Agree/Iagree (negative: no user receive takes it)
 
 
 def _agree_among(g: ProcessGroup, members: tuple, tag: int) -> int:

@@ -250,19 +250,12 @@ class Intercomm(Comm):
         _group.world().next_context = max(_group.world().next_context, context + 3)
         return cls._of(new, new.name)
 
-    def _everyone(self) -> ProcessGroup:
-        return self._x("Agree").union
+    def _agree_peers(self, what: str) -> list:
+        """Both sides agree: the local ranks through the local group, the remote ones through the pair."""
+        return super()._agree_peers(what) + [(self._p2p(what), list(range(self.Get_remote_size())))]
 
     def _members(self) -> tuple:
         return self._x("Get_failed").union.ranks
-
-    def Shrink(self) -> "Intercomm":
-        """The processes not known to have failed, on both sides (with none failed: Dup)."""
-        failed = set(self.Get_failed()._ranks)
-        if failed:
-            raise _error(ERR_PROC_FAILED, f"Shrink: processes {sorted(failed)} failed; collie shrinks an "
-                                          "intercommunicator only while every process lives")
-        return self.Dup()
 
     def Free(self) -> None:
         g, x = self._g("Free"), self._x("Free")
