@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import operator
 import pickle
-import weakref
 from typing import Any, Optional
 
 import numpy as np
@@ -38,7 +37,7 @@ from .alltoallw import _wspec
 from .buffers import _Buf, _check_same, _count, _store, _u8
 from .comm import COMM_NULL, Comm, Intracomm, _inter_of, _matcher_of, _rank_arg
 from .constants import CONGRUENT, IDENT, PROC_NULL, ROOT, SIMILAR, UNDEFINED, UNEQUAL
-from .exceptions import ERR_ARG, ERR_GROUP, ERR_PROC_FAILED, ERR_ROOT, _error
+from .exceptions import ERR_ARG, ERR_GROUP, ERR_ROOT, _error
 from .group import Group
 from .op import SUM, _buffer_op, _py_op
 from .p2p import _Matcher
@@ -53,7 +52,7 @@ _BRIDGE_TAG = -3  # Create_intercomm's leaders, on the peer communicator
 class _Inter:
     """What an intercommunicator adds to its local group (see the module doc)."""
 
-    __slots__ = ("pair", "union", "remote", "low", "__weakref__")
+    __slots__ = ("pair", "union", "remote", "low")
 
     def __init__(self, pair: ProcessGroup, union: ProcessGroup, remote: tuple, low: bool):
         self.pair, self.union, self.remote, self.low = pair, union, remote, low
@@ -258,7 +257,7 @@ class Intercomm(Comm):
         return self._x("Get_failed").union.ranks
 
     def Free(self) -> None:
-        g, x = self._g("Free"), self._x("Free")
+        x = self._x("Free")
         for grp in (x.pair, x.union):
             _matcher_of.pop(grp, None)
             _group.destroy_process_group(grp)
