@@ -18,13 +18,14 @@ from ... import objects as _objects
 from ...arrays import byte_view
 from .constants import (COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED, COMM_TYPE_SHARED,
                         CONGRUENT, IDENT, SIMILAR, UNEQUAL)
-from .exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, ERR_PROC_FAILED, ERR_ROOT, _error, _Handled, _last_used
+from .exceptions import (ERR_ARG, ERR_COMM, ERR_GROUP, ERR_KEYVAL, ERR_PROC_FAILED, ERR_ROOT, _error, _Handled,
+                         _last_used)
 from .group import Group
 from .info import Info
 from ...group import ProcessGroup
 from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work, to_numpy
-from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN_PLACE, IO, LASTUSEDCODE, PROC_NULL,
-                        TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
+from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN_PLACE, IO, KEYVAL_INVALID,
+                        LASTUSEDCODE, PROC_NULL, TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
 from .op import SUM, _buffer_op, _py_op
 from .p2p import _Matcher, _Recv, _matchers, _progress, _wait_until
 from .request import Prequest, Request, _done_request
@@ -133,6 +134,9 @@ class Comm(_Handled):
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Comm) and self._group is other._group
+
+    def _valid(self, what: str) -> None:
+        self._g(what)
 
     def __ne__(self, other) -> bool:
         return not self == other
@@ -261,6 +265,8 @@ class Comm(_Handled):
         predefined = {TAG_UB: lambda: _TAG_UB, LASTUSEDCODE: _last_used, WTIME_IS_GLOBAL: lambda: False,
                       IO: lambda: ANY_SOURCE, APPNUM: lambda: 0,
                       UNIVERSE_SIZE: lambda: len(g.network.hosts)}
+        if keyval == KEYVAL_INVALID:
+            raise _error(ERR_KEYVAL, "Get_attr: MPI.KEYVAL_INVALID is no attribute key")
         get = predefined.get(keyval)
         return None if get is None else get()
 
@@ -282,6 +288,7 @@ class Comm(_Handled):
         """IDENT (the same communicator), CONGRUENT (same processes in the
         same order, another context), SIMILAR (same processes), else UNEQUAL.
         ``MPI.Comm.Compare(a, b)`` and ``a.Compare(b)`` both work."""
+        comm1._g("Compare"), comm2._g("Compare")
         if comm1 == comm2:
             return IDENT
         if comm1.Is_inter() or comm2.Is_inter():
@@ -386,11 +393,16 @@ class Comm(_Handled):
     def Free(self) -> None:
         g = self._g("Free")
         if g is _group.world().group or self._name == "MPI_COMM_SELF":
-            raise ValueError(f"Free: {self._name} cannot be freed")
+            raise _error(ERR_COMM, f"Free: {self._name} cannot be freed")
         _group.destroy_process_group(g)
         if self._matcher is not None:
             _matchers.discard(self._matcher)
         self._group, self._matcher, self._name = None, None, "MPI_COMM_NULL"
+
+    def Disconnect(self) -> None:
+        """Free, once this process's messages on the communicator are done
+        (collie's sends complete before they return, so that is Free)."""
+        self.Free()
 
     def Abort(self, errorcode: int = 0) -> None:
         """End this process at once with ``errorcode`` (1 when 0); ``collie

@@ -276,6 +276,8 @@ class Errhandler:
     fromhandle = fromint
 
     def Free(self) -> None:
+        if not self:
+            raise Exception(ERR_ERRHANDLER, "Free: MPI.ERRHANDLER_NULL")  # noqa: F821
         for name in _PREDEFINED[1:]:
             if self is globals()[name]:
                 raise Exception(ERR_ARG, "Free: a predefined error handler cannot be freed")  # noqa: F821
@@ -313,16 +315,23 @@ class _Handled:
 
     _errhandler: Errhandler = ERRORS_RETURN
 
+    def _valid(self, what: str) -> None:
+        """Raise the MPI.Exception of a null object (a Comm's ERR_COMM...)."""
+
     def Get_errhandler(self) -> Errhandler:
+        """A new handle on this object's error handler (the caller may Free it)."""
+        self._valid("Get_errhandler")
         return Errhandler(self.__dict__.get("_errhandler", ERRORS_RETURN))
 
     def Set_errhandler(self, errhandler: Errhandler) -> None:
+        self._valid("Set_errhandler")
         if not isinstance(errhandler, Errhandler) or not errhandler:
-            raise Exception(ERR_ARG, "Set_errhandler: not an error handler")  # noqa: F821
-        self.__dict__["_errhandler"] = errhandler
+            raise Exception(ERR_ERRHANDLER, "Set_errhandler: not an error handler")  # noqa: F821
+        self.__dict__["_errhandler"] = Errhandler(errhandler)  # the caller may Free its handle
 
     def Call_errhandler(self, errorcode: int) -> None:
         """Run this object's error handler on ``errorcode`` (nothing for SUCCESS)."""
+        self._valid("Call_errhandler")
         code = _code(errorcode)
         if code == SUCCESS:
             return

@@ -62,6 +62,8 @@ class Session(_Handled):
         if not self:
             raise _error(ERR_SESSION, f"Session.{what} on MPI.SESSION_NULL or a finalized session")
 
+    _valid = _live
+
     def Finalize(self) -> None:
         self._live("Finalize")
         self._state.live = False
