@@ -21,8 +21,13 @@ class _Items(dict):
 class Info:
     """An MPI info object (see the module doc)."""
 
-    def __init__(self, info: "Info | None" = None):
+    def __new__(cls, info: "Info | None" = None):
+        # built in __new__, as in mpi4py, so that a subclass's __new__ can pass it on
+        if info is not None and not isinstance(info, Info):
+            raise TypeError(f"Info: expected an Info, got {info!r}")
+        self = super().__new__(cls)
         self._h = None if info is None else info._h
+        return self
 
     @classmethod
     def _of(cls, items) -> "Info":
@@ -130,8 +135,8 @@ class Info:
         if self is INFO_ENV:
             return "INFO_ENV"
         if self._h is None or self._h is INFO_ENV._h:
-            return (_unpickle, (None if self._h is None else "INFO_ENV",))
-        return (_unpickle, (list(self._h.items()),))
+            return (_unpickle, (None if self._h is None else "INFO_ENV", type(self)))
+        return (_unpickle, (list(self._h.items()), type(self)))
 
     def __len__(self) -> int:
         return 0 if self._h is None else len(self._h)
@@ -189,7 +194,7 @@ class Info:
         return self._h.popitem()
 
     def copy(self) -> "Info":
-        return Info() if self._h is None else self.Dup()
+        return type(self)() if self._h is None else self.Dup()
 
     def clear(self) -> None:
         if self._h is not None:
@@ -210,12 +215,13 @@ def _env_items() -> dict:
     return items
 
 
-def _unpickle(items):
+def _unpickle(items, cls=None):
+    cls = cls or Info
     if items is None:
-        return Info()
+        return cls()
     if items == "INFO_ENV":
-        return Info(INFO_ENV)
-    return Info._of(items)
+        return cls(INFO_ENV)
+    return cls._of(items)
 
 
 INFO_NULL = Info()
