@@ -467,3 +467,49 @@ def _handlers_body(rank, size):
 @pytest.mark.parametrize("n", [1, 2])
 def test_errhandlers_error_codes_sessions(n):
     assert run(_handlers_body, n) == [True] * n
+
+
+# ---- attributes ----
+
+def _attributes_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD.Dup()
+    deleted = []
+    carried = MPI.Comm.Create_keyval(copy_fn=lambda c, k, v: v + [rank], delete_fn=lambda c, k, v: deleted.append(v))
+    kept = MPI.Comm.Create_keyval(copy_fn=True)
+    dropped = MPI.Comm.Create_keyval()
+    for k, v in ((carried, [0]), (kept, "same"), (dropped, "gone")):
+        assert comm.Get_attr(k) is None
+        comm.Set_attr(k, v)
+    assert MPI.Intracomm(comm).Get_attr(kept) == "same"  # copies share the handle's attributes
+    dup = comm.Dup()
+    assert (dup.Get_attr(carried), dup.Get_attr(kept), dup.Get_attr(dropped)) == ([0, rank], "same", None)
+    dup.Free()
+    assert deleted == [[0, rank]]  # Free deletes the values
+    comm.Set_attr(carried, [1])  # over a value: the old one is deleted
+    assert deleted[-1] == [0]
+    comm.Delete_attr(carried)
+    assert deleted[-1] == [1] and comm.Get_attr(carried) is None
+    boom = MPI.Comm.Create_keyval(delete_fn=lambda c, k, v: 1 / 0)
+    comm.Set_attr(boom, 1)
+    try:
+        comm.Delete_attr(boom)
+    except MPI.Exception as exc:
+        assert exc.Get_error_class() == MPI.ERR_OTHER
+    else:
+        raise AssertionError("a failing delete_fn went unnoticed")
+    for k in (carried, kept, dropped, boom):
+        assert MPI.Comm.Free_keyval(k) == MPI.KEYVAL_INVALID
+    try:
+        comm.Get_attr(MPI.KEYVAL_INVALID)
+    except MPI.Exception as exc:
+        assert exc.Get_error_class() == MPI.ERR_KEYVAL
+    else:
+        raise AssertionError("KEYVAL_INVALID was accepted")
+    comm.Free()
+    return True
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_communicator_attributes(n):
+    assert run(_attributes_body, n) == [True] * n

@@ -21,6 +21,7 @@ from .constants import (COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RE
 from .exceptions import (ERR_ARG, ERR_COMM, ERR_GROUP, ERR_KEYVAL, ERR_PROC_FAILED, ERR_ROOT, _error, _Handled,
                          _last_used)
 from .group import Group
+from .attributes import _Attributed
 from .info import Info
 from ...group import ProcessGroup
 from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work, to_numpy
@@ -61,9 +62,10 @@ _topo_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> 
 _handle_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> its integer handle
 _group_of_handle: dict = {}
 _inter_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # local group -> intercomm.py's _Inter
+_attrs_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> its attributes (attributes.py)
 
 
-class Comm(_Handled):
+class Comm(_Handled, _Attributed):
     """A communicator: an ordered group of processes and a context that
     keeps its messages apart from every other communicator's.
 
@@ -268,7 +270,10 @@ class Comm(_Handled):
         if keyval == KEYVAL_INVALID:
             raise _error(ERR_KEYVAL, "Get_attr: MPI.KEYVAL_INVALID is no attribute key")
         get = predefined.get(keyval)
-        return None if get is None else get()
+        return super().Get_attr(keyval) if get is None else get()
+
+    def _attrs(self) -> dict:
+        return _attrs_of.setdefault(self._g("attributes"), {})
 
     def Set_info(self, info) -> None:
         self._g("Set_info")
@@ -386,6 +391,7 @@ class Comm(_Handled):
             _topo_of[group] = _topo_of[g]
         new = type(self)._of(group, f"{self._name}/dup")
         new._info = self._info if info is None else Info._of(info.items() if info else ())
+        self._copy_attrs(new)
         return new
 
     Clone = Dup
@@ -394,6 +400,7 @@ class Comm(_Handled):
         g = self._g("Free")
         if g is _group.world().group or self._name == "MPI_COMM_SELF":
             raise _error(ERR_COMM, f"Free: {self._name} cannot be freed")
+        self._delete_attrs()
         _group.destroy_process_group(g)
         if self._matcher is not None:
             _matchers.discard(self._matcher)

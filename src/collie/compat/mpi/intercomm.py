@@ -207,6 +207,7 @@ class Intercomm(Comm):
         dup = self._split(0, g.rank, "dup")
         new = type(self)._of(dup._group, dup._name)  # a subclass's Dup gives that subclass
         new._info = self._info
+        self._copy_attrs(new)
         return new
 
     Clone = Dup
