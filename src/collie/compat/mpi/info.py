@@ -8,8 +8,10 @@ with (command, argv, maxprocs, wdir, thread_level...).
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
+import weakref
 
 from .constants import MAX_INFO_KEY, MAX_INFO_VAL
 
@@ -34,6 +36,38 @@ class Info:
         info = cls()
         info._h = _Items(items)
         return info
+
+    # ---- integer handles: INFO_NULL 0, INFO_ENV 1, then each info object as it is asked for ----
+
+    def toint(self) -> int:
+        if self._h is None:
+            return 0
+        if self._h is INFO_ENV._h:
+            return 1
+        for i, ref in enumerate(_handles):
+            if ref() is self._h:
+                return i + 2
+        _handles.append(weakref.ref(self._h))
+        return len(_handles) + 1
+
+    @classmethod
+    def fromint(cls, handle: int) -> "Info":
+        handle = operator.index(handle)
+        info = cls()
+        if handle == 1:
+            info._h = INFO_ENV._h
+        elif handle != 0:
+            items = _handles[handle - 2]() if 0 <= handle - 2 < len(_handles) else None
+            if items is None:
+                from .exceptions import ERR_INFO, Exception
+                raise Exception(ERR_INFO, f"Info.fromint: {handle} is not a live info object's handle")
+            info._h = items
+        return info
+
+    py2f = toint
+    f2py = fromint
+    handle = property(toint, doc="The info object's integer handle (INFO_NULL: 0).")
+    fromhandle = fromint
 
     # ---- MPI's methods ----
 
@@ -224,6 +258,7 @@ def _unpickle(items, cls=None):
     return cls._of(items)
 
 
+_handles: list = []  # weakrefs to the items of info objects that were given a handle
 INFO_NULL = Info()
 INFO_ENV = Info._of(_env_items())
 
