@@ -153,6 +153,17 @@ def _objects_body(rank, size, cut):
             assert inter.gather(("x", rank), root=root) is None
             assert inter.scatter(None, root=root) == inter.rank ** 2
             assert inter.reduce(rank, op=MPI.SUM, root=root) is None
+    # the low group's rank 0 gives a wrong sequence: it and every receiver raise
+    role = (MPI.ROOT if inter.rank == 0 else MPI.PROC_NULL) if low else 0
+    if role == MPI.PROC_NULL:
+        assert inter.scatter(None, root=role) is None
+    else:
+        try:
+            inter.scatter(5 if role == MPI.ROOT else None, root=role)
+        except ValueError as exc:
+            assert "sequence of" in str(exc)
+        else:
+            raise AssertionError("scatter of a wrong sequence went through")
     assert inter.allgather(rank) == theirs
     assert inter.alltoall([(rank, q) for q in range(rn)]) == [(w, inter.rank) for w in theirs]
     assert inter.allreduce(rank, op=MPI.MAX) == max(theirs)
@@ -355,6 +366,15 @@ def _intracomm_body(rank, size):
     assert req and req.Wait() and not req
     assert shrunk.allgather(rank) == list(range(size))
     shrunk.Free()
+
+    # a root given a wrong sequence: every rank raises, and the communicator still works
+    try:
+        world.scatter(list(range(size + 1)) if rank == 0 else None, root=0)
+    except ValueError as exc:
+        assert "sequence of" in str(exc)
+    else:
+        raise AssertionError("scatter of a wrong sequence went through")
+    assert world.scatter([r * 3 for r in range(size)] if rank == 0 else None, root=0) == rank * 3
 
     from_group = MPI.Intracomm.Create_from_group(world.Get_group())
     assert MPI.Comm.Compare(from_group, world) == MPI.CONGRUENT and from_group.allreduce(1) == size

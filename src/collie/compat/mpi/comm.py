@@ -714,6 +714,33 @@ class Comm(_Handled, _Attributed):
         return Request(g.network, work=_coll.barrier(group=g, async_op=True), timeout=g.timeout)
 
 
+class _Refused:
+    """What a root sends in place of the items it was given when they are
+    wrong: every rank then raises the root's error, and the communicator
+    stays usable (no rank is left waiting for the root)."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    @staticmethod
+    def check(item):
+        if isinstance(item, _Refused):
+            raise ValueError(item.message)
+        return item
+
+
+def _scatter_items(sendobj, n: int, what: str) -> list:
+    """The root's sequence of n items, or n _Refused when it is not one."""
+    try:
+        items = list(sendobj) if sendobj is not None else None
+    except TypeError:
+        items = None
+    if items is None or len(items) != n:
+        return [_Refused(f"{what}: the root's sendobj must be a sequence of {n} items (one per receiving rank), "
+                         f"got {sendobj!r:.60}")] * n
+    return items
+
+
 def _predefined(which: str, copy_type=None) -> Comm:
     """COMM_WORLD or COMM_SELF (or a copy of it, of ``copy_type``), unpickled."""
     from .environ import _comm
@@ -1197,12 +1224,10 @@ class Intracomm(Comm):
         root = self._root(g, root, "scatter")
         items = None
         if g.rank == root:
-            items = list(sendobj) if sendobj is not None else None
-            if items is None or len(items) != g.size:
-                raise ValueError(f"scatter: root's sendobj must be a sequence of {g.size} items (one per rank)")
+            items = _scatter_items(sendobj, g.size, "scatter")
         box = [None]
         _objects.scatter_object_list(box, items, src=g.ranks[root], group=g)
-        return box[0]
+        return _Refused.check(box[0])
 
     def gather(self, sendobj, root: int = 0) -> Optional[list]:
         """Every rank's object, in a list at root (None elsewhere)."""

@@ -35,7 +35,7 @@ from ...arrays import byte_view
 from ...group import ProcessGroup
 from .alltoallw import _wspec
 from .buffers import _Buf, _check_same, _count, _store, _u8
-from .comm import COMM_NULL, Comm, Intracomm, _inter_of, _matcher_of, _rank_arg
+from .comm import COMM_NULL, Comm, Intracomm, _inter_of, _matcher_of, _rank_arg, _Refused, _scatter_items
 from .constants import CONGRUENT, IDENT, PROC_NULL, ROOT, SIMILAR, UNDEFINED, UNEQUAL
 from .exceptions import ERR_ARG, ERR_GROUP, ERR_ROOT, _error
 from .group import Group
@@ -489,14 +489,11 @@ class Intercomm(Comm):
         """Item r of the root's sequence on remote rank r."""
         role = self._role(root, "scatter")
         if role == -1:
-            n = self.Get_remote_size()
-            items = list(sendobj) if sendobj is not None else None
-            if items is None or len(items) != n:
-                raise ValueError(f"scatter: the root's sendobj must be a sequence of {n} items "
-                                 "(one per remote rank)")
+            items = _scatter_items(sendobj, self.Get_remote_size(), "scatter")
             _waitall([_send(self, _obj(o), i) for i, o in enumerate(items)])
+            _Refused.check(items[0] if items else None)
         elif role is not None:
-            return _waitall([_recv(self, None, role)])[0]
+            return _Refused.check(_waitall([_recv(self, None, role)])[0])
         return None
 
     def allgather(self, sendobj) -> list:
