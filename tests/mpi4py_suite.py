@@ -48,7 +48,6 @@ EXCLUDED = {
     "test_io": "MPI-IO",
     "test_dynproc": "dynamic processes (Connect/Accept)",
     "test_spawn": "dynamic processes (Spawn)",
-    "test_session": "sessions",
 }
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"

@@ -56,17 +56,17 @@ on other peers; they simply catch those peers' next messages.
 
 from __future__ import annotations
 
-from . import (alltoallw, buffers, comm, commctx, constants, datatype, environ, exceptions, group, info, memory,
-               message, op, p2p, pickling, request, status, topology)
+from . import (alltoallw, buffers, comm, commctx, constants, datatype, environ, exceptions, group, info, intercomm,
+               memory, message, op, p2p, pickling, request, session, status, topology)
 from .environ import _comm
 
 __all__: list = []
-for _m in (constants, exceptions, info, group, datatype, op, status, request, comm, topology, environ, memory,
-           pickling, message, commctx):
+for _m in (constants, exceptions, info, group, datatype, op, status, request, comm, intercomm, session, topology,
+           environ, memory, pickling, message, commctx):
     __all__ += _m.__all__
     globals().update({_n: getattr(_m, _n) for _n in _m.__all__})
-del (_m, alltoallw, buffers, comm, commctx, constants, datatype, environ, exceptions, group, info, memory, message, op,
-     p2p, pickling, request, status, topology)
+del (_m, alltoallw, buffers, comm, commctx, constants, datatype, environ, exceptions, group, info, intercomm, memory,
+     message, op, p2p, pickling, request, session, status, topology)
 __all__ += ["COMM_WORLD", "COMM_SELF"]
 
 

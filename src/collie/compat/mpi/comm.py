@@ -6,7 +6,6 @@ import functools
 import operator
 import os
 import pickle
-import socket
 import sys
 import warnings
 import weakref
@@ -20,12 +19,15 @@ from ... import objects as _objects
 from ...arrays import byte_view
 from .constants import (COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED, COMM_TYPE_SHARED,
                         CONGRUENT, IDENT, SIMILAR, UNEQUAL)
-from .exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, _error, _Handled
+from .exceptions import (ERR_ARG, ERR_COMM, ERR_GROUP, ERR_KEYVAL, ERR_PROC_FAILED, ERR_ROOT, _error, _Handled,
+                         _last_used)
 from .group import Group
+from .attributes import _Attributed
 from .info import Info
 from ...group import ProcessGroup
-from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work
-from .constants import ANY_SOURCE, ANY_TAG, CART, DIST_GRAPH, GRAPH, IN_PLACE, PROC_NULL, TAG_UB, UNDEFINED, _TAG_UB
+from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work, to_numpy
+from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN_PLACE, IO, KEYVAL_INVALID,
+                        LASTUSEDCODE, PROC_NULL, TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
 from .op import SUM, _buffer_op, _py_op
 from .p2p import _Matcher, _Recv, _matchers, _progress, _wait_until
 from .request import Prequest, Request, _done_request, _Partitioned
@@ -63,27 +65,70 @@ _matcher_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _topo_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> topology.py's _Topo
 _handle_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> its integer handle
 _group_of_handle: dict = {}
+_inter_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # local group -> intercomm.py's _Inter
+_attrs_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> its attributes (attributes.py)
 
 
-class Comm(_Handled):
+class Comm(_Handled, _Attributed):
     """A communicator: an ordered group of processes and a context that
     keeps its messages apart from every other communicator's.
 
     ``MPI.Intracomm(comm)`` (or a subclass's constructor) refers to the same
-    communicator as ``comm``, as in mpi4py; ``MPI.Comm()`` is COMM_NULL."""
+    communicator as ``comm``, as in mpi4py; ``MPI.Comm()`` is COMM_NULL.
+    Construction is in __new__, as in mpi4py, so that a subclass's __new__
+    may pass another communicator than the one it was given."""
 
-    def __init__(self, group=None, name: str = "MPI_COMM_NULL"):
-        if isinstance(group, Comm):
-            name, group = group._name, group._group
+    def __new__(cls, comm=None, name: str = "MPI_COMM_NULL"):
+        self = super().__new__(cls)
+        group = comm
+        if isinstance(comm, Comm):
+            cls._check_copy(comm)
+            group, name = comm._group, comm._name
+        elif comm is not None and not isinstance(comm, ProcessGroup):
+            raise TypeError(f"{cls.__name__}: expected a communicator, got {comm!r}")
         self._group = group
         self._name = name
         self._matcher: Optional[_Matcher] = None
         self._info = None
+        self._attached = None
+        return self
+
+    @classmethod
+    def _check_copy(cls, comm: "Comm") -> None:
+        """Raise TypeError when ``comm`` is not of this kind (an intercommunicator for an Intracomm...)."""
+        if issubclass(cls, Intracomm) and comm._group in _inter_of:
+            raise TypeError(f"{cls.__name__}: {comm!r} is an intercommunicator")
+
+    @classmethod
+    def _of(cls, group: ProcessGroup, name: str) -> "Comm":
+        """A new communicator of ``cls`` on ``group`` (through cls.__new__ with
+        no argument, which a subclass's __new__ accepts)."""
+        c = cls.__new__(cls)
+        c._group, c._name = group, name
+        return c
+
+    def free(self) -> None:
+        """Free, safely: nothing on COMM_NULL and on COMM_WORLD/COMM_SELF
+        themselves; a copy of those only lets go of its handle."""
+        from .environ import _cache
+        if self._group is None or any(self is c for c in _cache.values()):
+            return
+        if any(self._group is c._group for c in _cache.values()):
+            self._group, self._matcher, self._name = None, None, "MPI_COMM_NULL"
+            return
+        self.Free()
 
     def __reduce__(self):
-        for which in ("COMM_NULL",):
-            if self is globals()[which]:
-                return which
+        # COMM_NULL, COMM_WORLD and COMM_SELF pickle by name, as in mpi4py
+        # (a copy of one comes back as an equal copy); other communicators not.
+        if self is COMM_NULL:
+            return "COMM_NULL"
+        if self._group is None:
+            return type(self), ()
+        from .environ import _cache
+        for which, comm in _cache.items():
+            if comm._group is self._group:
+                return _predefined, (which, None if self is comm else type(self))
         raise ValueError(f"cannot pickle {self!r}")
 
     # ---- identity ----
@@ -96,11 +141,13 @@ class Comm(_Handled):
     def __eq__(self, other) -> bool:
         return isinstance(other, Comm) and self._group is other._group
 
+    def _valid(self, what: str) -> None:
+        self._g(what)
+
     def __ne__(self, other) -> bool:
         return not self == other
 
-    def __hash__(self) -> int:
-        return id(self._group)
+    __hash__ = None  # unhashable, as mpi4py's handles are
 
     def __bool__(self) -> bool:
         return self._group is not None
@@ -135,6 +182,9 @@ class Comm(_Handled):
         if g is None:
             raise _error(ERR_COMM, f"Comm.fromint: {handle} is not the handle of a live communicator")
         t = _topo_of.get(g)
+        if g in _inter_of:
+            from .intercomm import Intercomm
+            return Intercomm._of(g, g.name)
         if t is None:
             return Intracomm(g, g.name)
         from . import topology
@@ -143,6 +193,8 @@ class Comm(_Handled):
 
     py2f = toint
     f2py = fromint
+    handle = property(toint, doc="The communicator's integer handle (COMM_NULL: 0).")
+    fromhandle = fromint
 
     def Get_rank(self) -> int:
         return self._g("Get_rank").rank
@@ -162,10 +214,10 @@ class Comm(_Handled):
     name = property(Get_name, Set_name)
 
     def Is_inter(self) -> bool:
-        return False
+        return self._g("Is_inter") in _inter_of
 
     def Is_intra(self) -> bool:
-        return True
+        return not self.Is_inter()
 
     is_inter = property(Is_inter)
     is_intra = property(Is_intra)
@@ -182,12 +234,50 @@ class Comm(_Handled):
     def group(self) -> "Group":
         return self.Get_group()
 
-    @property
-    def info(self) -> "Info":
-        return self.Get_info()
+    info = property(lambda self: self.Get_info(), lambda self, info: self.Set_info(info))
+
+    # ---- the buffer of buffered sends (Bsend never needs one here) ----
+
+    def Attach_buffer(self, buf) -> None:
+        """Kept only to be given back by Detach_buffer: collie's Bsend copies anyway."""
+        self._g("Attach_buffer")
+        self._attached = buf
+
+    def Detach_buffer(self):
+        self._g("Detach_buffer")
+        buf, self._attached = self._attached, None
+        return buf
+
+    def Flush_buffer(self) -> None:
+        """Buffered sends are complete when they return: nothing to flush."""
+        self._g("Flush_buffer")
+
+    def Iflush_buffer(self) -> Request:
+        self._g("Iflush_buffer")
+        return _done_request()
+
+    @classmethod
+    def Get_parent(cls) -> "Comm":
+        """The parent of a spawned process; collie spawns none, so a null
+        intercommunicator, as a process not started by Spawn gets."""
+        from .intercomm import Intercomm
+        return Intercomm()
 
     def Get_attr(self, keyval: int):
-        return _TAG_UB if keyval == TAG_UB else None
+        """The predefined attributes: TAG_UB, LASTUSEDCODE, WTIME_IS_GLOBAL
+        (False: Wtime is each host's own clock), IO (ANY_SOURCE: every process
+        can do I/O), APPNUM (0: one program) and UNIVERSE_SIZE (the world's size)."""
+        g = self._g("Get_attr")
+        predefined = {TAG_UB: lambda: _TAG_UB, LASTUSEDCODE: _last_used, WTIME_IS_GLOBAL: lambda: False,
+                      IO: lambda: ANY_SOURCE, APPNUM: lambda: 0,
+                      UNIVERSE_SIZE: lambda: len(g.network.hosts)}
+        if keyval == KEYVAL_INVALID:
+            raise _error(ERR_KEYVAL, "Get_attr: MPI.KEYVAL_INVALID is no attribute key")
+        get = predefined.get(keyval)
+        return super().Get_attr(keyval) if get is None else get()
+
+    def _attrs(self) -> dict:
+        return _attrs_of.setdefault(self._g("attributes"), {})
 
     def Set_info(self, info) -> None:
         self._g("Set_info")
@@ -203,12 +293,16 @@ class Comm(_Handled):
         """The group of this communicator's processes, in rank order."""
         return Group._of(self._g("Get_group").ranks)
 
-    @classmethod
-    def Compare(cls, comm1: "Comm", comm2: "Comm") -> int:
+    def Compare(comm1: "Comm", comm2: "Comm") -> int:
         """IDENT (the same communicator), CONGRUENT (same processes in the
-        same order, another context), SIMILAR (same processes), else UNEQUAL."""
+        same order, another context), SIMILAR (same processes), else UNEQUAL.
+        ``MPI.Comm.Compare(a, b)`` and ``a.Compare(b)`` both work."""
+        comm1._g("Compare"), comm2._g("Compare")
         if comm1 == comm2:
             return IDENT
+        if comm1.Is_inter() or comm2.Is_inter():
+            from .intercomm import Intercomm
+            return Intercomm.Compare(comm1, comm2)
         a, b = comm1._g("Compare").ranks, comm2._g("Compare").ranks
         if a == b:
             return CONGRUENT
@@ -227,7 +321,7 @@ class Comm(_Handled):
         color, key = (0, members.index(me)) if me in members else (-1, 0)
         new = _group.split_group(g, color, key, name=f"{self._name}/create")
         keep = isinstance(self, Intracomm) and g not in _topo_of  # a subclass of Intracomm stays one
-        return COMM_NULL if new is None else type(self)(new, new.name) if keep else Intracomm(new, new.name)
+        return COMM_NULL if new is None else type(self)._of(new, new.name) if keep else Intracomm(new, new.name)
 
     def Create_group(self, group: Group, tag: int = 0) -> "Comm":
         """Create, called by the members of ``group`` only. They agree on a
@@ -247,6 +341,14 @@ class Comm(_Handled):
         _group.world().groups.append(new)
         return Intracomm(new, new.name)
 
+    @classmethod
+    def Create_from_group(cls, group: Group, stringtag: str = "org.mpi4py", info=None,
+                          errhandler=None) -> "Intracomm":
+        """A communicator of ``group``'s processes with no parent communicator
+        (MPI-4): its members call it, and agree on a context among themselves."""
+        from .environ import _comm
+        return _comm("world").Create_group(group)
+
     def Split_type(self, split_type: int, key: int = 0, info=None) -> "Comm":
         """COMM_TYPE_SHARED (and the hardware-guided types): the ranks on this
         host, ordered by key; UNDEFINED: COMM_NULL."""
@@ -255,10 +357,8 @@ class Comm(_Handled):
         if split_type not in (COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED,
                               COMM_TYPE_RESOURCE_GUIDED):
             raise _error(ERR_ARG, f"Split_type: unknown split type {split_type}")
-        host = socket.gethostname()
-        hosts = self.allgather(host)
-        color = sorted(set(hosts)).index(host)
-        return self.Split(color, key)
+        net = self._g("Split_type").network  # every rank knows every rank's host: no message
+        return self.Split(sorted(set(net.hosts)).index(net.hosts[net.rank]), key)
 
     def Idup(self, info=None):
         """Dup, done at once; the Request is complete."""
@@ -293,8 +393,9 @@ class Comm(_Handled):
         group = _group.split_group(g, 0, g.rank, name=f"{self._name}/dup")
         if g in _topo_of:  # the copy keeps the topology
             _topo_of[group] = _topo_of[g]
-        new = type(self)(group, f"{self._name}/dup")
+        new = type(self)._of(group, f"{self._name}/dup")
         new._info = self._info if info is None else Info._of(info.items() if info else ())
+        self._copy_attrs(new)
         return new
 
     Clone = Dup
@@ -302,11 +403,17 @@ class Comm(_Handled):
     def Free(self) -> None:
         g = self._g("Free")
         if g is _group.world().group or self._name == "MPI_COMM_SELF":
-            raise ValueError(f"Free: {self._name} cannot be freed")
+            raise _error(ERR_COMM, f"Free: {self._name} cannot be freed")
+        self._delete_attrs()
         _group.destroy_process_group(g)
         if self._matcher is not None:
             _matchers.discard(self._matcher)
         self._group, self._matcher, self._name = None, None, "MPI_COMM_NULL"
+
+    def Disconnect(self) -> None:
+        """Free, once this process's messages on the communicator are done
+        (collie's sends complete before they return, so that is Free)."""
+        self.Free()
 
     def Abort(self, errorcode: int = 0) -> None:
         """End this process at once with ``errorcode`` (1 when 0); ``collie
@@ -316,6 +423,105 @@ class Comm(_Handled):
                          f"with error code {errorcode}\n")
         sys.stderr.flush()
         os._exit(errorcode or 1)
+
+    # ---- fault tolerance (MPI 5's ULFM) ----
+    #
+    # What collie's failure detection supports: a peer that died is known
+    # to the ranks that talked to it (its calls fail with ERR_PROC_FAILED).
+    # Get_failed lists those, Ack_failed acknowledges them, Agree is a
+    # bitwise AND over every process. collie stops the job's communication
+    # once a process died, so Agree and Shrink then fail with
+    # ERR_PROC_FAILED (without failures Shrink is Dup). Revoke would have to
+    # interrupt the calls pending on the other processes, which collie
+    # cannot: it raises NotImplementedError.
+
+    def _agree_peers(self, what: str) -> list:
+        """(matcher, ranks) pairs that reach every other process taking part in Agree."""
+        m = Comm._p2p(self, what)
+        return [(m, [r for r in range(m.group.size) if r != m.rank])]
+
+    def _members(self) -> tuple:
+        return self._g("Get_failed").ranks
+
+    def Is_revoked(self) -> bool:
+        """Always False: nothing can revoke a communicator here (see Revoke)."""
+        self._g("Is_revoked")
+        return False
+
+    def Revoke(self) -> None:
+        self._g("Revoke")
+        raise NotImplementedError("Revoke: collie cannot interrupt the calls pending on the other processes "
+                                  "of a communicator, so it cannot revoke one")
+
+    def Get_failed(self) -> Group:
+        """The processes of this communicator known here to have died (in rank order)."""
+        net = self._g("Get_failed").network
+        dead = {p for p, e in net._lost.items() if not getattr(e, "left", False)}
+        return Group._of([w for w in self._members() if w in dead])
+
+    def Ack_failed(self, num_to_ack: Optional[int] = None) -> int:
+        """Acknowledge the first ``num_to_ack`` failed processes (all by
+        default); returns how many are acknowledged now."""
+        known = self.Get_failed().Get_size()
+        num = known if num_to_ack is None else min(_count(num_to_ack, "Ack_failed: num_to_ack"), known)
+        self._acked = max(getattr(self, "_acked", 0), num)
+        return self._acked
+
+    def _agreement(self, flag: int, what: str) -> Request:
+        """Every process sends its flag to every other one, over point-to-point
+        messages on an internal tag: not a collective, so an Iagree may be
+        pending while other collectives run (ULFM agrees apart from them)."""
+        from .topology import _Many, _post_recv, _post_send
+        mine = np.array([flag], dtype=np.int64)
+        got, parts = [], []
+        for m, peers in self._agree_peers(what):
+            for p in peers:
+                got.append(np.zeros(1, dtype=np.int64))
+                parts.append(_post_recv(self, m, byte_view(got[-1]), p, _AGREE_TAG, what))
+            parts += [_post_send(self, m, byte_view(mine), p, _AGREE_TAG, what) for p in peers]
+        g = self._g(what)
+
+        def fold():
+            req._result = functools.reduce(operator.and_, [int(a[0]) for a in got], flag)
+        req = _Many(g.network, parts, after=fold, timeout=g.timeout, describe=lambda: f"{what} of {self._name}")
+        return req
+
+    def Agree(self, flag: int) -> int:
+        """The bitwise AND of every process's ``flag``."""
+        return self._agreement(operator.index(flag), "Agree").wait()
+
+    def Iagree(self, flag) -> Request:
+        """Agree, nonblocking, on ``flag``: a buffer of one C int, which
+        holds the result once the Request completes."""
+        if isinstance(flag, (int, np.integer)):
+            raise TypeError("Iagree: flag must be a writable buffer of one C int, not an int")
+        arr, _ = to_numpy(flag, "Iagree flag")
+        if arr.nbytes != 4 or not arr.flags.writeable:
+            raise ValueError(f"Iagree: flag must be a writable buffer of one C int (4 bytes), got {arr.nbytes} bytes")
+        out = arr.reshape(-1).view(np.int32)
+        req = self._agreement(int(out[0]), "Iagree")
+        fold = req._after
+
+        def store():
+            fold()
+            out[0] = req._result
+        req._after = store
+        return req
+
+    def Shrink(self) -> "Comm":
+        """A communicator of the processes not known to have failed: with
+        none failed, a Dup. Once a process died, collie stops every call of
+        the job (the death breaks every group), so no survivor communicator
+        can be made: ERR_PROC_FAILED."""
+        failed = self.Get_failed().Translate_ranks(None, self.Get_group())
+        if failed:
+            raise _error(ERR_PROC_FAILED, f"Shrink: processes {failed} of {self._name} failed, and collie "
+                                          "cannot communicate past a failure")
+        return self.Dup()
+
+    def Ishrink(self):
+        """Shrink, done at once; the Request completes on its first Wait/Test."""
+        return self.Shrink(), Request(describe=lambda: f"Ishrink of {self._name}")
 
     # ---- point to point: the shared path ----
 
@@ -329,12 +535,16 @@ class Comm(_Handled):
             self._matcher = m
         return self._matcher
 
+    def _npeers(self, m: _Matcher) -> int:
+        """How many ranks a message can name (an intercommunicator's: the remote ones)."""
+        return m.group.size
+
     def _send(self, data: memoryview, dest, tag, what: str, keep=None, sync: bool = False) -> Request:
         """A send; ``sync`` (Ssend) completes only once a receive took the
         message; collie keeps that promise for messages to oneself, where a
         standard send is buffered and would otherwise never block."""
         m = self._p2p(what)
-        dest = _rank_arg(dest, m.group.size, f"{what}: dest", (PROC_NULL,))
+        dest = _rank_arg(dest, self._npeers(m), f"{what}: dest", (PROC_NULL,))
         tag = _tag_arg(tag, f"{what}: tag", allow_any=False)
         if dest == PROC_NULL:
             return _done_request()
@@ -347,7 +557,7 @@ class Comm(_Handled):
 
     def _recv(self, dst: Optional[memoryview], source, tag, what: str, after=None, keep=None) -> Request:
         m = self._p2p(what)
-        source = _rank_arg(source, m.group.size, f"{what}: source", (ANY_SOURCE, PROC_NULL))
+        source = _rank_arg(source, self._npeers(m), f"{what}: source", (ANY_SOURCE, PROC_NULL))
         tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
         if source == PROC_NULL:
             return _done_request((PROC_NULL, ANY_TAG, 0, False))
@@ -360,7 +570,7 @@ class Comm(_Handled):
 
     def _probe(self, source, tag, status: Optional[Status], block: bool, what: str) -> bool:
         m = self._p2p(what)
-        source = _rank_arg(source, m.group.size, f"{what}: source", (ANY_SOURCE, PROC_NULL))
+        source = _rank_arg(source, self._npeers(m), f"{what}: source", (ANY_SOURCE, PROC_NULL))
         tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
         if source == PROC_NULL:
             if status is not None:
@@ -532,7 +742,14 @@ class Comm(_Handled):
     # ---- collectives: shared helpers ----
 
     def _root(self, g: ProcessGroup, root, what: str) -> int:
-        return _rank_arg(root, g.size, f"{what}: root")
+        """The root as a rank; a bad one is MPI.Exception(ERR_ROOT), as in MPI."""
+        try:
+            r = operator.index(root)
+        except TypeError:
+            raise TypeError(f"{what}: root must be an int rank, got {root!r}") from None
+        if not 0 <= r < g.size:
+            raise _error(ERR_ROOT, f"{what}: root {r} is not a rank of the communicator (size {g.size})")
+        return r
 
     def Barrier(self) -> None:
         _coll.barrier(group=self._g("Barrier"))
@@ -542,6 +759,40 @@ class Comm(_Handled):
     def Ibarrier(self) -> Request:
         g = self._g("Ibarrier")
         return Request(g.network, work=_coll.barrier(group=g, async_op=True), timeout=g.timeout)
+
+
+class _Refused:
+    """What a root sends in place of the items it was given when they are
+    wrong: every rank then raises the root's error, and the communicator
+    stays usable (no rank is left waiting for the root)."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    @staticmethod
+    def check(item):
+        if isinstance(item, _Refused):
+            raise ValueError(item.message)
+        return item
+
+
+def _scatter_items(sendobj, n: int, what: str) -> list:
+    """The root's sequence of n items, or n _Refused when it is not one."""
+    try:
+        items = list(sendobj) if sendobj is not None else None
+    except TypeError:
+        items = None
+    if items is None or len(items) != n:
+        return [_Refused(f"{what}: the root's sendobj must be a sequence of {n} items (one per receiving rank), "
+                         f"got {sendobj!r:.60}")] * n
+    return items
+
+
+def _predefined(which: str, copy_type=None) -> Comm:
+    """COMM_WORLD or COMM_SELF (or a copy of it, of ``copy_type``), unpickled."""
+    from .environ import _comm
+    comm = _comm(which)
+    return comm if copy_type is None else copy_type(comm)
 
 
 def _or_cancel(rreq: Request, post):
@@ -579,6 +830,7 @@ class _Both(Request):
 
 
 _CREATE_TAG = _group.MAX_TAG - 3  # collie's p2p tag of Create_group's agreement
+_AGREE_TAG = -4  # the internal MPI tag of Agree/Iagree (negative: no user receive takes it)
 
 
 def _agree_among(g: ProcessGroup, members: tuple, tag: int) -> int:
@@ -668,6 +920,13 @@ def _persistent(iname: str):
 
 class Intracomm(Comm):
     """A communicator within one group of processes (all of collie's)."""
+
+    def Create_intercomm(self, local_leader: int, peer_comm: Comm, remote_leader: int, tag: int = 0):
+        """An intercommunicator of this group and another, disjoint one: the
+        two leaders (local_leader here, remote_leader of peer_comm there)
+        meet over peer_comm. Every process of both groups calls it."""
+        from .intercomm import create_intercomm
+        return create_intercomm(self, local_leader, peer_comm, remote_leader, tag)
 
     # ---- collectives on buffers ----
     #
@@ -1013,12 +1272,10 @@ class Intracomm(Comm):
         root = self._root(g, root, "scatter")
         items = None
         if g.rank == root:
-            items = list(sendobj) if sendobj is not None else None
-            if items is None or len(items) != g.size:
-                raise ValueError(f"scatter: root's sendobj must be a sequence of {g.size} items (one per rank)")
+            items = _scatter_items(sendobj, g.size, "scatter")
         box = [None]
         _objects.scatter_object_list(box, items, src=g.ranks[root], group=g)
-        return box[0]
+        return _Refused.check(box[0])
 
     def gather(self, sendobj, root: int = 0) -> Optional[list]:
         """Every rank's object, in a list at root (None elsewhere)."""

@@ -92,7 +92,7 @@ def Get_version() -> tuple[int, int]:
 
 
 def Get_library_version() -> str:
-    from .. import __version__
+    from ... import __version__
     return f"collie {__version__} (mpi4py-style API)"
 
 

@@ -54,10 +54,18 @@ def Get_error_class(errorcode: int) -> int:
     return ERR_UNKNOWN  # noqa: F821 - bound in the loop above
 
 
+def _last_used() -> int:
+    """MPI.LASTUSEDCODE: the last error code or class added (ERR_LASTCODE before any)."""
+    return _next_code - 1
+
+
 def Get_error_string(errorcode: int) -> str:
+    """The string of an error code ("" for an added code given none yet)."""
     code = _code(errorcode)
     if code in _STRINGS:
         return _STRINGS[code]
+    if code in _user_class:
+        return ""
     if code == ERR_LASTCODE:
         return "MPI_ERR_LASTCODE: last error code"
     return f"MPI error code {code}: unknown"
@@ -97,19 +105,20 @@ def Remove_error_string(errorcode: int) -> None:
 
 
 def Remove_error_code(errorcode: int) -> None:
+    """Forget an added error code; its string must have been removed first (MPI 4.1)."""
     code = _code(errorcode)
-    if code not in _user_class or _user_class[code] == code:
+    if code not in _user_class or _user_class[code] == code or code in _STRINGS:
         raise Exception(ERR_ARG)  # noqa: F821
     del _user_class[code]
-    _STRINGS.pop(code, None)
 
 
 def Remove_error_class(errorclass: int) -> None:
+    """Forget an added error class: its codes and its string must be gone first."""
     code = _code(errorclass)
-    if _user_class.get(code) != code or any(c != code and k == code for c, k in _user_class.items()):
-        raise Exception(ERR_ARG)  # noqa: F821 - not an added class, or codes still use it
+    if (_user_class.get(code) != code or code in _STRINGS
+            or any(c != code and k == code for c, k in _user_class.items())):
+        raise Exception(ERR_ARG)  # noqa: F821 - not an added class, or it is still in use
     del _user_class[code]
-    _STRINGS.pop(code, None)
 
 
 class Exception(CollieError):  # noqa: A001 - mpi4py's name
@@ -196,15 +205,24 @@ def _as_mpi_error(exc: CollieError) -> Exception:
 
 # ---- error handlers ----
 
+_MAX_USER = 32   # user error handlers alive at once, per class (mpi4py's own limit)
+_user_alive: dict[str, int] = {}  # class name -> how many
+_handles: dict[int, "Errhandler"] = {}  # toint() -> the handler (for fromint)
+
+
 class Errhandler:
     """An error handler. The predefined ones are ERRORS_ARE_FATAL,
     ERRORS_ABORT and ERRORS_RETURN; Comm/Win.Create_errhandler(fn) makes a
-    handler that calls ``fn(obj, errorcode)``."""
+    handler that calls ``fn(obj, errorcode)``. ``Errhandler(e)`` is the same
+    handler as ``e``; freeing the one Create_errhandler made frees its slot."""
 
-    __slots__ = ("_name", "_fn", "__weakref__")
+    __slots__ = ("_name", "_fn", "_owner", "__weakref__")
 
     def __init__(self, errhandler: "Errhandler | None" = None):
+        if errhandler is not None and not isinstance(errhandler, Errhandler):
+            raise TypeError(f"Errhandler: expected an Errhandler, got {errhandler!r}")
         self._name, self._fn = (None, None) if errhandler is None else (errhandler._name, errhandler._fn)
+        self._owner = False
 
     def __bool__(self) -> bool:
         return self._name is not None
@@ -218,31 +236,72 @@ class Errhandler:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    def __hash__(self) -> int:
-        return hash((self._name, id(self._fn)))
+    __hash__ = None  # unhashable, as mpi4py's handles are
 
     def __repr__(self) -> str:
         return f"<MPI.Errhandler {self._name or 'NULL'}>"
 
     def __reduce__(self):
-        for name in ("ERRHANDLER_NULL", "ERRORS_ARE_FATAL", "ERRORS_RETURN", "ERRORS_ABORT"):
+        # the predefined handlers pickle by name (a copy of one as an equal copy); user ones not
+        for name in _PREDEFINED:
             if self is globals()[name]:
                 return name
+            if self == globals()[name]:
+                return type(self), (globals()[name],)
         raise ValueError(f"cannot pickle {self!r}")
 
+    def toint(self) -> int:
+        """0 for ERRHANDLER_NULL, then the predefined ones, then user handlers."""
+        for i, name in enumerate(_PREDEFINED):
+            if self == globals()[name]:
+                return i
+        h = next((k for k, e in _handles.items() if e == self), None)
+        if h is None:
+            h = max(_handles, default=len(_PREDEFINED) - 1) + 1
+            _handles[h] = Errhandler(self)
+        return h
+
+    @classmethod
+    def fromint(cls, handle: int) -> "Errhandler":
+        handle = operator.index(handle)
+        if 0 <= handle < len(_PREDEFINED):
+            return cls(globals()[_PREDEFINED[handle]])
+        if handle not in _handles:
+            raise Exception(ERR_ARG, f"Errhandler.fromint: {handle} is not an error handler's handle")  # noqa: F821
+        return cls(_handles[handle])
+
+    py2f = toint
+    f2py = fromint
+    handle = property(toint, doc="The handler's integer handle (ERRHANDLER_NULL: 0).")
+    fromhandle = fromint
+
     def Free(self) -> None:
-        for name in ("ERRORS_ARE_FATAL", "ERRORS_RETURN", "ERRORS_ABORT"):
+        if not self:
+            raise Exception(ERR_ERRHANDLER, "Free: MPI.ERRHANDLER_NULL")  # noqa: F821
+        for name in _PREDEFINED[1:]:
             if self is globals()[name]:
                 raise Exception(ERR_ARG, "Free: a predefined error handler cannot be freed")  # noqa: F821
+        if self._owner:
+            kind = self._name[len("user:"):]
+            _user_alive[kind] -= 1
+            for h in [k for k, e in _handles.items() if e == self]:
+                del _handles[h]
+            self._owner = False
         self._name, self._fn = None, None
 
-    free = Free
+    def free(self) -> None:
+        """Free, safely: nothing on the predefined handlers themselves."""
+        if not any(self is globals()[name] for name in _PREDEFINED):
+            self.Free()
 
     @classmethod
     def _make(cls, name, fn=None) -> "Errhandler":
         e = cls()
         e._name, e._fn = name, fn
         return e
+
+
+_PREDEFINED = ("ERRHANDLER_NULL", "ERRORS_ARE_FATAL", "ERRORS_RETURN", "ERRORS_ABORT")
 
 
 ERRHANDLER_NULL = Errhandler()
@@ -256,16 +315,23 @@ class _Handled:
 
     _errhandler: Errhandler = ERRORS_RETURN
 
+    def _valid(self, what: str) -> None:
+        """Raise the MPI.Exception of a null object (a Comm's ERR_COMM...)."""
+
     def Get_errhandler(self) -> Errhandler:
+        """A new handle on this object's error handler (the caller may Free it)."""
+        self._valid("Get_errhandler")
         return Errhandler(self.__dict__.get("_errhandler", ERRORS_RETURN))
 
     def Set_errhandler(self, errhandler: Errhandler) -> None:
+        self._valid("Set_errhandler")
         if not isinstance(errhandler, Errhandler) or not errhandler:
-            raise Exception(ERR_ARG, "Set_errhandler: not an error handler")  # noqa: F821
-        self.__dict__["_errhandler"] = errhandler
+            raise Exception(ERR_ERRHANDLER, "Set_errhandler: not an error handler")  # noqa: F821
+        self.__dict__["_errhandler"] = Errhandler(errhandler)  # the caller may Free its handle
 
     def Call_errhandler(self, errorcode: int) -> None:
         """Run this object's error handler on ``errorcode`` (nothing for SUCCESS)."""
+        self._valid("Call_errhandler")
         code = _code(errorcode)
         if code == SUCCESS:
             return
@@ -278,9 +344,18 @@ class _Handled:
 
     @classmethod
     def Create_errhandler(cls, errhandler_fn) -> Errhandler:
+        """A handler calling ``errhandler_fn(obj, errorcode)``; at most 32 of
+        one class alive at once, as in mpi4py (RuntimeError past that)."""
         if not callable(errhandler_fn):
             raise TypeError("Create_errhandler: expected a function (obj, errorcode)")
-        return Errhandler._make(f"user:{cls.__name__}", errhandler_fn)
+        kind = cls.__name__
+        if _user_alive.get(kind, 0) >= _MAX_USER:
+            raise RuntimeError(f"Create_errhandler: at most {_MAX_USER} user error handlers of {kind} "
+                               "can be alive at once; Free one first")
+        _user_alive[kind] = _user_alive.get(kind, 0) + 1
+        e = Errhandler._make(f"user:{kind}", errhandler_fn)
+        e._owner = True
+        return e
 
 
 __all__ = ["Exception", "Errhandler", "ERRHANDLER_NULL", "ERRORS_ARE_FATAL", "ERRORS_RETURN", "ERRORS_ABORT",

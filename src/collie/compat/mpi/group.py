@@ -24,6 +24,8 @@ class Group:
     """An MPI group (see the module doc). ``Group()`` is MPI.GROUP_NULL."""
 
     def __init__(self, group: Optional["Group"] = None):
+        if group is not None and not isinstance(group, Group):
+            raise TypeError(f"Group: expected a Group, got {group!r}")
         self._ranks: Optional[tuple] = None if group is None else group._ranks
 
     @classmethod
@@ -57,11 +59,40 @@ class Group:
         return "<MPI.GROUP_NULL>" if self._ranks is None else f"<MPI.Group {list(self._ranks)}>"
 
     def __reduce__(self):
+        # GROUP_NULL and GROUP_EMPTY pickle by name (a copy of one as an equal copy); others not
         if self is GROUP_NULL:
             return "GROUP_NULL"
         if self is GROUP_EMPTY:
             return "GROUP_EMPTY"
+        if self._ranks is None:
+            return type(self), ()
+        if self._ranks == ():
+            return type(self), (GROUP_EMPTY,)
         raise ValueError(f"cannot pickle {self!r}")
+
+    # ---- integer handles: GROUP_NULL 0, GROUP_EMPTY 1, then one per set of members ----
+
+    def toint(self) -> int:
+        if self._ranks is None:
+            return 0
+        if self._ranks not in _handle_of:
+            _handle_of[self._ranks] = len(_handle_of) + 1
+            _ranks_of.append(self._ranks)
+        return _handle_of[self._ranks]
+
+    @classmethod
+    def fromint(cls, handle: int) -> "Group":
+        handle = operator.index(handle)
+        if handle == 0:
+            return cls()
+        if not 0 < handle <= len(_ranks_of):
+            raise _error(ERR_GROUP, f"Group.fromint: {handle} is not a group's handle")
+        return cls._of(_ranks_of[handle - 1])
+
+    py2f = toint
+    f2py = fromint
+    handle = property(toint, doc="The group's integer handle (GROUP_NULL: 0).")
+    fromhandle = fromint
 
     # ---- queries ----
 
@@ -105,6 +136,11 @@ class Group:
         return SIMILAR if set(a) == set(b) else UNEQUAL
 
     # ---- new groups ----
+
+    @classmethod
+    def Create_from_session_pset(cls, session, pset_name: str) -> "Group":
+        """The group of a session's process set (mpi://WORLD or mpi://SELF)."""
+        return cls._of(session.Create_group(pset_name)._r("Create_from_session_pset"))
 
     def Dup(self) -> "Group":
         return type(self)._of(self._r("Dup"))
@@ -175,9 +211,14 @@ class Group:
         self._r("Free")
         self._ranks = None
 
-    free = Free
+    def free(self) -> None:
+        """Free, safely: nothing on GROUP_NULL and GROUP_EMPTY themselves."""
+        if self is not GROUP_EMPTY:
+            self._ranks = None
 
 
+_handle_of: dict = {(): 1}   # members -> handle
+_ranks_of: list = [()]       # handle - 1 -> members
 GROUP_NULL = Group()
 GROUP_EMPTY = Group._of(())
 

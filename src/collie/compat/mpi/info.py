@@ -8,8 +8,10 @@ with (command, argv, maxprocs, wdir, thread_level...).
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
+import weakref
 
 from .constants import MAX_INFO_KEY, MAX_INFO_VAL
 
@@ -21,14 +23,51 @@ class _Items(dict):
 class Info:
     """An MPI info object (see the module doc)."""
 
-    def __init__(self, info: "Info | None" = None):
+    def __new__(cls, info: "Info | None" = None):
+        # built in __new__, as in mpi4py, so that a subclass's __new__ can pass it on
+        if info is not None and not isinstance(info, Info):
+            raise TypeError(f"Info: expected an Info, got {info!r}")
+        self = super().__new__(cls)
         self._h = None if info is None else info._h
+        return self
 
     @classmethod
     def _of(cls, items) -> "Info":
         info = cls()
         info._h = _Items(items)
         return info
+
+    # ---- integer handles: INFO_NULL 0, INFO_ENV 1, then each info object as it is asked for ----
+
+    def toint(self) -> int:
+        if self._h is None:
+            return 0
+        if self._h is INFO_ENV._h:
+            return 1
+        for i, ref in enumerate(_handles):
+            if ref() is self._h:
+                return i + 2
+        _handles.append(weakref.ref(self._h))
+        return len(_handles) + 1
+
+    @classmethod
+    def fromint(cls, handle: int) -> "Info":
+        handle = operator.index(handle)
+        info = cls()
+        if handle == 1:
+            info._h = INFO_ENV._h
+        elif handle != 0:
+            items = _handles[handle - 2]() if 0 <= handle - 2 < len(_handles) else None
+            if items is None:
+                from .exceptions import ERR_INFO, Exception
+                raise Exception(ERR_INFO, f"Info.fromint: {handle} is not a live info object's handle")
+            info._h = items
+        return info
+
+    py2f = toint
+    f2py = fromint
+    handle = property(toint, doc="The info object's integer handle (INFO_NULL: 0).")
+    fromhandle = fromint
 
     # ---- MPI's methods ----
 
@@ -130,8 +169,8 @@ class Info:
         if self is INFO_ENV:
             return "INFO_ENV"
         if self._h is None or self._h is INFO_ENV._h:
-            return (_unpickle, (None if self._h is None else "INFO_ENV",))
-        return (_unpickle, (list(self._h.items()),))
+            return (_unpickle, (None if self._h is None else "INFO_ENV", type(self)))
+        return (_unpickle, (list(self._h.items()), type(self)))
 
     def __len__(self) -> int:
         return 0 if self._h is None else len(self._h)
@@ -189,7 +228,7 @@ class Info:
         return self._h.popitem()
 
     def copy(self) -> "Info":
-        return Info() if self._h is None else self.Dup()
+        return type(self)() if self._h is None else self.Dup()
 
     def clear(self) -> None:
         if self._h is not None:
@@ -210,14 +249,16 @@ def _env_items() -> dict:
     return items
 
 
-def _unpickle(items):
+def _unpickle(items, cls=None):
+    cls = cls or Info
     if items is None:
-        return Info()
+        return cls()
     if items == "INFO_ENV":
-        return Info(INFO_ENV)
-    return Info._of(items)
+        return cls(INFO_ENV)
+    return cls._of(items)
 
 
+_handles: list = []  # weakrefs to the items of info objects that were given a handle
 INFO_NULL = Info()
 INFO_ENV = Info._of(_env_items())
 

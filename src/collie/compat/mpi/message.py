@@ -121,7 +121,7 @@ def _mprobe(comm, source, tag, status: Optional[Status], block: bool, what: str)
     """Comm.Mprobe/Improbe: find a matching message and take it out of matching."""
     from .comm import _rank_arg, _tag_arg
     m = comm._p2p(what)
-    source = _rank_arg(source, m.group.size, f"{what}: source", (ANY_SOURCE, PROC_NULL))
+    source = _rank_arg(source, comm._npeers(m), f"{what}: source", (ANY_SOURCE, PROC_NULL))
     tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
     if source == PROC_NULL:
         if status is not None:

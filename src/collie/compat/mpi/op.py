@@ -123,6 +123,33 @@ class Op:
     def __repr__(self) -> str:
         return f"<MPI.{self.name}>"
 
+    # integer handles: OP_NULL 0, the predefined ops, then user ops as they are asked for
+
+    def toint(self) -> int:
+        for i, name in enumerate(_PREDEFINED):
+            if self == globals()[name]:
+                return i
+        for i, op in enumerate(_user_ops):
+            if op == self:
+                return len(_PREDEFINED) + i
+        _user_ops.append(Op(self))
+        return len(_PREDEFINED) + len(_user_ops) - 1
+
+    @classmethod
+    def fromint(cls, handle: int) -> "Op":
+        handle = operator.index(handle)
+        if 0 <= handle < len(_PREDEFINED):
+            return cls(globals()[_PREDEFINED[handle]])
+        if not 0 <= handle - len(_PREDEFINED) < len(_user_ops):
+            from .exceptions import ERR_OP, _error
+            raise _error(ERR_OP, f"Op.fromint: {handle} is not an op's handle")
+        return cls(_user_ops[handle - len(_PREDEFINED)])
+
+    py2f = toint
+    f2py = fromint
+    handle = property(toint, doc="The op's integer handle (OP_NULL: 0).")
+    fromhandle = fromint
+
 
 def _datatype_of(arr):
     from .datatype import _datatype_for
@@ -167,6 +194,9 @@ MINLOC = Op("MINLOC", _minloc)
 REPLACE = Op("REPLACE", lambda x, y: y)
 NO_OP = Op("NO_OP", lambda x, y: x)
 OP_NULL = Op()
+_PREDEFINED = ("OP_NULL", "MAX", "MIN", "SUM", "PROD", "LAND", "BAND", "LOR", "BOR", "LXOR", "BXOR", "MAXLOC",
+               "MINLOC", "REPLACE", "NO_OP")
+_user_ops: list = []  # user ops that were given a handle (toint)
 
 
 def _py_op(op) -> Callable:

@@ -30,7 +30,7 @@ from .alltoallw import _wspec
 from .buffers import _Buf
 from .p2p import _Recv
 from .comm import COMM_NULL, Intracomm, _persistent, _topo_of
-from .constants import CART, DIST_GRAPH, GRAPH, PROC_NULL, UNDEFINED
+from .constants import CART, DIST_GRAPH, GRAPH, IN_PLACE, PROC_NULL, UNDEFINED
 from .exceptions import ERR_ARG, ERR_DIMS, _error
 from .request import Request
 
@@ -352,8 +352,11 @@ def _Ialltoallw(self, sendbuf, recvbuf) -> Request:
     g = self._g("Alltoallw")
     everyone = list(range(g.size))
     t = _Topo(GRAPH, inedges=everyone, outedges=everyone)
-    sends, _ = _wspec(sendbuf, g.size, "Alltoallw sendbuf", writable=False)
     recvs, finish = _wspec(recvbuf, g.size, "Alltoallw recvbuf", writable=True)
+    if sendbuf is IN_PLACE or sendbuf is None:  # recvbuf's blocks are sent: copies, as they get overwritten
+        sends = [memoryview(bytes(b)) for b in recvs]
+    else:
+        sends, _ = _wspec(sendbuf, g.size, "Alltoallw sendbuf", writable=False)
     return _exchange(self, t, "Alltoallw", sends, recvs, after=finish)
 
 
@@ -372,12 +375,13 @@ class Topocomm(Intracomm):
 
     _kind: Optional[int] = None
 
-    def __init__(self, comm=None, name: str = "MPI_COMM_NULL"):
-        super().__init__(comm, name)
-        if self._group is not None:
-            t = _topo_of.get(self._group)
-            if t is None or (self._kind is not None and t.kind != self._kind):
-                raise TypeError(f"MPI.{type(self).__name__}: {comm!r} has "
+    @classmethod
+    def _check_copy(cls, comm) -> None:
+        super()._check_copy(comm)
+        if comm._group is not None:
+            t = _topo_of.get(comm._group)
+            if t is None or (cls._kind is not None and t.kind != cls._kind):
+                raise TypeError(f"MPI.{cls.__name__}: {comm!r} has "
                                 f"{'no' if t is None else 'another'} topology")
 
     def _t(self, what: str) -> _Topo:
