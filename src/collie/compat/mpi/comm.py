@@ -521,7 +521,7 @@ class Comm(_Handled, _Attributed):
 
     def Ishrink(self):
         """Shrink, done at once; the Request completes on its first Wait/Test."""
-        return self.Shrink(), Request(describe=lambda: f"Ishrink of {self._name}")
+        return self.Shrink(), _done_request()
 
     # ---- point to point: the shared path ----
 
