@@ -92,7 +92,7 @@ def Get_version() -> tuple[int, int]:
 
 
 def Get_library_version() -> str:
-    from .. import __version__
+    from ... import __version__
     return f"collie {__version__} (mpi4py-style API)"
 
 
@@ -145,13 +145,14 @@ def Get_hw_resource_info():
     return Info.Create()
 
 
-def Alloc_mem(size: int, info=None) -> memoryview:
+def Alloc_mem(size: int, info=None):
     """``size`` bytes of memory, writable (Free_mem gives it back)."""
     size = operator.index(size)
     if size < 0:
         from .exceptions import ERR_ARG, Exception
         raise Exception(ERR_ARG, f"Alloc_mem: size {size} is negative")
-    return memoryview(bytearray(size))
+    from .memory import buffer
+    return buffer.allocate(size, clear=True)
 
 
 def Free_mem(mem) -> None:
@@ -162,8 +163,11 @@ def Free_mem(mem) -> None:
 def Get_address(location) -> int:
     """The address of a buffer's first byte (BOTTOM: 0)."""
     from .constants import BOTTOM
+    from .memory import buffer
     if location is BOTTOM:
         return 0
+    if isinstance(location, buffer):  # MPI.buffer() has no memory: address 0
+        return location.address
     import numpy as np
     from .buffers import to_numpy  # DLPack producers read as mpi4py reads them
     arr, _ = to_numpy(location, "Get_address location")
