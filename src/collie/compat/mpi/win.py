@@ -55,7 +55,7 @@ from .constants import (BOTTOM, KEYVAL_INVALID, LOCK_EXCLUSIVE, LOCK_SHARED, MOD
                         WIN_FLAVOR_DYNAMIC, WIN_FLAVOR_SHARED, WIN_MODEL, WIN_SIZE, WIN_UNIFIED)
 from .datatype import _as_dtype
 from .exceptions import (ERR_ARG, ERR_DISP, ERR_LOCKTYPE, ERR_OP, ERR_PROC_FAILED, ERR_RMA_ATTACH, ERR_RMA_RANGE,
-                         ERR_RMA_SYNC, ERR_UNSUPPORTED_OPERATION, ERR_WIN, ERR_KEYVAL, _error, _Handled)
+                         ERR_RMA_SYNC, ERR_UNSUPPORTED_OPERATION, ERR_WIN, ERR_KEYVAL, Errhandler, _error, _Handled)
 from .group import Group
 from .info import Info
 from .memory import buffer
@@ -156,15 +156,28 @@ _keyvals: dict = {}   # keyval -> (copy_fn, delete_fn)
 _next_keyval = itertools.count(1 << 20)
 
 
-class Win(_Handled):
+class Win(_Handled, np.ndarray):
     """An RMA window: memory of every rank of a communicator that the others
     read and write with Put, Get, Accumulate... (see the module docstring
     for how). ``MPI.Win()`` is WIN_NULL; ``MPI.Win(win)`` is the same window."""
 
-    def __init__(self, win: "Optional[Win]" = None):
+    _s: Optional[_State] = None
+
+    def __new__(cls, win: "Optional[Win]" = None):
         if win is not None and not isinstance(win, Win):
             raise TypeError(f"MPI.Win() takes a window, got {type(win).__name__}")
-        self._s: Optional[_State] = None if win is None else win._s
+        return cls._of(None if win is None else win._s)
+
+    @classmethod
+    def _of(cls, st: Optional[_State]) -> "Win":
+        # A Win is a uint8 array over this rank's window memory: that is how
+        # it offers the buffer protocol, as mpi4py's Win does (memoryview(win)).
+        win = np.asarray(st.memory if st is not None else np.zeros(0, np.uint8)).view(cls)
+        win._s = st
+        return win
+
+    def __array_finalize__(self, obj) -> None:
+        self._s = getattr(obj, "_s", None)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Win) and self._s is other._s
@@ -194,18 +207,18 @@ class Win(_Handled):
     # ---- creation ----
 
     @classmethod
-    def _new(cls, comm, flavor: int, disp_unit, what: str) -> tuple["Win", _State]:
+    def _new(cls, comm, flavor: int, disp_unit, what: str, info) -> _State:
         comm = _comm_arg(comm, what)
         disp_unit = _int(disp_unit, f"{what} disp_unit")
         if disp_unit <= 0:
             raise _error(ERR_DISP, f"{what}: disp_unit must be positive, got {disp_unit}")
         _check_host(comm, what)
         st = _State(comm, flavor, disp_unit)
-        win = cls()
-        win._s = st
-        return win, st
+        st.info = Info._of(info.items() if info else ())
+        return st
 
-    def _publish(self, st: _State) -> None:
+    @staticmethod
+    def _publish(st: _State) -> None:
         """Tell every rank where everyone's memory is, and open the locks."""
         rows = st.own.allgather((os.getpid(), st.base, len(st.memory), st.disp_unit))
         st.pids, st.bases, st.sizes, st.units = (tuple(c) for c in zip(*rows))
@@ -214,7 +227,7 @@ class Win(_Handled):
     @classmethod
     def Create(cls, memory, disp_unit: int = 1, info=None, comm=None) -> "Win":
         """A window over ``memory`` (a writable buffer, or BOTTOM/None: none)."""
-        win, st = cls._new(comm, WIN_FLAVOR_CREATE, disp_unit, "Win.Create")
+        st = cls._new(comm, WIN_FLAVOR_CREATE, disp_unit, "Win.Create", info)
         if memory is not None and memory is not BOTTOM:
             buf = _Buf(memory, "Win.Create memory", writable=True)
             if buf._finish is not None:
@@ -223,11 +236,10 @@ class Win(_Handled):
             if u8.size:
                 st.memory, st.keep = buffer.frombuffer(u8), memory
                 st.base = cma.address(u8)
-        win._info_from(info)
         if st.size > 1:
             _check_cma(st, "Win.Create")
-        win._publish(st)
-        return win
+        cls._publish(st)
+        return cls._of(st)
 
     @classmethod
     def Allocate(cls, size: int, disp_unit: int = 1, info=None, comm=None) -> "Win":
@@ -244,7 +256,7 @@ class Win(_Handled):
         size = _int(size, f"{what} size")
         if size < 0:
             raise _error(ERR_ARG, f"{what}: size must not be negative, got {size}")
-        win, st = cls._new(comm, flavor, disp_unit, what)
+        st = cls._new(comm, flavor, disp_unit, what, info)
         sizes = st.own.allgather(size)
         offsets = [0]
         for n in sizes:  # each part starts 16-byte aligned
@@ -261,20 +273,18 @@ class Win(_Handled):
         mine = st.mapping[offsets[st.rank]:offsets[st.rank] + size]
         st.memory = buffer.frombuffer(mine) if size else buffer()
         st.base = cma.address(mine) if size else 0
-        win._info_from(info)
-        win._publish(st)
-        return win
+        cls._publish(st)
+        return cls._of(st)
 
     @classmethod
     def Create_dynamic(cls, info=None, comm=None) -> "Win":
         """A window with no memory yet: Attach adds some; targets are addressed
         by absolute address (Get_address) with disp_unit 1."""
-        win, st = cls._new(comm, WIN_FLAVOR_DYNAMIC, 1, "Win.Create_dynamic")
-        win._info_from(info)
+        st = cls._new(comm, WIN_FLAVOR_DYNAMIC, 1, "Win.Create_dynamic", info)
         if st.size > 1:
             _check_cma(st, "Win.Create_dynamic")
-        win._publish(st)
-        return win
+        cls._publish(st)
+        return cls._of(st)
 
     def Attach(self, memory) -> None:
         st = self._st("Attach")
@@ -375,15 +385,16 @@ class Win(_Handled):
             raise _error(ERR_KEYVAL, f"Win.Free_keyval: {keyval} is not a keyval of Win.Create_keyval")
         return KEYVAL_INVALID
 
-    def _info_from(self, info) -> None:
-        self._s.info = Info._of(info.items() if info else ())
 
     def Get_info(self) -> Info:
         return Info._of(self._st("Get_info").info.items())
 
     def Set_info(self, info) -> None:
-        self._st("Set_info")
-        self._info_from(info)
+        self._st("Set_info").info = Info._of(info.items() if info else ())
+
+    def Set_errhandler(self, errhandler) -> None:
+        # keep a copy: the caller may Free its handle, the window keeps its handler
+        super().Set_errhandler(errhandler if not isinstance(errhandler, Errhandler) else Errhandler(errhandler))
 
     def Get_name(self) -> str:
         return "MPI_WIN_NULL" if self._s is None else self._s.name
@@ -778,7 +789,10 @@ class Win(_Handled):
         st = self._st("Test")
         if not st.posted:
             raise _error(ERR_RMA_SYNC, "Win.Test without Win.Post")
+        from .p2p import _progress
         from .request import Request
+        while _progress(st.network):  # everything that has arrived, not one step of it
+            pass
         if not Request.Testall(st.posted + st.post_sends):
             return False
         st.posted, st.post_sends = [], []
