@@ -320,7 +320,10 @@ class Win(_Handled, np.ndarray):
         st.own.Free()
         self._s = None
 
-    free = Free
+    def free(self) -> None:
+        """Free the window unless it is WIN_NULL (mpi4py's lowercase free)."""
+        if self._s is not None:
+            self.Free()
 
     # ---- queries ----
 
