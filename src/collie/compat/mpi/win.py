@@ -47,7 +47,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...errors import PeerError
+from ...errors import CollieError
 from ...transports import cma, segment
 from .buffers import _Buf
 from .constants import (BOTTOM, KEYVAL_INVALID, LOCK_EXCLUSIVE, LOCK_SHARED, MODE_NOCHECK, PROC_NULL, UNDEFINED,
@@ -55,7 +55,8 @@ from .constants import (BOTTOM, KEYVAL_INVALID, LOCK_EXCLUSIVE, LOCK_SHARED, MOD
                         WIN_FLAVOR_DYNAMIC, WIN_FLAVOR_SHARED, WIN_MODEL, WIN_SIZE, WIN_UNIFIED)
 from .datatype import _as_dtype
 from .exceptions import (ERR_ARG, ERR_DISP, ERR_LOCKTYPE, ERR_OP, ERR_PROC_FAILED, ERR_RMA_ATTACH, ERR_RMA_RANGE,
-                         ERR_RMA_SYNC, ERR_UNSUPPORTED_OPERATION, ERR_WIN, ERR_KEYVAL, Errhandler, _error, _Handled)
+                         ERR_RMA_SYNC, ERR_UNSUPPORTED_OPERATION, ERR_WIN, ERR_KEYVAL, Errhandler, _as_mpi_error, _error,
+                         _Handled)
 from .group import Group
 from .info import Info
 from .memory import buffer
@@ -129,6 +130,20 @@ def _check_cma(st: _State, what: str) -> None:
         raise _error(ERR_UNSUPPORTED_OPERATION,
                      f"{what}: rank(s) cannot read each other's memory (Cross Memory Attach refused for "
                      f"(reader, target) pairs {pairs}; ptrace is restricted here): use Win.Allocate")
+
+
+def _mpi_errors(method):
+    """Calls that talk to the other ranks raise what mpi4py raises: an
+    MPI.Exception (ERR_PROC_FAILED for a dead peer), not collie's error."""
+    import functools
+
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except CollieError as exc:
+            raise _as_mpi_error(exc) from exc
+    return call
 
 
 def _int(value, what: str) -> int:
@@ -225,6 +240,7 @@ class Win(_Handled, np.ndarray):
         _gather_locks(st)
 
     @classmethod
+    @_mpi_errors
     def Create(cls, memory, disp_unit: int = 1, info=None, comm=None) -> "Win":
         """A window over ``memory`` (a writable buffer, or BOTTOM/None: none)."""
         st = cls._new(comm, WIN_FLAVOR_CREATE, disp_unit, "Win.Create", info)
@@ -242,11 +258,13 @@ class Win(_Handled, np.ndarray):
         return cls._of(st)
 
     @classmethod
+    @_mpi_errors
     def Allocate(cls, size: int, disp_unit: int = 1, info=None, comm=None) -> "Win":
         """A window over ``size`` new bytes of every rank (in one shared segment)."""
         return cls._allocate(size, disp_unit, info, comm, WIN_FLAVOR_ALLOCATE, "Win.Allocate")
 
     @classmethod
+    @_mpi_errors
     def Allocate_shared(cls, size: int, disp_unit: int = 1, info=None, comm=None) -> "Win":
         """As Allocate; Shared_query gives every rank's part of the memory."""
         return cls._allocate(size, disp_unit, info, comm, WIN_FLAVOR_SHARED, "Win.Allocate_shared")
@@ -277,6 +295,7 @@ class Win(_Handled, np.ndarray):
         return cls._of(st)
 
     @classmethod
+    @_mpi_errors
     def Create_dynamic(cls, info=None, comm=None) -> "Win":
         """A window with no memory yet: Attach adds some; targets are addressed
         by absolute address (Get_address) with disp_unit 1."""
@@ -301,24 +320,27 @@ class Win(_Handled, np.ndarray):
             raise _error(ERR_RMA_ATTACH, "Win.Detach: this memory is not attached to the window")
         del st.attached[at]
 
+    @_mpi_errors
     def Free(self) -> None:
         """Collective: after every rank is done with the window, release its
         memory, locks and communicator."""
         st = self._st("Free")
         for keyval in list(st.attrs):
             self.Delete_attr(keyval)
-        st.own.Barrier()  # nobody reads or writes our memory any more
-        if st.lockfd >= 0:
-            os.close(st.lockfd)  # drops every lock we held
-            st.lockfd = -1
-        st.mapping = None
-        st.memory = buffer()
-        if st.flavor in (WIN_FLAVOR_ALLOCATE, WIN_FLAVOR_SHARED):
-            segment.close_mapping(st.keep)  # unmapped now, or when the last view of it goes
-        st.keep = None
-        st.attached.clear()
+        try:
+            st.own.Barrier()  # nobody reads or writes our memory any more
+        finally:  # a dead peer raises above, but this rank's part is released anyway
+            if st.lockfd >= 0:
+                os.close(st.lockfd)  # drops every lock we held
+                st.lockfd = -1
+            st.mapping = None
+            st.memory = buffer()
+            if st.flavor in (WIN_FLAVOR_ALLOCATE, WIN_FLAVOR_SHARED):
+                segment.close_mapping(st.keep)  # unmapped now, or when the last view of it goes
+            st.keep = None
+            st.attached.clear()
+            self._s = None
         st.own.Free()
-        self._s = None
 
     def free(self) -> None:
         """Free the window unless it is WIN_NULL (mpi4py's lowercase free)."""
@@ -387,7 +409,6 @@ class Win(_Handled, np.ndarray):
         if _keyvals.pop(keyval, None) is None:
             raise _error(ERR_KEYVAL, f"Win.Free_keyval: {keyval} is not a keyval of Win.Create_keyval")
         return KEYVAL_INVALID
-
 
     def Get_info(self) -> Info:
         return Info._of(self._st("Get_info").info.items())
@@ -652,6 +673,7 @@ class Win(_Handled, np.ndarray):
 
     # ---- synchronization ----
 
+    @_mpi_errors
     def Fence(self, assertion: int = 0) -> None:
         """End one access/exposure epoch and start the next: a barrier (the
         operations before it are complete already)."""
@@ -749,6 +771,7 @@ class Win(_Handled, np.ndarray):
             raise _error(ERR_ARG, f"Win.{what}: the group has processes outside the window")
         return ranks
 
+    @_mpi_errors
     def Post(self, group, assertion: int = 0) -> None:
         """Start an exposure epoch to the origins of ``group``."""
         st = self._st("Post")
@@ -758,6 +781,7 @@ class Win(_Handled, np.ndarray):
         st.post_sends = [st.own.Isend(st.token, o, _POST_TAG) for o in origins]
         st.posted = [st.own.Irecv(np.zeros(1, np.uint8), o, _COMPLETE_TAG) for o in origins] or [_done_request()]
 
+    @_mpi_errors
     def Start(self, group, assertion: int = 0) -> None:
         """Start an access epoch to the targets of ``group``: waits for their Post."""
         st = self._st("Start")
@@ -768,6 +792,7 @@ class Win(_Handled, np.ndarray):
             st.own.Recv(np.zeros(1, np.uint8), t, _POST_TAG)
         st.started = targets or [None]
 
+    @_mpi_errors
     def Complete(self) -> None:
         """End the access epoch: tell each target that we are done."""
         st = self._st("Complete")
@@ -778,6 +803,7 @@ class Win(_Handled, np.ndarray):
                 st.own.Send(st.token, t, _COMPLETE_TAG)
         st.started = []
 
+    @_mpi_errors
     def Wait(self) -> None:
         """End the exposure epoch once every origin has called Complete."""
         st = self._st("Wait")
@@ -787,6 +813,7 @@ class Win(_Handled, np.ndarray):
         Request.Waitall(st.posted + st.post_sends)
         st.posted, st.post_sends = [], []
 
+    @_mpi_errors
     def Test(self) -> bool:
         """Wait, if it would not block: True once the exposure epoch ended."""
         st = self._st("Test")
