@@ -130,7 +130,10 @@ def _from_dlpack(obj, what: str) -> np.ndarray:
 
 def to_numpy(obj, what: str):
     """collie.arrays.to_numpy, but DLPack producers other than NumPy and
-    torch are read as _from_dlpack says."""
+    torch are read as _from_dlpack says. MPI.buffer and MPI.Win (arrays of
+    bytes with mpi4py's indexing rules) are read as plain arrays."""
+    if isinstance(obj, np.ndarray) and type(obj) is not np.ndarray:
+        return obj.view(np.ndarray), None
     if (obj is not None and hasattr(obj, "__dlpack__")
             and not isinstance(obj, (np.ndarray, bytes, bytearray, memoryview))
             and type(obj).__module__.split(".")[0] != "torch"):

@@ -156,7 +156,7 @@ def Alloc_mem(size: int, info=None):
 
 
 def Free_mem(mem) -> None:
-    if isinstance(mem, memoryview):
+    if hasattr(mem, "release"):  # an MPI.buffer (Alloc_mem's) or a memoryview
         mem.release()
 
 
