@@ -43,6 +43,7 @@ import itertools
 import operator
 import os
 import time
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -54,7 +55,7 @@ from .constants import (BOTTOM, KEYVAL_INVALID, LOCK_EXCLUSIVE, LOCK_SHARED, MOD
                         WIN_BASE, WIN_CREATE_FLAVOR, WIN_DISP_UNIT, WIN_FLAVOR_ALLOCATE, WIN_FLAVOR_CREATE,
                         WIN_FLAVOR_DYNAMIC, WIN_FLAVOR_SHARED, WIN_MODEL, WIN_SIZE, WIN_UNIFIED)
 from .datatype import _as_dtype
-from .exceptions import (ERR_ARG, ERR_DISP, ERR_LOCKTYPE, ERR_OP, ERR_PROC_FAILED, ERR_RMA_ATTACH, ERR_RMA_RANGE,
+from .exceptions import (ERR_ARG, ERR_DISP, ERR_LOCKTYPE, ERR_OP, ERR_OTHER, ERR_PROC_FAILED, ERR_RMA_ATTACH, ERR_RMA_RANGE,
                          ERR_RMA_SYNC, ERR_UNSUPPORTED_OPERATION, ERR_WIN, ERR_KEYVAL, Errhandler, _as_mpi_error, _error,
                          _Handled)
 from .group import Group
@@ -90,6 +91,7 @@ class _State:
         self.attached: dict = {}        # dynamic: address -> buffer kept alive
         self.attrs: dict = {}
         self.name = ""
+        self.handle = 0                 # toint's number, 0 until asked
         self.info = Info._of(())
         self.token = np.zeros(1, np.uint8)
         self.global_ranks = tuple(comm._g("Win").ranks)
@@ -168,6 +170,8 @@ def _comm_arg(comm, what: str):
 # ---- keyvals ----
 
 _keyvals: dict = {}   # keyval -> (copy_fn, delete_fn)
+_state_of_handle: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_next_handle = itertools.count(1)
 _next_keyval = itertools.count(1 << 20)
 
 
@@ -213,6 +217,29 @@ class Win(_Handled, np.ndarray):
         if self is WIN_NULL:
             return "WIN_NULL"
         raise ValueError(f"cannot pickle {self!r}")
+
+    # ---- integer handles: a window's number is given on first request (WIN_NULL: 0) ----
+
+    def toint(self) -> int:
+        if self._s is None:
+            return 0
+        if self._s.handle == 0:
+            self._s.handle = next(_next_handle)
+            _state_of_handle[self._s.handle] = self._s
+        return self._s.handle
+
+    @classmethod
+    def fromint(cls, handle: int) -> "Win":
+        handle = _int(handle, "Win.fromint handle")
+        st = _state_of_handle.get(handle) if handle else None
+        if handle and (st is None or st.lockfd < 0):
+            raise _error(ERR_WIN, f"Win.fromint: {handle} is not the handle of a live window")
+        return cls._of(st)
+
+    py2f = toint
+    f2py = fromint
+    handle = property(toint)
+    fromhandle = fromint
 
     def _st(self, what: str) -> _State:
         if self._s is None:
@@ -395,7 +422,13 @@ class Win(_Handled, np.ndarray):
         value = st.attrs.pop(keyval)
         delete_fn = _keyvals.get(keyval, (None, None))[1]
         if delete_fn is not None:
-            delete_fn(self, keyval, value)
+            try:
+                delete_fn(self, keyval, value)
+            except BaseException as exc:  # as MPI reports a failed callback: printed, then ERR_OTHER
+                import traceback
+                traceback.print_exc()
+                raise _error(ERR_OTHER, f"Win.Delete_attr: the delete function of keyval {keyval} "
+                                        f"raised {type(exc).__name__}: {exc}") from exc
 
     @classmethod
     def Create_keyval(cls, copy_fn=None, delete_fn=None, nopython: bool = False) -> int:
