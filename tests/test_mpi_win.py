@@ -176,6 +176,13 @@ def _atomic_body(rank, size, flavor, rounds):
     win.Unlock(0)
     winners = comm.allgather(int(old[0]) == 0)
     assert sum(winners) == 1, winners
+    # REPLACE swaps in, NO_OP only reads (element 1 of this rank, nobody else's)
+    before, after = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    win.Lock(rank, MPI.LOCK_EXCLUSIVE)
+    win.Fetch_and_op(np.array([rank + 5], np.int64), before, rank, at(rank, 1), MPI.REPLACE)
+    win.Fetch_and_op(np.array([99], np.int64), after, rank, at(rank, 1), MPI.NO_OP)
+    win.Unlock(rank)
+    assert after[0] == rank + 5 and local[1] == rank + 5, (before, after, local)
     win.Free()
     return True
 

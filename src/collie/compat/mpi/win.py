@@ -55,13 +55,13 @@ from .constants import (BOTTOM, KEYVAL_INVALID, LOCK_EXCLUSIVE, LOCK_SHARED, MOD
                         WIN_BASE, WIN_CREATE_FLAVOR, WIN_DISP_UNIT, WIN_FLAVOR_ALLOCATE, WIN_FLAVOR_CREATE,
                         WIN_FLAVOR_DYNAMIC, WIN_FLAVOR_SHARED, WIN_MODEL, WIN_SIZE, WIN_UNIFIED)
 from .datatype import _as_dtype
-from .exceptions import (ERR_ARG, ERR_DISP, ERR_LOCKTYPE, ERR_OP, ERR_OTHER, ERR_PROC_FAILED, ERR_RMA_ATTACH, ERR_RMA_RANGE,
-                         ERR_RMA_SYNC, ERR_UNSUPPORTED_OPERATION, ERR_WIN, ERR_KEYVAL, Errhandler, _as_mpi_error, _error,
-                         _Handled)
+from .exceptions import (ERR_ARG, ERR_DISP, ERR_KEYVAL, ERR_LOCKTYPE, ERR_OP, ERR_OTHER, ERR_PROC_FAILED,
+                         ERR_RMA_ATTACH, ERR_RMA_RANGE, ERR_RMA_SYNC, ERR_UNSUPPORTED_OPERATION, ERR_WIN, Errhandler,
+                         _as_mpi_error, _error, _Handled)
 from .group import Group
 from .info import Info
 from .memory import buffer
-from .op import NO_OP, REPLACE, SUM, Op
+from .op import REPLACE, SUM, Op
 from .request import _done_request
 
 __all__ = ["Win", "WIN_NULL"]
@@ -129,6 +129,7 @@ def _check_cma(st: _State, what: str) -> None:
     bad = st.own.allgather(bad)
     pairs = [(r, p) for r, peers in enumerate(bad) for p in peers]
     if pairs:
+        st.own.Free()
         raise _error(ERR_UNSUPPORTED_OPERATION,
                      f"{what}: rank(s) cannot read each other's memory (Cross Memory Attach refused for "
                      f"(reader, target) pairs {pairs}; ptrace is restricted here): use Win.Allocate")
@@ -578,13 +579,14 @@ class Win(_Handled, np.ndarray):
             self._read(st, rank, at, data.view(np.uint8), "Get")
         buf.finish()
 
-    def _op(self, op, what: str, fetch: bool) -> Op:
+    def _op(self, op, what: str) -> str:
+        """The op's name, REPLACE and NO_OP included; the others need a ufunc."""
         if not isinstance(op, Op):
             raise TypeError(f"Win.{what}: op must be an MPI.Op (MPI.SUM, MPI.REPLACE...), got {op!r}")
-        if op._user is not None or (op._ufunc is None and op is not REPLACE and op is not NO_OP):
+        if op._user is not None or (op._ufunc is None and op.name not in ("REPLACE", "NO_OP")):
             raise _error(ERR_OP, f"Win.{what}: MPI.{op.name} cannot accumulate (predefined ops only, "
                                  f"and not MINLOC/MAXLOC)")
-        return op
+        return op.name
 
     def _lock_byte(self, st: _State, byte: int, exclusive: bool, what: str) -> None:
         """Take one byte of the lock file, keeping MPI progress going while
@@ -617,27 +619,27 @@ class Win(_Handled, np.ndarray):
         """The one read-modify-write of Accumulate, Get_accumulate,
         Fetch_and_op and Compare_and_swap, under the target's accumulate lock."""
         fetch = result is not None
-        op = self._op(op, what, fetch)
+        name = self._op(op, what)
         obuf = _Buf(origin, f"Win.{what} origin", writable=False, empty_ok=True)
         rbuf = _Buf(result, f"Win.{what} result", writable=True, empty_ok=True) if fetch else None
         cbuf = _Buf(compare, f"Win.{what} compare", writable=False) if compare is not None else None
         rank = self._rank(st, target_rank, what)
         data = obuf.section()
         if single:
-            for name, b in (("origin", obuf), ("compare", cbuf), ("result", rbuf)):
+            for which, b in (("origin", obuf), ("compare", cbuf), ("result", rbuf)):
                 if b is not None and (b.count != 1 or b.flat.dtype != data.dtype):
-                    raise ValueError(f"Win.{what}: the {name} buffer must hold one element of the "
+                    raise ValueError(f"Win.{what}: the {which} buffer must hold one element of the "
                                      f"origin's type ({data.dtype}), got {b.count} x {b.flat.dtype}")
         if rank == PROC_NULL:
             return
         got = rbuf.section() if fetch else None
-        if fetch and op is NO_OP and not single and data.size == 0:
+        if fetch and name == "NO_OP" and not single and data.size == 0:
             data = np.zeros(got.size, got.dtype)  # Get_accumulate with NO_OP may pass no origin data
         if fetch and not single and (got.size, got.dtype) != (data.size, data.dtype):
             raise ValueError(f"Win.{what}: origin is {data.size} x {data.dtype} but result is "
                              f"{got.size} x {got.dtype}")
         rank, at, nbytes, tdtype = self._target(st, what, rank, target, data.size, data.dtype)
-        if op not in (REPLACE, NO_OP) and tdtype != data.dtype:
+        if name not in ("REPLACE", "NO_OP") and tdtype != data.dtype:
             raise ValueError(f"Win.{what}: origin type {data.dtype} differs from the target type {tdtype}")
         if nbytes == 0:
             return
@@ -649,9 +651,9 @@ class Win(_Handled, np.ndarray):
             current = old.view(tdtype)
             if compare is not None:
                 new = data if current[0] == cbuf.section()[0] else None
-            elif op is NO_OP:
+            elif name == "NO_OP":
                 new = None
-            elif op is REPLACE:
+            elif name == "REPLACE":
                 new = data
             else:
                 new = op._ufunc(current, data.view(tdtype))
@@ -668,8 +670,7 @@ class Win(_Handled, np.ndarray):
 
     def Accumulate(self, origin, target_rank: int, target=None, op=SUM) -> None:
         """target = target op origin, element by element, atomically."""
-        self._accumulate(self._st("Accumulate"), "Accumulate", origin, None, target_rank, target,
-                         op)
+        self._accumulate(self._st("Accumulate"), "Accumulate", origin, None, target_rank, target, op)
 
     def Get_accumulate(self, origin, result, target_rank: int, target=None, op=SUM) -> None:
         """result = target; target = target op origin (atomically)."""
