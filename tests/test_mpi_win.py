@@ -312,3 +312,39 @@ def test_a_dead_peer_raises_instead_of_hanging(flavor):
     for rank in (0, 2):
         ok, why = results[rank]
         assert ok, f"rank {rank}: {why}"
+
+
+def _two_hosts(rank, size, body, *args):
+    """Run ``body`` with the ranks on two fake hosts (COLLIE_HOST_ID): the
+    even ranks on one, the odd on the other, so windows need their agents."""
+    import collie
+    os.environ["COLLIE_HOST_ID"] = f"fake-host-{rank % 2}"
+    collie.init_process_group()
+    try:
+        return body(rank, size, *args)
+    finally:
+        collie.destroy_process_group()
+
+
+@pytest.mark.parametrize("flavor", ["create", "allocate", "dynamic"])
+@pytest.mark.parametrize("body", [_fence_body, _passive_body], ids=["fence", "passive"])
+def test_windows_across_hosts(body, flavor):
+    assert run(_two_hosts, 3, body, flavor, init=False) == [True] * 3
+
+
+@pytest.mark.parametrize("flavor", ["create", "allocate"])
+def test_accumulates_are_atomic_across_hosts(flavor):
+    assert run(_two_hosts, 4, _atomic_body, flavor, 30, init=False) == [True] * 4
+
+
+def _shared_across_hosts_body(rank, size):
+    MPI = mpi()
+    try:
+        MPI.Win.Allocate_shared(8, 1, MPI.INFO_NULL, MPI.COMM_WORLD)
+    except MPI.Exception as e:
+        return e.Get_error_class() == MPI.ERR_RMA_SHARED and "COMM_TYPE_SHARED" in str(e)
+    return False
+
+
+def test_allocate_shared_across_hosts_says_why_not():
+    assert run(_two_hosts, 2, _shared_across_hosts_body, init=False) == [True] * 2

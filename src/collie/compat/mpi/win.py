@@ -56,13 +56,14 @@ from .constants import (BOTTOM, KEYVAL_INVALID, LOCK_EXCLUSIVE, LOCK_SHARED, MOD
                         WIN_FLAVOR_DYNAMIC, WIN_FLAVOR_SHARED, WIN_MODEL, WIN_SIZE, WIN_UNIFIED)
 from .datatype import _as_dtype
 from .exceptions import (ERR_ARG, ERR_DISP, ERR_KEYVAL, ERR_LOCKTYPE, ERR_OP, ERR_OTHER, ERR_PROC_FAILED,
-                         ERR_RMA_ATTACH, ERR_RMA_RANGE, ERR_RMA_SYNC, ERR_UNSUPPORTED_OPERATION, ERR_WIN, Errhandler,
+                         ERR_RMA_ATTACH, ERR_RMA_RANGE, ERR_RMA_SHARED, ERR_RMA_SYNC, ERR_UNSUPPORTED_OPERATION, ERR_WIN, Errhandler,
                          _as_mpi_error, _error, _Handled)
 from .group import Group
 from .info import Info
 from .memory import buffer
 from .op import REPLACE, SUM, Op
 from .request import _done_request
+from .rma import combine
 
 __all__ = ["Win", "WIN_NULL"]
 
@@ -88,36 +89,34 @@ class _State:
         self.started: list = []         # PSCW: targets of the access epoch
         self.posted: list = []          # PSCW: receives of the origins' Complete
         self.post_sends: list = []
-        self.attached: dict = {}        # dynamic: address -> buffer kept alive
+        self.attached: dict = {}        # dynamic: address -> (bytes, the buffer, kept alive)
         self.attrs: dict = {}
         self.name = ""
         self.handle = 0                 # toint's number, 0 until asked
         self.info = Info._of(())
         self.token = np.zeros(1, np.uint8)
         self.global_ranks = tuple(comm._g("Win").ranks)
+        self.hosts: tuple = ()          # each rank's host: ranks on ours are reached directly
+        self.agent = None               # rma.Agent, when some rank is on another host
+        self.flavor_dynamic = flavor == WIN_FLAVOR_DYNAMIC
         self.network = comm._g("Win").network
 
 
+def _leader(st: _State) -> bool:
+    """Whether this rank is the lowest of its host (it makes the host's files)."""
+    return st.hosts.index(st.hosts[st.rank]) == st.rank
+
+
 def _gather_locks(st: _State) -> None:
-    """Open the window's lock file on every rank (a memfd of rank 0's)."""
-    if st.rank == 0:
+    """Open the lock file of this rank's host (a memfd of the host's lowest rank)."""
+    if _leader(st):
         st.lockfd = os.memfd_create("collie-win-locks", os.MFD_CLOEXEC)
         os.ftruncate(st.lockfd, 2 * st.size)
-        where = (os.getpid(), st.lockfd)
-    else:
-        where = None
-    pid, fd = st.own.bcast(where, root=0)
-    if st.rank != 0:
-        st.lockfd = segment.open_memfd(pid, fd)
+    wheres = st.own.allgather((os.getpid(), st.lockfd) if _leader(st) else None)
+    if not _leader(st):
+        st.lockfd = segment.open_memfd(*wheres[st.hosts.index(st.hosts[st.rank])])
 
 
-def _check_host(comm, what: str) -> None:
-    from ...network import host_identity
-    hosts = comm.allgather(host_identity())
-    if len(set(hosts)) > 1:
-        raise _error(ERR_UNSUPPORTED_OPERATION,
-                     f"{what}: collie's windows need every rank on one host (they read and write peers' "
-                     f"memory directly), but the ranks are on {sorted(set(hosts))}")
 
 
 def _check_cma(st: _State, what: str) -> None:
@@ -125,7 +124,8 @@ def _check_cma(st: _State, what: str) -> None:
     cma.allow_readers()
     probe = cma.Probe()
     infos = st.own.allgather(probe.info())
-    bad = [r for r, info in enumerate(infos) if r != st.rank and not cma.works_with(info)]
+    bad = [r for r, info in enumerate(infos)
+           if r != st.rank and st.hosts[r] == st.hosts[st.rank] and not cma.works_with(info)]
     bad = st.own.allgather(bad)
     pairs = [(r, p) for r, peers in enumerate(bad) for p in peers]
     if pairs:
@@ -255,9 +255,15 @@ class Win(_Handled, np.ndarray):
         disp_unit = _int(disp_unit, f"{what} disp_unit")
         if disp_unit <= 0:
             raise _error(ERR_DISP, f"{what}: disp_unit must be positive, got {disp_unit}")
-        _check_host(comm, what)
+        from ...network import host_identity
         st = _State(comm, flavor, disp_unit)
         st.info = Info._of(info.items() if info else ())
+        st.hosts = tuple(st.own.allgather(host_identity()))
+        if flavor == WIN_FLAVOR_SHARED and len(set(st.hosts)) > 1:
+            st.own.Free()
+            raise _error(ERR_RMA_SHARED, f"{what}: shared memory needs every rank on one host (split the "
+                                         f"communicator with COMM_TYPE_SHARED), but they are on "
+                                         f"{sorted(set(st.hosts))}")
         return st
 
     @staticmethod
@@ -266,6 +272,9 @@ class Win(_Handled, np.ndarray):
         rows = st.own.allgather((os.getpid(), st.base, len(st.memory), st.disp_unit))
         st.pids, st.bases, st.sizes, st.units = (tuple(c) for c in zip(*rows))
         _gather_locks(st)
+        if len(set(st.hosts)) > 1:
+            from .rma import Agent
+            st.agent = Agent(st, st.comm.Dup(), [r for r in range(st.size) if st.hosts[r] != st.hosts[st.rank]])
 
     @classmethod
     @_mpi_errors
@@ -304,18 +313,19 @@ class Win(_Handled, np.ndarray):
             raise _error(ERR_ARG, f"{what}: size must not be negative, got {size}")
         st = cls._new(comm, flavor, disp_unit, what, info)
         sizes = st.own.allgather(size)
-        offsets = [0]
-        for n in sizes:  # each part starts 16-byte aligned
-            offsets.append(offsets[-1] + (n + 15) // 16 * 16)
-        seg = segment.Segment(max(offsets[-1], 16), True, "collie-win") if st.rank == 0 else None
-        where = st.own.bcast(seg.info() if seg else None, root=0)
-        mm = seg.mm if seg else segment.map_peer(where)
-        st.own.Barrier()  # every rank has mapped it: its name can go
+        offsets, end = [0] * st.size, 0
+        for r, n in enumerate(sizes):  # the parts of this host's ranks, each 16-byte aligned
+            if st.hosts[r] == st.hosts[st.rank]:
+                offsets[r], end = end, end + (n + 15) // 16 * 16
+        seg = segment.Segment(max(end, 16), True, "collie-win") if _leader(st) else None
+        wheres = st.own.allgather(seg.info() if seg else None)
+        mm = seg.mm if seg else segment.map_peer(wheres[st.hosts.index(st.hosts[st.rank])])
+        st.own.Barrier()  # every rank has mapped its host's segment: its name can go
         if seg:
             seg.release_name()
         st.keep = mm
         st.mapping = np.frombuffer(mm, np.uint8)
-        st.offsets = tuple(offsets[:-1])
+        st.offsets = tuple(offsets)
         mine = st.mapping[offsets[st.rank]:offsets[st.rank] + size]
         st.memory = buffer.frombuffer(mine) if size else buffer()
         st.base = cma.address(mine) if size else 0
@@ -338,13 +348,14 @@ class Win(_Handled, np.ndarray):
         if st.flavor != WIN_FLAVOR_DYNAMIC:
             raise _error(ERR_RMA_ATTACH, "Win.Attach: only a Create_dynamic window takes memory")
         buf = _Buf(memory, "Win.Attach memory", writable=True)
-        st.attached[cma.address(buf.flat.view(np.uint8)) if buf.flat.size else 0] = memory
+        u8 = buf.flat.view(np.uint8) if buf.flat.size else np.zeros(0, np.uint8)
+        st.attached[cma.address(u8) if u8.size else 0] = (u8.size, memory)
 
     def Detach(self, memory) -> None:
         st = self._st("Detach")
         buf = _Buf(memory, "Win.Detach memory", writable=True)
         at = cma.address(buf.flat.view(np.uint8)) if buf.flat.size else 0
-        if st.attached.get(at) is not memory:
+        if st.attached.get(at, (0, None))[1] is not memory:
             raise _error(ERR_RMA_ATTACH, "Win.Detach: this memory is not attached to the window")
         del st.attached[at]
 
@@ -358,6 +369,8 @@ class Win(_Handled, np.ndarray):
         try:
             st.own.Barrier()  # nobody reads or writes our memory any more
         finally:  # a dead peer raises above, but this rank's part is released anyway
+            if st.agent is not None:
+                st.agent.close()
             if st.lockfd >= 0:
                 os.close(st.lockfd)  # drops every lock we held
                 st.lockfd = -1
@@ -369,6 +382,9 @@ class Win(_Handled, np.ndarray):
             st.attached.clear()
             self._s = None
         st.own.Free()
+        if st.agent is not None:
+            st.agent.comm.Free()
+            st.agent = None
 
     def free(self) -> None:
         """Free the window unless it is WIN_NULL (mpi4py's lowercase free)."""
@@ -516,7 +532,7 @@ class Win(_Handled, np.ndarray):
 
     def _local(self, st: _State, rank: int, at: int, nbytes: int) -> Optional[np.ndarray]:
         """The target bytes as an array of ours, when we map them."""
-        if st.mapping is not None:
+        if st.mapping is not None and st.hosts[rank] == st.hosts[st.rank]:
             at += st.offsets[rank]
             return st.mapping[at:at + nbytes]
         if rank == st.rank and st.flavor == WIN_FLAVOR_CREATE:
@@ -538,8 +554,25 @@ class Win(_Handled, np.ndarray):
             raise _error(ERR_RMA_RANGE, f"rank {st.rank}: Win.{what}: cannot reach {data.size} bytes at "
                                         f"{self._address(st, rank, at):#x} of rank {rank}: {e}") from e
 
+    def _ask(self, st: _State, rank: int, what: str, *args, **kwargs) -> None:
+        """One request to the agent of ``rank`` (on another host), its errors as MPI's."""
+        from .rma import OK
+        try:
+            status = st.agent.request(rank, *args, **kwargs)
+        except CollieError as exc:
+            raise _as_mpi_error(exc) from exc
+        if status != OK:
+            raise _error(ERR_RMA_RANGE, f"rank {st.rank}: Win.{what}: rank {rank} has no window memory at "
+                                        f"{args[1]:#x} ({args[2]} bytes)")
+
+    def _remote(self, st: _State, rank: int) -> bool:
+        return st.hosts[rank] != st.hosts[st.rank]
+
     def _read(self, st: _State, rank: int, at: int, out: np.ndarray, what: str) -> None:
         """Copy target bytes into ``out`` (uint8, contiguous)."""
+        if self._remote(st, rank):
+            from .rma import GET
+            return self._ask(st, rank, what, GET, at, out.size, out=out)
         local = self._local(st, rank, at, out.size)
         if local is not None:
             out[:] = local
@@ -547,6 +580,9 @@ class Win(_Handled, np.ndarray):
             self._cma(st, cma.read, rank, at, out, what)
 
     def _write(self, st: _State, rank: int, at: int, data: np.ndarray, what: str) -> None:
+        if self._remote(st, rank):
+            from .rma import PUT
+            return self._ask(st, rank, what, PUT, at, data.size, payload=np.ascontiguousarray(data))
         local = self._local(st, rank, at, data.size)
         if local is not None:
             local[:] = data
@@ -555,6 +591,7 @@ class Win(_Handled, np.ndarray):
 
     # ---- data movement ----
 
+    @_mpi_errors
     def Put(self, origin, target_rank: int, target=None) -> None:
         """Write the origin buffer into target_rank's window memory."""
         st = self._st("Put")
@@ -566,6 +603,7 @@ class Win(_Handled, np.ndarray):
         rank, at, nbytes, _ = self._target(st, "Put", rank, target, data.size, data.dtype)
         self._write(st, rank, at, data.view(np.uint8) if nbytes else np.zeros(0, np.uint8), "Put")
 
+    @_mpi_errors
     def Get(self, origin, target_rank: int, target=None) -> None:
         """Read target_rank's window memory into the origin buffer."""
         st = self._st("Get")
@@ -604,6 +642,21 @@ class Win(_Handled, np.ndarray):
             time.sleep(delay)
             delay = min(delay * 2 or 20e-6, 1e-3)
 
+    def _take(self, st: _State, rank: int, exclusive: bool, what: str) -> None:
+        """Rank's epoch lock: its byte of our host's lock file, or its agent's."""
+        if self._remote(st, rank):
+            from .rma import LOCK
+            self._ask(st, rank, what, LOCK, 0, 0, mode=int(exclusive))
+        else:
+            self._lock_byte(st, 2 * rank, exclusive, what)
+
+    def _give(self, st: _State, rank: int, what: str) -> None:
+        if self._remote(st, rank):
+            from .rma import UNLOCK
+            self._ask(st, rank, what, UNLOCK, 0, 0)
+        else:
+            self._unlock_byte(st, 2 * rank)
+
     def _unlock_byte(self, st: _State, byte: int) -> None:
         fcntl.lockf(st.lockfd, fcntl.LOCK_UN, 1, byte)
 
@@ -614,6 +667,7 @@ class Win(_Handled, np.ndarray):
         if lost:
             raise _error(ERR_PROC_FAILED, f"rank {st.rank}: Win.{what}: rank(s) {lost} of the window died")
 
+    @_mpi_errors
     def _accumulate(self, st: _State, what: str, origin, result, target_rank, target, op,
                     compare=None, single: bool = False) -> None:
         """The one read-modify-write of Accumulate, Get_accumulate,
@@ -644,22 +698,22 @@ class Win(_Handled, np.ndarray):
         if nbytes == 0:
             return
         old = np.empty(nbytes, np.uint8)
+        if self._remote(st, rank):
+            from .rma import ACC
+            payload = data.view(np.uint8) if compare is None else np.concatenate(
+                [data.view(np.uint8), cbuf.section().view(np.uint8)])
+            self._ask(st, rank, what, ACC, at, nbytes, payload=np.ascontiguousarray(payload),
+                      out=old if fetch else None, op=name, dtype=tdtype, mode=int(compare is not None))
+            if fetch:
+                got.view(np.uint8)[:] = old
+                rbuf.finish()
+            return
         byte = 2 * rank + 1
         self._lock_byte(st, byte, True, what)
         try:
             self._read(st, rank, at, old, what)
-            current = old.view(tdtype)
-            if compare is not None:
-                new = data if current[0] == cbuf.section()[0] else None
-            elif name == "NO_OP":
-                new = None
-            elif name == "REPLACE":
-                new = data
-            else:
-                new = op._ufunc(current, data.view(tdtype))
-                if op._logical:
-                    new = new != 0
-                new = np.asarray(new).astype(tdtype, copy=False)
+            new = combine(name, op, old.view(tdtype), data.view(tdtype),
+                          None if compare is None else cbuf.section().view(tdtype))
             if new is not None:
                 self._write(st, rank, at, np.ascontiguousarray(new).view(np.uint8), what)
         finally:
@@ -715,6 +769,7 @@ class Win(_Handled, np.ndarray):
         _int(assertion, "Win.Fence assertion")
         st.own.Barrier()
 
+    @_mpi_errors
     def Lock(self, rank: int, lock_type: int = LOCK_EXCLUSIVE, assertion: int = 0) -> None:
         st = self._st("Lock")
         rank = self._rank(st, rank, "Lock")
@@ -726,11 +781,12 @@ class Win(_Handled, np.ndarray):
         if rank in st.locked or st.lock_all is not None:
             raise _error(ERR_RMA_SYNC, f"Win.Lock: rank {st.rank} already holds a lock on rank {rank}")
         if not _int(assertion, "Win.Lock assertion") & MODE_NOCHECK:
-            self._lock_byte(st, 2 * rank, lock_type == LOCK_EXCLUSIVE, "Lock")
+            self._take(st, rank, lock_type == LOCK_EXCLUSIVE, "Lock")
             st.locked[rank] = lock_type
         else:
             st.locked[rank] = None
 
+    @_mpi_errors
     def Unlock(self, rank: int) -> None:
         st = self._st("Unlock")
         rank = self._rank(st, rank, "Unlock")
@@ -739,8 +795,9 @@ class Win(_Handled, np.ndarray):
         if rank not in st.locked:
             raise _error(ERR_RMA_SYNC, f"Win.Unlock: rank {st.rank} holds no lock on rank {rank}")
         if st.locked.pop(rank) is not None:
-            self._unlock_byte(st, 2 * rank)
+            self._give(st, rank, "Unlock")
 
+    @_mpi_errors
     def Lock_all(self, assertion: int = 0) -> None:
         st = self._st("Lock_all")
         if st.locked or st.lock_all is not None:
@@ -751,21 +808,22 @@ class Win(_Handled, np.ndarray):
         taken = []
         try:
             for r in range(st.size):
-                self._lock_byte(st, 2 * r, False, "Lock_all")
+                self._take(st, r, False, "Lock_all")
                 taken.append(r)
         except BaseException:
             for r in taken:
-                self._unlock_byte(st, 2 * r)
+                self._give(st, r, "Lock_all")
             raise
         st.lock_all = True
 
+    @_mpi_errors
     def Unlock_all(self) -> None:
         st = self._st("Unlock_all")
         if st.lock_all is None:
             raise _error(ERR_RMA_SYNC, f"Win.Unlock_all: rank {st.rank} did not call Lock_all")
         if st.lock_all:
             for r in range(st.size):
-                self._unlock_byte(st, 2 * r)
+                self._give(st, r, "Unlock_all")
         st.lock_all = None
 
     def _epoch(self, rank, what: str) -> None:
