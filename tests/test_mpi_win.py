@@ -348,3 +348,10 @@ def _shared_across_hosts_body(rank, size):
 
 def test_allocate_shared_across_hosts_says_why_not():
     assert run(_two_hosts, 2, _shared_across_hosts_body, init=False) == [True] * 2
+
+
+def test_a_dead_peer_on_another_host_raises_instead_of_hanging():
+    results = run(_two_hosts, 3, _dead_peer_body, "create", init=False, expect_errors=True)
+    for rank in (0, 2):
+        ok, why = results[rank]
+        assert ok, f"rank {rank}: {why}"

@@ -2,37 +2,40 @@
 
 Design: the origin does the work, in the target's memory itself
 ----------------------------------------------------------------
-Every rank of a window can reach every other rank's window memory without
-the target's help, so an operation completes inside the origin's call and
+A rank reaches the window memory of every rank of its host without that
+rank's help, so an operation completes inside the origin's call and
 passive-target epochs (Lock/Put/Unlock) work while the target computes and
 never calls MPI:
 
-* Allocate and Allocate_shared windows live in one shared-memory segment (a
-  memfd, so nothing is ever left in /dev/shm) that every rank maps: a Put
-  is a copy into the mapping, and Shared_query hands out real shared memory.
+* Allocate and Allocate_shared windows live in one shared-memory segment
+  per host (a memfd, so nothing is ever left in /dev/shm) that the host's
+  ranks map: a Put is a copy into the mapping, and Shared_query hands out
+  real shared memory.
 * Create (over the caller's buffer) and Create_dynamic windows stay in the
   target's own memory; the origin reads and writes them with Cross Memory
   Attach (process_vm_readv/writev, see transports/cma.py), one system call
   per contiguous piece, at the address the target published.
-* Locks are POSIX record locks on a second memfd, which every rank opens:
-  byte 2t is target t's epoch lock (LOCK_SHARED: a read lock, LOCK_EXCLUSIVE:
-  a write lock, Lock_all: a read lock on every target), byte 2t+1 its
-  accumulate lock, held around each read-modify-write so that accumulate
-  operations are atomic per element (per call, in fact) as MPI requires.
-  The kernel drops the locks of a process that dies, so a lock never waits
-  on a dead holder; a lock that waits on a live one keeps the rank's MPI
-  progress going and raises at once when a peer of the window has died.
+* Locks are POSIX record locks on a lock file per host (a memfd the host's
+  ranks open): byte 2t is target t's epoch lock (LOCK_SHARED: a read lock,
+  LOCK_EXCLUSIVE: a write lock, Lock_all: a read lock on every target), byte
+  2t+1 its accumulate lock, held around each read-modify-write so that
+  accumulate operations are atomic per element (per call, in fact) as MPI
+  requires. The kernel drops the locks of a process that dies, so a lock
+  never waits on a dead holder; a lock that waits on a live one keeps the
+  rank's MPI progress going and raises at once when a peer has died.
+* Ranks on other hosts are served by the target's agent, a thread that
+  answers requests sent over the network (see rma.py): any transport, and
+  the target still need not call MPI. Each operation waits for its answer.
 * Because every operation is complete when its call returns, Flush,
   Flush_local, Sync and the request forms (Rput...) have nothing left to
   wait for; Fence is a barrier of the window's own communicator (a Dup of
   the caller's), and PSCW (Post/Start/Complete/Wait/Test) sends one small
   message per origin-target pair on it.
 
-The cost of this design: every rank of a window must be on one host (a
-window over several hosts raises MPI.Exception ERR_UNSUPPORTED_OPERATION,
-naming the hosts), and Create/Create_dynamic windows need CMA between the
-ranks (checked at creation; where ptrace is forbidden, Allocate windows
-still work). Target datatypes are basic (contiguous) ones.
+Limits: Allocate_shared needs one host (ERR_RMA_SHARED otherwise, as MPI
+needs a shared-memory communicator); Create/Create_dynamic need CMA between
+the ranks of a host (checked at creation; where ptrace is forbidden,
+Allocate windows still work); target datatypes are basic (contiguous) ones.
 """
 
 from __future__ import annotations
