@@ -573,6 +573,8 @@ class Win(_Handled, np.ndarray):
 
     def _read(self, st: _State, rank: int, at: int, out: np.ndarray, what: str) -> None:
         """Copy target bytes into ``out`` (uint8, contiguous)."""
+        if not out.size:
+            return
         if self._remote(st, rank):
             from .rma import GET
             return self._ask(st, rank, what, GET, at, out.size, out=out)
@@ -583,6 +585,8 @@ class Win(_Handled, np.ndarray):
             self._cma(st, cma.read, rank, at, out, what)
 
     def _write(self, st: _State, rank: int, at: int, data: np.ndarray, what: str) -> None:
+        if not data.size:
+            return
         if self._remote(st, rank):
             from .rma import PUT
             return self._ask(st, rank, what, PUT, at, data.size, payload=np.ascontiguousarray(data))
