@@ -355,3 +355,62 @@ def test_a_dead_peer_on_another_host_raises_instead_of_hanging():
     for rank in (0, 2):
         ok, why = results[rank]
         assert ok, f"rank {rank}: {why}"
+
+
+def _dtypes_body(rank, size, flavor):
+    """Counts 0..4 of many dtypes, to every target: Put then Get back the
+    slot this rank wrote; Accumulate SUM from every rank; Get_accumulate
+    REPLACE fetches what was there (NumPy is the reference)."""
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    n = 4 * size * 16  # bytes: every rank's slot of 4 complex128 in every target
+    win, local, at = _window(MPI, comm, flavor, n, np.uint8)
+    for code in ("i1", "u2", "i4", "i8", "f4", "f8", "c16", "?"):
+        dtype = np.dtype(code)
+        for count in range(5):
+            slot = 4 * rank  # in elements of dtype
+            mine = (np.arange(count) + 10 * rank).astype(dtype)
+            win.Fence()
+            for t in range(size):
+                win.Put(mine, t, [at(t, slot * dtype.itemsize), count * dtype.itemsize, MPI.BYTE])
+            win.Fence()
+            for t in range(size):
+                got = np.full(count + 1, 7, dtype)
+                win.Get([got, count, MPI.Datatype.fromcode(code) if code != "?" else MPI.C_BOOL], t,
+                        [at(t, slot * dtype.itemsize), count * dtype.itemsize, MPI.BYTE])
+                assert np.array_equal(got[:count], mine) and got[count] == np.array(7).astype(dtype), (code, count, t)
+            if code == "?":
+                continue
+            win.Fence()
+            if rank == 0:
+                for t in range(size):
+                    win.Put(np.zeros(count, dtype), t, [at(t, 0), count * dtype.itemsize, MPI.BYTE])
+            win.Fence()
+            for t in range(size):
+                win.Accumulate(np.arange(count).astype(dtype), t, [at(t, 0), count, MPI.Datatype.fromcode(code)],
+                               MPI.SUM)
+            win.Fence()
+            mem = np.frombuffer(local, np.uint8)[:count * dtype.itemsize].view(dtype)
+            assert np.array_equal(mem, (np.arange(count) * size).astype(dtype)), (code, count, mem)
+            win.Fence()
+            if rank == size - 1:
+                old = np.zeros(count, dtype)
+                win.Get_accumulate(np.ones(count, dtype), old, 0, [at(0, 0), count, MPI.Datatype.fromcode(code)],
+                                   MPI.REPLACE)
+                assert np.array_equal(old, (np.arange(count) * size).astype(dtype)), (code, count, old)
+            win.Fence()
+            if rank == 0:
+                assert np.array_equal(mem, np.ones(count, dtype)), (code, count, mem)
+    win.Fence()
+    win.Free()
+    return True
+
+
+@pytest.mark.parametrize("flavor", ["create", "allocate", "dynamic"])
+def test_many_dtypes_and_counts(flavor):
+    assert run(_dtypes_body, 3, flavor) == [True] * 3
+
+
+@pytest.mark.parametrize("flavor", ["create", "allocate", "dynamic"])
+def test_many_dtypes_and_counts_across_hosts(flavor):
+    assert run(_two_hosts, 3, _dtypes_body, flavor, init=False) == [True] * 3
