@@ -31,7 +31,7 @@ from typing import Optional
 
 import numpy as np
 
-PUT, GET, ACC, LOCK, UNLOCK = range(5)
+PUT, GET, ACC, LOCK, UNLOCK, CLOSE = range(6)
 OPS = ("SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "REPLACE", "NO_OP")
 _REQ, _DATA, _STATUS, _REPLY = 1, 2, 3, 4   # p2p tags of the agent's communicator
 _FLOCK = "hhxxxxqqixxxx"                    # struct flock on 64-bit Linux
@@ -128,11 +128,14 @@ class Agent:
     def _loop(self) -> None:
         net = self.net
         posted = {t: self._listen(t) for t in self.remote}
-        while not self.stop and posted:
+        while posted and not self.stop:
             net.progress()
             moved = False
             for t, (req, header) in list(posted.items()):
                 if req.error is not None:
+                    self._forget(t)
+                    del posted[t]
+                elif req.done and header[0] == CLOSE:  # t freed the window: nothing more from it
                     self._forget(t)
                     del posted[t]
                 elif req.done:
@@ -248,10 +251,27 @@ class Agent:
         if fd is not None:
             os.close(fd)
 
-    def close(self) -> None:
-        self.stop = True
-        self.net.doorbell.wake()
+    def close(self, orderly: bool) -> None:
+        """After the window's last barrier (``orderly``): tell every remote
+        agent we are done (it stops listening to us), and wait until ours has
+        heard the same from every remote rank, so that no receive is left
+        posted. Otherwise (the barrier failed: a peer died) just stop."""
+        if not orderly:
+            self.stop = True
+            self.net.doorbell.wake()
+            self.thread.join()
+            return self._drop_all()
+        net = self.net
+        bye = np.array([CLOSE, 0, 0, 0, 0, 0, 0, 0], np.int64)
+        for t in self.remote:
+            try:
+                net.wait([net.isend(self.st.global_ranks[t], self.tag[_REQ], _u8(bye))])
+            except Exception:  # a dead peer: its agent is gone already
+                pass
         self.thread.join()
+        self._drop_all()
+
+    def _drop_all(self) -> None:
         for t in list(self.fds):
             self._forget(t)
         if self.acc_fd >= 0:

@@ -369,11 +369,13 @@ class Win(_Handled, np.ndarray):
         st = self._st("Free")
         for keyval in list(st.attrs):
             self.Delete_attr(keyval)
+        orderly = False
         try:
             st.own.Barrier()  # nobody reads or writes our memory any more
+            orderly = True
         finally:  # a dead peer raises above, but this rank's part is released anyway
             if st.agent is not None:
-                st.agent.close()
+                st.agent.close(orderly)
             if st.lockfd >= 0:
                 os.close(st.lockfd)  # drops every lock we held
                 st.lockfd = -1
