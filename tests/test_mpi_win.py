@@ -264,17 +264,25 @@ def test_bad_arguments_raise_errors_that_name_them():
     assert run(_errors_body, 2) == [True] * 2
 
 
-def _free_body(rank, size):
-    """Free gives back the lock file and the segment: as many fds and maps as before."""
+def _free_body(rank, size, flavors=FLAVORS):
+    """Free gives back the lock file, the segment and the agent thread: as
+    many fds and threads as before."""
+    import threading
     MPI = mpi()
     comm = MPI.COMM_WORLD
-    fds = len(os.listdir("/proc/self/fd"))
-    for flavor in FLAVORS:
+    win, local, at = _window(MPI, comm, flavors[0], 8)  # the first one may set up CMA, connections...
+    win.Free()
+    fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+    for flavor in flavors:
         for _ in range(3):
             win, local, at = _window(MPI, comm, flavor, 8)
+            win.Lock(0)
+            win.Put(np.ones(1, np.int64), 0, at(0, rank))
+            win.Unlock(0)
             del local
             win.Free()
     assert len(os.listdir("/proc/self/fd")) == fds
+    assert threading.active_count() == threads
     return True
 
 
@@ -282,6 +290,10 @@ def test_free_releases_everything():
     shm_before = set(os.listdir("/dev/shm"))
     assert run(_free_body, 3) == [True] * 3
     assert not {n for n in set(os.listdir("/dev/shm")) - shm_before if "collie" in n}
+
+
+def test_free_releases_everything_across_hosts():
+    assert run(_two_hosts, 3, _free_body, ["create", "allocate", "dynamic"], init=False) == [True] * 3
 
 
 def _dead_peer_body(rank, size, flavor):
