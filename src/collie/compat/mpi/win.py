@@ -283,15 +283,16 @@ class Win(_Handled, np.ndarray):
     @_mpi_errors
     def Create(cls, memory, disp_unit: int = 1, info=None, comm=None) -> "Win":
         """A window over ``memory`` (a writable buffer, or BOTTOM/None: none)."""
-        st = cls._new(comm, WIN_FLAVOR_CREATE, disp_unit, "Win.Create", info)
+        u8 = np.zeros(0, np.uint8)
         if memory is not None and memory is not BOTTOM:
             buf = _Buf(memory, "Win.Create memory", writable=True)
             if buf._finish is not None:
                 raise ValueError("Win.Create memory must be contiguous")
-            u8 = buf.flat.view(np.uint8) if buf.flat.size else np.zeros(0, np.uint8)
-            if u8.size:
-                st.memory, st.keep = buffer.frombuffer(u8), memory
-                st.base = cma.address(u8)
+            u8 = buf.flat.view(np.uint8) if buf.flat.size else u8
+        st = cls._new(comm, WIN_FLAVOR_CREATE, disp_unit, "Win.Create", info)
+        if u8.size:
+            st.memory, st.keep = buffer.frombuffer(u8), memory
+            st.base = cma.address(u8)
         if st.size > 1:
             _check_cma(st, "Win.Create")
         cls._publish(st)
