@@ -568,6 +568,17 @@ def test_autoload_never_raises():
     assert got.returncode == 0 and got.stdout.split() == ["True"], got.stderr
 
 
+def test_import_collie_torch_first_is_quiet():
+    """`import collie.torch` before torch (python -m collie.torch.bench_ddp
+    does): torch's import runs the entry point while collie.torch is half
+    imported; it must stay silent and the backend still be registered."""
+    code = ("import collie.torch, torch.distributed as dist\n"
+            "print('COLLIE' in dist.Backend._plugins)\n")
+    got = _python(code)
+    assert got.returncode == 0 and got.stdout.split() == ["True"], got.stderr[-2000:]
+    assert "could not register" not in got.stderr
+
+
 def test_entry_point_registers_at_import_torch(tmp_path):
     """The entry point pyproject.toml declares, installed as a dist-info on
     the path: a plain `import torch` registers "collie" with no collie import,

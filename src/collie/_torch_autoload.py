@@ -12,10 +12,16 @@ loading it (which torch does outside its try) imports nothing.
 from __future__ import annotations
 
 import os
+import sys
 
 
 def autoload() -> None:
     if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1":
+        return
+    half = sys.modules.get(__package__ + ".torch")
+    if half is not None and not hasattr(half, "register"):
+        # `import collie.torch` is what imports torch here: that import is
+        # under way, and registers the backend when it ends.
         return
     try:
         from .torch import register

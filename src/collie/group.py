@@ -430,7 +430,7 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
     transport = _transports_for(backend)
     seconds = timeout_seconds(timeout, "init_process_group")
     tok = token_from_env(token)
-    if token_required() and tok is None:
+    if token_required() and tok is None and not (store is None and rdv.meets_through_pmi(init_method)):
         raise AuthError(NO_TOKEN_REFUSED)
     if store is None and init_method in (None, "env://") \
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
@@ -449,6 +449,7 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         info = rdv.rendezvous(init_method, rank=None if rank is None or rank < 0 else rank,
                               world_size=None if world_size is None or world_size < 0 else world_size,
                               timeout=seconds, token=tok)
+    tok = tok or info.token  # the secret the ranks agreed on through mpiexec's PMI, if any
     if tok is None and info.rank == 0 and info.world_size > 1:
         _warn_no_token(info)
     try:

@@ -31,6 +31,7 @@ import itertools
 import logging
 import os
 import re
+import secrets
 import selectors
 import socket
 import struct
@@ -42,6 +43,7 @@ from datetime import timedelta
 from typing import Iterable, Iterator, Mapping, Union
 from urllib.parse import parse_qs, urlsplit
 
+from . import pmi
 from .auth import (ACCEPT_PAUSE, Handshake, Pending, QuietLog, handshake, next_pause, recv_exact,
                    token_from_env)
 from .errors import AuthError, CollieError, CollieTimeout, PeerError
@@ -1037,6 +1039,9 @@ class Rendezvous:
     master_addr: str | None
     master_port: int | None
     job_id: str
+    #: The job secret the ranks agreed on through the launcher's PMI (when
+    #: none was given): every later connection proves it. None otherwise.
+    token: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -1255,7 +1260,12 @@ def rendezvous(init_method: str | None = None, rank: int | None = None, world_si
     or OMPI_MCA_ess_base_jobid (Open MPI), SLURM_JOB_ID + SLURM_STEP_ID
     (srun), SLURM_JOB_ID or PBS_JOBID inherited by MPICH's mpiexec (Hydra
     exports no job identifier of its own). Two jobs of one allocation running
-    at once can then collide: set MASTER_PORT for those.
+    at once can then collide: set MASTER_PORT for those. Under MPICH's
+    mpiexec and srun --mpi=pmi2 (PMI_FD or PMI_PORT set) without
+    MASTER_PORT, the ranks meet through the launcher's PMI instead: rank 0
+    serves on a free port and publishes its address, and a fresh token
+    unless one is given, in the job's PMI key-value space (collie/pmi.py);
+    the token is then the Rendezvous's ``token``.
 
     Before returning, every rank has joined (a store barrier), so a missing
     rank shows up here as CollieTimeout. Bad arguments raise ValueError
@@ -1296,7 +1306,10 @@ def rendezvous(init_method: str | None = None, rank: int | None = None, world_si
         store = FileStore(url.path, place.world_size, seconds)
         where = f"file:{store.path}"
     else:
-        if scheme == "env":
+        if scheme == "env" and _use_pmi(environ, place):
+            store, addr, token = _pmi_store(environ, place, seconds, token_from_env(token))
+            port = None  # marks the store as made
+        elif scheme == "env":
             addr, port = _master(environ, place)
         else:
             try:
@@ -1306,8 +1319,9 @@ def rendezvous(init_method: str | None = None, rank: int | None = None, world_si
             if not addr or not port:
                 raise ValueError(f"tcp:// init wants host:port, like tcp://10.0.0.1:29500, "
                                  f"got {init_method!r}")
-        store = TCPStore(addr, port, place.world_size, is_server=place.rank == 0,
-                         timeout=seconds, token=token)
+        if port is not None:  # not met through PMI
+            store = TCPStore(addr, port, place.world_size, is_server=place.rank == 0,
+                             timeout=seconds, token=token)
         port = store.port
         where = f"{addr}:{port}"
     try:
@@ -1326,4 +1340,59 @@ def rendezvous(init_method: str | None = None, rank: int | None = None, world_si
         store.close()
         raise
     return Rendezvous(store, place.rank, place.world_size, local_rank, local_size,
-                      addr, port, _job_id(environ, where))
+                      addr, port, _job_id(environ, where), token_from_env(token))
+
+
+def meets_through_pmi(init_method: str | None, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether rendezvous(init_method) will meet through the launcher's PMI
+    (and so agree on a job secret there, if none is given)."""
+    if (init_method or "env://") != "env://":
+        return False
+    try:
+        place = _place(environ, None, None, "env")
+    except ValueError:
+        return False
+    return _use_pmi(environ, place)
+
+
+def _use_pmi(environ: Mapping[str, str], place: _Placement) -> bool:
+    """Meet through the launcher's PMI: under mpiexec (Hydra) or srun
+    --mpi=pmi2 when MASTER_PORT is not set (it still wins when it is)."""
+    return (place.world_size > 1 and not environ.get("MASTER_PORT", "").strip()
+            and place.launcher is not None and place.launcher.rank == "PMI_RANK" and pmi.available(environ))
+
+
+def _pmi_store(environ: Mapping[str, str], place: _Placement, seconds: float,
+               token: bytes | None) -> tuple[TCPStore, str, bytes]:
+    """Rank 0 serves the store on a free port and publishes its address and,
+    unless COLLIE_TOKEN gave one, a fresh job secret in the launcher's
+    key-value space, which only the job's processes can read; the others
+    read both after a fence. Returns the store, its host and the token."""
+    client = pmi.connect(seconds, environ)
+    try:
+        store = None
+        if place.rank == 0:
+            addr = environ.get("MASTER_ADDR", "").strip()
+            if not addr:
+                local = _first_int(environ, ("LOCAL_WORLD_SIZE",) + place.launcher.local_sizes)
+                addr = "127.0.0.1" if local == place.world_size else socket.gethostname()
+            published = token is None
+            token = token or secrets.token_hex(32).encode()
+            store = TCPStore(addr, 0, place.world_size, is_server=True, timeout=seconds, token=token)
+            client.put("collie-store", f"{addr}:{store.port}")
+            if published:
+                client.put("collie-token", token.decode())
+        try:
+            client.fence()
+            if store is None:
+                addr, _, port = client.get("collie-store").rpartition(":")
+                if token is None:
+                    token = client.get("collie-token").encode()
+                store = TCPStore(addr, int(port), place.world_size, timeout=seconds, token=token)
+        except BaseException:
+            if store is not None:
+                store.close()
+            raise
+    finally:
+        client.close()
+    return store, addr, token

@@ -102,6 +102,12 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str, ho
             return Choice("shm", 1, "mid size on one host: one-sided reads, three barriers")
         if shm:
             return Choice("rabenseifner", 1, "large message: halving then doubling, log2(n) steps")
+        if nbytes // nranks < 64 * KiB:
+            # Ring's 2(n-1) steps each move S/n bytes: with many ranks they are
+            # too small to pay a step's latency (collie sim: 24,576 ranks,
+            # 1 MiB, ring 100x rabenseifner's time).
+            return Choice("rabenseifner", 1, "many ranks: ring's 2(n-1) steps of S/n bytes are latency-bound; "
+                                             "halving then doubling moves as little in log2(n) steps")
         return Choice("ring", segs, "large message: ring moves 2(n-1)/n of the data per rank, the least")
     # Two ranks over shm, 256-512 KiB: a whole buffer would go single copy
     # (each read pays a fixed cost in the kernel), dbtree's halves stay in

@@ -56,6 +56,7 @@ _OPS = {_RED.SUM: ReduceOp.SUM, _RED.AVG: ReduceOp.AVG, _RED.PRODUCT: ReduceOp.P
         _RED.BOR: ReduceOp.BOR, _RED.BXOR: ReduceOp.BXOR}
 # The same by the enum's integer value: ``code.value`` and a tuple index cost
 # a third of hashing the pybind enum (this is on every dist.all_reduce).
+_SUM = dist.ReduceOp.SUM
 _OPS_BY_VALUE = tuple(next((op for code, op in _OPS.items() if code.value == v), None)
                       for v in range(max(code.value for code in _RED.__members__.values()) + 1))
 
@@ -328,7 +329,8 @@ class CollieProcessGroup(dist.ProcessGroup):
                 and len(tensors) == 1 and not _state.executor.pending:
             # The hot path of a blocking dist.all_reduce: two option fields read, one call.
             red = opts.reduceOp
-            op = _OPS_BY_VALUE[red.op.value]
+            # SUM, the common case, by one comparison (half the cost of .op.value)
+            op = ReduceOp.SUM if red == _SUM else _OPS_BY_VALUE[red.op.value]
             try:
                 C.all_reduce(tensors[0], op if op is not None else _op(red), g)
             except TypeError:

@@ -56,15 +56,17 @@ on other peers; they simply catch those peers' next messages.
 
 from __future__ import annotations
 
-from . import (alltoallw, buffers, comm, constants, datatype, environ, exceptions, group, info, memory, op, p2p,
-               request, status, topology, win)
+from . import (alltoallw, buffers, comm, commctx, constants, datatype, environ, exceptions, group, info, memory,
+               message, op, p2p, pickling, request, status, topology, win)
 from .environ import _comm
 
 __all__: list = []
-for _m in (constants, exceptions, info, group, datatype, op, status, request, comm, topology, environ, memory, win):
+for _m in (constants, exceptions, info, group, datatype, op, status, request, comm, topology, environ, memory,
+           pickling, message, commctx, win):
     __all__ += _m.__all__
     globals().update({_n: getattr(_m, _n) for _n in _m.__all__})
-del _m, alltoallw, buffers, comm, constants, datatype, environ, exceptions, group, info, op, p2p, request, status, topology, win, memory
+del (_m, alltoallw, buffers, comm, commctx, constants, datatype, environ, exceptions, group, info, memory, message, op,
+     p2p, pickling, request, status, topology, win)
 __all__ += ["COMM_WORLD", "COMM_SELF"]
 
 

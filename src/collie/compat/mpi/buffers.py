@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import ctypes
 import operator
-import weakref
 from typing import Optional
 
 import numpy as np
 
-from ...arrays import to_numpy as _arrays_to_numpy
+from ...arrays import to_numpy  # DLPack producers are read as mpi4py reads them
 from ...group import ProcessGroup
 from .constants import IN_PLACE
 from .datatype import _as_dtype, _is_datatype
@@ -34,111 +32,6 @@ def _pair(value, what: str):
     if len(value) != 2:
         raise ValueError(f"{what}: expected (count, displacement), got {value!r}")
     return value[0], value[1]
-
-
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class _DLManaged(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
-
-
-class _DLManagedVersioned(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
-
-
-_api = ctypes.pythonapi
-_api.PyCapsule_IsValid.restype = ctypes.c_int
-_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_SetName.restype = ctypes.c_int
-_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_DL_KINDS = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}
-_USED = {b"dltensor": b"used_dltensor", b"dltensor_versioned": b"used_dltensor_versioned"}
-
-
-class _Memory:
-    """An __array_interface__ over a DLPack tensor's memory; the tensor is
-    given back (its deleter called) when the last array viewing it goes."""
-
-    def __init__(self, interface: dict, owner):
-        self.__array_interface__ = interface
-        self._owner = owner
-
-
-def _release(capsule, name: bytes, pointer: int, deleter: int) -> None:
-    if deleter:
-        _Deleter(deleter)(pointer)
-
-
-def _from_dlpack(obj, what: str) -> np.ndarray:
-    """A writable view of a CPU DLPack producer's tensor.
-
-    The producer is asked with ``__dlpack__(stream=None)`` only, what mpi4py
-    asks (many producers take nothing else). Unlike np.from_dlpack, the
-    capsule is kept alive as long as the view (some producers free the
-    tensor with the capsule) and unversioned tensors stay writable (NumPy
-    imports them read-only, so that nothing could be received into them).
-    """
-    device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
-    if int(device[0]) not in (1, 3):  # kDLCPU, kDLCUDAHost
-        raise TypeError(f"{what} is on DLPack device {tuple(device)}; collie moves CPU memory")
-    capsule = obj.__dlpack__(stream=None)
-    for name, kind in ((b"dltensor_versioned", _DLManagedVersioned), (b"dltensor", _DLManaged)):
-        if _api.PyCapsule_IsValid(capsule, name):
-            break
-    else:
-        raise TypeError(f"{what}: __dlpack__ returned no DLPack capsule")
-    pointer = _api.PyCapsule_GetPointer(capsule, name)
-    managed = kind.from_address(pointer)
-    t = managed.dl_tensor
-    readonly = kind is _DLManagedVersioned and bool(managed.flags & 1)
-    code, bits, lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
-    if code == 2 and lanes == 2:  # complex as two float lanes (older producers)
-        code, bits, lanes = 5, bits * 2, 1
-    if code not in _DL_KINDS or lanes != 1 or bits % 8:
-        raise TypeError(f"{what}: DLPack dtype (code {code}, {bits} bits, {lanes} lanes) is not supported")
-    dtype = np.dtype("?" if code == 6 else f"{_DL_KINDS[code]}{bits // 8}")
-    shape = tuple(t.shape[i] for i in range(t.ndim))
-    strides = None if not t.strides or t.ndim == 0 else tuple(t.strides[i] * dtype.itemsize for i in range(t.ndim))
-    data = (t.data or 0) + t.byte_offset
-    _api.PyCapsule_SetName(capsule, _USED[name])  # consumed: its destructor leaves the tensor to us
-    if not data:
-        # an empty tensor may have no memory at all
-        data = np.zeros(1, dtype=np.uint8).ctypes.data if 0 in shape else data
-    mem = _Memory({"version": 3, "shape": shape, "typestr": dtype.str, "strides": strides,
-                   "data": (data, readonly)}, obj)
-    weakref.finalize(mem, _release, capsule, name, pointer, managed.deleter)
-    return np.asarray(mem)
-
-
-def to_numpy(obj, what: str):
-    """collie.arrays.to_numpy, but DLPack producers other than NumPy and
-    torch are read as _from_dlpack says. MPI.buffer and MPI.Win (arrays of
-    bytes with mpi4py's indexing rules) are read as plain arrays."""
-    if isinstance(obj, np.ndarray) and type(obj) is not np.ndarray:
-        return obj.view(np.ndarray), None
-    if (obj is not None and hasattr(obj, "__dlpack__")
-            and not isinstance(obj, (np.ndarray, bytes, bytearray, memoryview))
-            and type(obj).__module__.split(".")[0] != "torch"):
-        return _from_dlpack(obj, what), None
-    return _arrays_to_numpy(obj, what)
 
 
 class _Buf:

@@ -8,6 +8,7 @@ import os
 import pickle
 import socket
 import sys
+import warnings
 import weakref
 from typing import Any, Optional
 
@@ -27,7 +28,10 @@ from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, 
 from .constants import ANY_SOURCE, ANY_TAG, CART, DIST_GRAPH, GRAPH, IN_PLACE, PROC_NULL, TAG_UB, UNDEFINED, _TAG_UB
 from .op import SUM, _buffer_op, _py_op
 from .p2p import _Matcher, _Recv, _matchers, _progress, _wait_until
-from .request import Prequest, Request, _done_request
+from .request import Prequest, Request, _done_request, _Partitioned
+from .commctx import _comm_lock
+from .message import _mprobe
+from .pickling import pickle as _pickle
 from .status import Status
 
 __all__ = ["Comm", "Intracomm", "COMM_NULL"]
@@ -325,12 +329,18 @@ class Comm(_Handled):
             self._matcher = m
         return self._matcher
 
-    def _send(self, data: memoryview, dest, tag, what: str, keep=None) -> Request:
+    def _send(self, data: memoryview, dest, tag, what: str, keep=None, sync: bool = False) -> Request:
+        """A send; ``sync`` (Ssend) completes only once a receive took the
+        message; collie keeps that promise for messages to oneself, where a
+        standard send is buffered and would otherwise never block."""
         m = self._p2p(what)
         dest = _rank_arg(dest, m.group.size, f"{what}: dest", (PROC_NULL,))
         tag = _tag_arg(tag, f"{what}: tag", allow_any=False)
         if dest == PROC_NULL:
             return _done_request()
+        if sync and dest == m.rank:
+            return Request(m.network, sync=m.deliver_local(data, tag), matcher=m, timeout=m.group.timeout,
+                           describe=lambda: f"{what} to rank {dest} (tag {tag}) of {self._name}")
         reqs, head = m.isend(data, dest, tag)
         return Request(m.network, sends=reqs, keep=(keep, data, head), timeout=m.group.timeout,
                        describe=lambda: f"{what} to rank {dest} (tag {tag}) of {self._name}")
@@ -379,19 +389,24 @@ class Comm(_Handled):
         """Send a buffer; returns once the buffer may be reused."""
         self.Isend(buf, dest, tag).Wait()
 
-    Ssend = Send
     Bsend = Send
     Rsend = Send
 
-    def Isend(self, buf, dest: int, tag: int = 0) -> Request:
+    def Ssend(self, buf, dest: int, tag: int = 0) -> None:
+        """Send a buffer; to oneself, returns once a receive took it."""
+        self.Issend(buf, dest, tag).Wait()
+
+    def Isend(self, buf, dest: int, tag: int = 0, *, _sync: bool = False) -> Request:
         if dest == PROC_NULL:
             return _done_request()
         b = _Buf(buf, "Isend buf", writable=False, empty_ok=True)
-        return self._send(byte_view(b.section()), dest, tag, "Send", keep=b)
+        return self._send(byte_view(b.section()), dest, tag, "Send", keep=b, sync=_sync)
 
-    Issend = Isend
     Ibsend = Isend
     Irsend = Isend
+
+    def Issend(self, buf, dest: int, tag: int = 0) -> Request:
+        return self.Isend(buf, dest, tag, _sync=True)
 
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Receive into a buffer at least as large as the message."""
@@ -415,11 +430,23 @@ class Comm(_Handled):
         return Prequest(lambda: self.Isend(buf, dest, tag))
 
     Bsend_init = Send_init
-    Ssend_init = Send_init
     Rsend_init = Send_init
+
+    def Ssend_init(self, buf, dest: int, tag: int = 0) -> Prequest:
+        return Prequest(lambda: self.Issend(buf, dest, tag))
 
     def Recv_init(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
         return Prequest(lambda: self.Irecv(buf, source, tag))
+
+    def Psend_init(self, buf, partitions: int, dest: int, tag: int = 0, info=None) -> Prequest:
+        """A partitioned send: after Start(), Pready(i) marks partition i of
+        buf ready; the buffer goes once every partition is."""
+        return _Partitioned(lambda: self.Isend(buf, dest, tag), partitions, sending=True)
+
+    def Precv_init(self, buf, partitions: int, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+                   info=None) -> Prequest:
+        """A partitioned receive: Parrived(i) says whether partition i has arrived."""
+        return _Partitioned(lambda: self.Irecv(buf, source, tag), partitions, sending=False)
 
     def Isendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                   recvtag: int = ANY_TAG) -> Request:
@@ -453,24 +480,44 @@ class Comm(_Handled):
     probe = Probe
     iprobe = Iprobe
 
+    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None):
+        """Block until a message matches, and take it: a Message that only
+        Message.Recv/Irecv (or recv/irecv) can receive."""
+        return _mprobe(self, source, tag, status, True, "Mprobe")
+
+    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None):
+        """Mprobe if a matching message has arrived, else None."""
+        return _mprobe(self, source, tag, status, False, "Improbe")
+
+    mprobe = Mprobe
+    improbe = Improbe
+
     # ---- point to point: objects ----
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
         self.isend(obj, dest, tag).Wait()
 
-    ssend = send
     bsend = send
 
-    def isend(self, obj, dest: int, tag: int = 0) -> Request:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        return self._send(memoryview(data), dest, tag, "send")
+    def ssend(self, obj, dest: int, tag: int = 0) -> None:
+        self.issend(obj, dest, tag).Wait()
 
-    issend = isend
+    def isend(self, obj, dest: int, tag: int = 0, *, _sync: bool = False) -> Request:
+        """Send an object, pickled with MPI.pickle."""
+        data = b"" if dest == PROC_NULL else _pickle.dumps(obj)
+        return self._send(memoryview(data), dest, tag, "send", sync=_sync)
+
     ibsend = isend
 
+    def issend(self, obj, dest: int, tag: int = 0) -> Request:
+        return self.isend(obj, dest, tag, _sync=True)
+
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
-        """Receive an object (``buf`` is accepted for mpi4py's signature and ignored)."""
-        return self.irecv(buf, source, tag).wait(status)
+        """Receive an object. ``buf`` is deprecated in mpi4py (a warning) and
+        not needed here: the message's size is known before it is received."""
+        if buf is not None:
+            warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
+        return self.irecv(None, source, tag).wait(status)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         return self._recv(None, source, tag, "recv")
@@ -525,7 +572,7 @@ class _Both(Request):
         st = Status()
         rreq._complete(st)
         sreq._complete(None)
-        self._status = (st.source, st.tag, st._nbytes, st._cancelled)
+        self._status = (st.source, st.tag, st.count, st.cancelled)
         self._result = rreq._result
         if self._after is not None:
             self._after()
@@ -956,7 +1003,8 @@ class Intracomm(Comm):
         g = self._g("bcast")
         root = self._root(g, root, "bcast")
         box = [obj]
-        _objects.broadcast_object_list(box, src=g.ranks[root], group=g)
+        with _comm_lock(self, "bcast"):  # as mpi4py: one object bcast at a time per communicator
+            _objects.broadcast_object_list(box, src=g.ranks[root], group=g)
         return box[0]
 
     def scatter(self, sendobj=None, root: int = 0) -> Any:

@@ -146,17 +146,18 @@ def Get_hw_resource_info():
 
 
 def Alloc_mem(size: int, info=None):
-    """``size`` bytes of memory, writable (Free_mem gives it back)."""
+    """``size`` bytes of memory, an MPI.buffer (Free_mem gives it back)."""
+    from .memory import buffer
     size = operator.index(size)
     if size < 0:
         from .exceptions import ERR_ARG, Exception
         raise Exception(ERR_ARG, f"Alloc_mem: size {size} is negative")
-    from .memory import buffer
     return buffer.allocate(size, clear=True)
 
 
 def Free_mem(mem) -> None:
-    if hasattr(mem, "release"):  # an MPI.buffer (Alloc_mem's) or a memoryview
+    from .memory import buffer
+    if isinstance(mem, (memoryview, buffer)):
         mem.release()
 
 
@@ -166,7 +167,7 @@ def Get_address(location) -> int:
     from .memory import buffer
     if location is BOTTOM:
         return 0
-    if isinstance(location, buffer):  # MPI.buffer() has no memory: address 0
+    if isinstance(location, buffer):  # MPI.buffer() (a window without memory) has address 0
         return location.address
     import numpy as np
     from .buffers import to_numpy  # DLPack producers read as mpi4py reads them
@@ -234,6 +235,10 @@ def Attach_buffer(buf) -> None:
     """The buffer of buffered sends. collie's Bsend never needs one (the
     transport copies), so it is only kept, to give back on Detach_buffer."""
     global _attached
+    from ...arrays import to_numpy
+    from .constants import BUFFER_AUTOMATIC
+    if buf is not BUFFER_AUTOMATIC and not to_numpy(buf, "Attach_buffer buf")[0].flags.writeable:
+        raise BufferError("Attach_buffer: the buffer is read-only (MPI writes into it)")
     _attached = buf
 
 

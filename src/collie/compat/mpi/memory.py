@@ -1,12 +1,10 @@
-"""MPI.buffer (alias MPI.memory): raw bytes at an address, as mpi4py's.
+"""MPI.buffer: a flat, byte-addressed view of memory (what Alloc_mem gives,
+what pickle's out-of-band data travels in).
 
-What Alloc_mem and Win.tomemory return. It is a 1-D NumPy uint8 array, the
-only way a pure-Python class offers the buffer protocol before Python 3.12,
-with mpi4py's sequence rules on top: items are ints, slices are contiguous
-views, ``buf[:] = 0`` fills, and it answers address, obj, readonly, format.
-A buffer with no memory (``MPI.buffer()``, a window without memory) has
-address 0. release() (and Free_mem) make the buffer report no memory, as
-mpi4py's does; views taken from it before keep the memory alive.
+Python 3.11 lets no pure-Python class export the buffer protocol, so a
+buffer is a one-dimensional uint8 NumPy array: ``memoryview(buf)`` and every
+collie call take it as they take any array. Indexing is a byte sequence's
+(an int, or a contiguous slice); ``obj`` is the object whose memory it is.
 """
 
 from __future__ import annotations
@@ -18,147 +16,148 @@ import numpy as np
 
 __all__ = ["buffer", "memory"]
 
-_MISSING = object()
+_EMPTY = object()  # buffer() with no argument: empty memory (buffer(None) is an error)
 
 
-class buffer(np.ndarray):
-    """Bytes of memory: ``buffer(obj)`` views obj's; ``buffer()`` is none."""
+class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
+    """Memory as bytes: ``buffer(obj)`` views any buffer-like object;
+    ``buffer.allocate(n)``, ``buffer.frombuffer(obj)`` and
+    ``buffer.fromaddress(address, n)`` make one."""
 
-    _null = False  # no memory: MPI.buffer(), or released
-
-    def __new__(cls, obj=_MISSING):
-        if obj is _MISSING:
-            return cls._none()
-        return cls.frombuffer(obj, readonly=_readonly(obj))
+    def __new__(cls, obj=_EMPTY):
+        if obj is _EMPTY:
+            return cls._wrap(None, np.empty(0, dtype=np.uint8))
+        return cls.frombuffer(obj, readonly=None)
 
     @classmethod
-    def _none(cls) -> "buffer":
-        buf = np.zeros(0, np.uint8).view(cls)
-        buf._null = True
+    def _wrap(cls, obj, arr: np.ndarray) -> "buffer":
+        buf = arr.view(cls)
+        buf._obj = obj
         return buf
 
-    @staticmethod
-    def allocate(nbytes: int, clear: bool = False) -> "buffer":
-        if not isinstance(nbytes, int) and not hasattr(nbytes, "__index__"):
-            raise TypeError(f"buffer.allocate: nbytes must be an int, got {nbytes!r}")
+    def __array_finalize__(self, parent) -> None:
+        self._obj = getattr(parent, "_obj", None)
+        self._released = False
+
+    @classmethod
+    def allocate(cls, nbytes: int, clear: bool = False) -> "buffer":
+        """``nbytes`` bytes of new memory (zeroed when ``clear``)."""
+        if nbytes is None:
+            raise TypeError("buffer.allocate: nbytes must be an int, got None")
         nbytes = operator.index(nbytes)
         if nbytes < 0:
-            raise ValueError(f"buffer.allocate: nbytes must not be negative, got {nbytes}")
-        mem = bytearray(nbytes)  # always zeroed: clearing costs nothing more here
-        return buffer.frombuffer(mem)
+            raise ValueError(f"buffer.allocate: nbytes must be >= 0, got {nbytes}")
+        mem = bytearray(nbytes)  # zeroed whether or not ``clear`` asks
+        return cls._wrap(mem, np.frombuffer(mem, dtype=np.uint8) if nbytes else np.empty(0, np.uint8))
 
-    @staticmethod
-    def frombuffer(obj, readonly: bool = False) -> "buffer":
+    @classmethod
+    def frombuffer(cls, obj, readonly: bool | None = False) -> "buffer":
+        """A view of ``obj``'s memory; ``readonly`` True forbids writing
+        through it (None: as writable as ``obj`` is)."""
+        if isinstance(obj, buffer):
+            obj = obj._obj if obj._obj is not None else np.asarray(obj)
         try:
             view = memoryview(obj)
         except TypeError:
             raise TypeError(f"buffer: expected an object with the buffer protocol, got {type(obj).__name__}") from None
-        if not view.contiguous:
-            raise ValueError("buffer: the memory must be contiguous")
-        arr = np.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view, np.uint8)
-        buf = arr.view(buffer)
-        if readonly or view.readonly:
-            buf.flags.writeable = False
-        return buf
+        if not view.c_contiguous:
+            raise BufferError("buffer: the memory must be contiguous")
+        if readonly is False and view.readonly:
+            raise BufferError(f"buffer: {type(obj).__name__} is read-only")
+        arr = np.frombuffer(view.cast("B"), dtype=np.uint8) if view.nbytes else np.empty(0, np.uint8)
+        if readonly and arr.flags.writeable:
+            arr = arr.view()
+            arr.flags.writeable = False
+        return cls._wrap(obj, arr)
 
-    @staticmethod
-    def fromaddress(address: int, nbytes: int, readonly: bool = False) -> "buffer":
+    @classmethod
+    def fromaddress(cls, address: int, nbytes: int, readonly: bool = False) -> "buffer":
+        """``nbytes`` bytes at ``address`` (the caller keeps the memory alive)."""
         address, nbytes = operator.index(address), operator.index(nbytes)
         if nbytes < 0:
-            raise ValueError(f"buffer.fromaddress: nbytes must not be negative, got {nbytes}")
-        if address == 0:
-            if nbytes:
-                raise ValueError("buffer.fromaddress: address 0 with nonzero nbytes")
-            return buffer._none()
-        return buffer.frombuffer((ctypes.c_ubyte * nbytes).from_address(address), readonly)
+            raise ValueError(f"buffer.fromaddress: nbytes must be >= 0, got {nbytes}")
+        if address == 0 and nbytes > 0:
+            raise ValueError("buffer.fromaddress: address 0 with a non-zero size")
+        raw = (ctypes.c_ubyte * nbytes).from_address(address) if nbytes else bytearray()
+        arr = np.frombuffer(raw, dtype=np.uint8) if nbytes else np.empty(0, np.uint8)
+        if readonly:
+            arr.flags.writeable = False
+        return cls._wrap(None, arr)
 
-    def release(self) -> None:
-        """Forget the memory (it goes when the last view of it goes)."""
-        self._null = True
-
-    @property
-    def address(self) -> int:
-        return 0 if self._null else self.__array_interface__["data"][0]
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self._null else np.ndarray.nbytes.__get__(self)
-
-    def __len__(self) -> int:
-        return self.nbytes
+    # ---- what mpi4py's buffer says about itself ----
 
     @property
     def obj(self):
-        if self._null:
-            return None
-        base = self.base
-        while isinstance(base, np.ndarray):
-            base = base.base
-        return base.obj if isinstance(base, memoryview) else base
+        return self._obj
+
+    @property
+    def address(self) -> int:
+        return 0 if self._released or self.size == 0 and self._obj is None else int(self.ctypes.data)
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._released else int(self.size)
 
     @property
     def readonly(self) -> bool:
-        return not self._null and not self.flags.writeable
+        return not self._released and not self.flags.writeable
 
     @property
     def format(self) -> str:
         return "B"
 
+    def cast(self, format: str, shape=None) -> memoryview:  # noqa: A002 - mpi4py's name
+        mem = memoryview(self).cast("B")
+        return mem.cast(format) if shape is None else mem.cast(format, shape)
+
     def toreadonly(self) -> "buffer":
-        view = self.view(buffer)
-        view.flags.writeable = False
-        return view
+        arr = np.ndarray.view(self, np.ndarray)
+        ro = arr.view()
+        ro.flags.writeable = False
+        return type(self)._wrap(self._obj, ro)
 
-    def cast(self, format: str, shape=None) -> memoryview:
-        view = memoryview(self)
-        return view.cast(format) if shape is None else view.cast(format, shape)
+    def tobytes(self, order=None) -> bytes:
+        return np.ndarray.tobytes(self)
 
-    def __bool__(self) -> bool:
+    def release(self) -> None:
+        """Forget the memory: address and size read 0 from now on."""
+        self._released = True
+        self._obj = None
+
+    # ---- a sequence of bytes ----
+
+    def __getitem__(self, index):
+        return np.ndarray.__getitem__(self, _byte_index(index, len(self)))
+
+    def __setitem__(self, index, value) -> None:
+        if not self.flags.writeable:
+            raise TypeError("buffer is read-only")
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            value = np.frombuffer(value, dtype=np.uint8)
+        np.ndarray.__setitem__(self, _byte_index(index, len(self)), value)
+
+    def __delitem__(self, index) -> None:
+        raise NotImplementedError("buffer: cannot delete bytes")
+
+    def __bool__(self) -> bool:  # as a sequence's: non-empty (an array of many bytes has no truth)
         return self.nbytes > 0
 
     def __repr__(self) -> str:
-        return f"<MPI.buffer address={self.address:#x} nbytes={self.nbytes}>"
-
-    # ---- mpi4py's sequence rules: int items, contiguous slices ----
-
-    def _index(self, index):
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            if step != 1:
-                raise IndexError("MPI.buffer slices must be contiguous (step 1)")
-            return slice(start, max(start, stop))
-        if index is None or isinstance(index, tuple):
-            raise TypeError(f"MPI.buffer indices must be integers or slices, not {type(index).__name__}")
-        i = operator.index(index)
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"MPI.buffer index {i} out of range ({n} bytes)")
-        return i % n
-
-    def __getitem__(self, index):
-        at = self._index(index)
-        item = np.ndarray.__getitem__(self, at)
-        return int(item) if isinstance(at, int) else item
-
-    def __setitem__(self, index, value) -> None:
-        if self.readonly:
-            raise TypeError("MPI.buffer is read-only")
-        at = self._index(index)
-        if isinstance(at, slice) and not isinstance(value, (int, np.integer)):
-            value = np.frombuffer(memoryview(value).cast("B"), np.uint8)
-            if value.size != at.stop - at.start:
-                raise ValueError(f"MPI.buffer: cannot put {value.size} bytes into {at.stop - at.start}")
-        np.ndarray.__setitem__(self, at, value)
-
-    def __delitem__(self, index) -> None:
-        raise NotImplementedError("MPI.buffer items cannot be deleted")
+        return f"<MPI.buffer nbytes={self.nbytes} readonly={self.readonly}>"
 
 
-def _readonly(obj) -> bool:
-    try:
-        return memoryview(obj).readonly
-    except TypeError:
-        return False
+def _byte_index(index, size: int):
+    """An int or a contiguous slice, as a byte sequence takes."""
+    if isinstance(index, slice):
+        if index.step not in (None, 1):
+            raise IndexError("buffer: slices must be contiguous (step 1)")
+        return index
+    if index is None or isinstance(index, tuple):
+        raise TypeError(f"buffer indices must be integers or slices, not {type(index).__name__}")
+    i = operator.index(index)
+    if not -size <= i < size:
+        raise IndexError(f"buffer index {i} out of range for {size} bytes")
+    return i
 
 
-memory = buffer
+memory = buffer  # mpi4py's older name

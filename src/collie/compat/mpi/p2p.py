@@ -21,12 +21,14 @@ __all__ = []
 class _Message:
     """A message whose envelope has arrived. ``data`` holds its payload unless
     the payload went straight into a receive's buffer; ``req`` is the payload
-    receive still in flight (None once local or complete)."""
+    receive still in flight (None once local or complete). ``matched`` turns
+    True when a receive or a matched probe takes it."""
 
-    __slots__ = ("source", "tag", "nbytes", "data", "req")
+    __slots__ = ("source", "tag", "nbytes", "data", "req", "matched")
 
     def __init__(self, source: int, tag: int, nbytes: int, data=None, req=None):
         self.source, self.tag, self.nbytes, self.data, self.req = source, tag, nbytes, data, req
+        self.matched = False
 
 
 class _Recv:
@@ -71,7 +73,7 @@ class _Matcher:
         """Post a message; returns its transport requests and what they read."""
         nbytes = data.nbytes
         if dest == self.rank:
-            self._deliver(_Message(dest, tag, nbytes, bytearray(data)))
+            self.deliver_local(data, tag)
             return (), None
         head = np.array([tag, nbytes], dtype=np.int64)
         peer = self.group.ranks[dest]
@@ -79,13 +81,33 @@ class _Matcher:
                 self.network.isend(peer, self.ptag, data))
         return reqs, head
 
+    def deliver_local(self, data: memoryview, tag: int) -> _Message:
+        """A message to oneself: copied at once (a standard send is then
+        complete); a synchronous send waits for it to be ``matched``."""
+        msg = _Message(self.rank, tag, data.nbytes, bytearray(data))
+        self._deliver(msg)
+        return msg
+
     def post(self, op: _Recv) -> None:
         for i, msg in enumerate(self.unmatched):
             if op.matches(msg.source, msg.tag):
                 del self.unmatched[i]
+                msg.matched = True
                 op.msg = msg
                 return
         self.posted.append(op)
+
+    def take(self, msg: _Message) -> None:
+        """A matched probe takes ``msg``: no receive but its Message's can match it."""
+        self.unmatched.remove(msg)
+        msg.matched = True
+
+    def withdraw(self, msg: _Message) -> bool:
+        """Cancel a message to oneself that nothing matched yet; True if it was."""
+        if msg.matched or msg not in self.unmatched:
+            return False
+        self.unmatched.remove(msg)
+        return True
 
     def cancel(self, op: _Recv) -> bool:
         if op.msg is None and op in self.posted:
@@ -103,6 +125,7 @@ class _Matcher:
             self.unmatched.append(msg)
         else:
             self.posted.remove(op)
+            msg.matched = True
             op.msg = msg
 
     def _envelope(self, source: int, tag: int, nbytes: int) -> None:
@@ -118,6 +141,7 @@ class _Matcher:
             self.unmatched.append(msg)
         else:
             self.posted.remove(op)
+            msg.matched = True
             op.msg = msg
 
     def _wanted(self) -> set:

@@ -1,39 +1,75 @@
-"""Requests."""
+"""Requests: nonblocking operations, persistent and generalized ones.
+
+A request is *active* from the call that starts it until a Wait/Test (or
+Free) completes it; then it is inactive and compares equal to REQUEST_NULL.
+Waiting on an inactive request returns at once with an empty status. Copies
+(``MPI.Request(req)``, ``fromhandle``) are the same request: they share its
+state.
+"""
 
 from __future__ import annotations
 
-import pickle
+import itertools
+import sys
+import traceback
+import weakref
 from typing import Any, Callable, Optional, Sequence
-from .constants import ANY_SOURCE, ANY_TAG, UNDEFINED
+from .constants import ANY_SOURCE, ANY_TAG, SUCCESS, UNDEFINED
 from .p2p import _Recv, _progress, _wait_until
+from .pickling import pickle as _pickle
 from .status import Status
 
-__all__ = ["Request", "REQUEST_NULL", "Prequest"]
+__all__ = ["Request", "REQUEST_NULL", "Prequest", "Grequest"]
 
 
 from ...errors import CollieError
-from .exceptions import ERR_TRUNCATE, _as_mpi_error, _error
+from .exceptions import ERR_OTHER, ERR_TRUNCATE, Exception as _MPIException, _as_mpi_error, _error
+
+
+_EMPTY = (ANY_SOURCE, ANY_TAG, 0, False)  # the status of an inactive request
+_handles = itertools.count(1)
+_by_handle: "weakref.WeakValueDictionary[int, Request]" = weakref.WeakValueDictionary()
+
+
+def _fill(status: Optional[Status], fields: Optional[tuple]) -> None:
+    if status is not None:
+        status._set(*(fields or _EMPTY))
+        status.error = SUCCESS
 
 
 # ---- requests ----
 
 class Request:
-    """A non-blocking operation: Isend/Irecv, isend/irecv, Ibcast...
+    """A nonblocking operation: Isend/Irecv, isend/irecv, Ibcast...
 
     Wait()/Test() follow mpi4py; wait()/test() also return the received
-    object of an irecv (None for the others).
+    object of an irecv (None for the others). ``Request(req)`` is the same
+    request as ``req``; ``Request()`` is an inactive one (REQUEST_NULL).
     """
 
     def __init__(self, network=None, *, sends=(), recv: Optional[_Recv] = None, matcher=None, work=None,
                  keep=None, after=None, timeout: float = 300.0,
-                 describe: Callable[[], str] = lambda: "MPI request", status=None):
+                 describe: Callable[[], str] = lambda: "MPI request", status=None, sync=None):
+        if isinstance(network, Request):  # the copy constructor: the same request
+            _share(self, network)
+            return
+        if network is not None and not hasattr(network, "progress"):
+            raise TypeError(f"{type(self).__name__}() takes a Request to copy, got {type(network).__name__}")
         self._network, self._sends, self._recv, self._matcher = network, tuple(sends), recv, matcher
         self._work = work
         self._keep, self._after, self._timeout, self._describe = keep, after, timeout, describe
-        self._done = False
+        self._sync = sync  # a message to oneself that a synchronous send waits to see matched
+        self._cancelled = False
+        # A request made with nothing to do is inactive (REQUEST_NULL); see _done_request.
+        self._done = network is None and not sends and recv is None and work is None and status is None
         self._error: Optional[BaseException] = None
         self._result = None
         self._status = status  # (source, tag, nbytes, cancelled) once known
+
+    # ---- the state of one request ----
+
+    def _active(self) -> bool:
+        return not self._done
 
     def _requests(self) -> list:
         """The transport requests this one is waiting on."""
@@ -42,31 +78,48 @@ class Request:
         return list(self._sends)
 
     def _ready(self) -> bool:
-        if self._done:
+        if self._done or self._cancelled:
             return True
         if self._work is not None:
             return self._work.is_completed()
         if self._recv is not None:
             return self._recv.ready()
-        return all(r.finished for r in self._sends)
+        return all(r.finished for r in self._sends) and (self._sync is None or self._sync.matched)
+
+    def _fields(self) -> Optional[tuple]:
+        """The status of a ready request, before completing it (Get_status)."""
+        if self._cancelled:
+            return (ANY_SOURCE, ANY_TAG, 0, True)
+        op = self._recv
+        if op is not None:
+            if op.cancelled:
+                return (ANY_SOURCE, ANY_TAG, 0, True)
+            if op.msg is not None:
+                return (op.msg.source, op.msg.tag, op.msg.nbytes, False)
+        return self._status
 
     def _complete(self, status: Optional[Status]) -> None:
-        if not self._done:
-            self._done = True
-            try:
-                self._finish()
-            except CollieError as exc:
-                self._error = _as_mpi_error(exc)
-            except BaseException as exc:
-                self._error = exc
-            self._keep = None
+        """Finish the operation (once), fill ``status`` and make the request
+        inactive; an inactive request gives an empty status."""
+        if self._done:
+            _fill(status, None)
+            return
+        self._done = True
+        try:
+            self._finish()
+        except CollieError as exc:
+            self._error = _as_mpi_error(exc)
+        except BaseException as exc:
+            self._error = exc
+        self._keep = None
         if self._error is not None:
             raise self._error
-        if status is not None and self._status is not None:
-            status._set(*self._status)
+        _fill(status, self._status)
 
     def _finish(self) -> None:
-        if self._work is not None:
+        if self._cancelled:
+            self._status = (ANY_SOURCE, ANY_TAG, 0, True)
+        elif self._work is not None:
             self._work.wait()
         elif self._sends:
             self._network.wait(self._sends, describe=self._describe)  # raises a failed send's error
@@ -81,8 +134,8 @@ class Request:
             if msg.req is not None and msg.req.error is not None:
                 self._network.wait([msg.req], describe=self._describe)
             self._status = (msg.source, msg.tag, msg.nbytes, False)
-            if op.dst is None:
-                self._result = pickle.loads(msg.data)
+            if op.dst is None:  # an object; an empty message is None, as in mpi4py
+                self._result = _pickle.loads(msg.data) if msg.nbytes else None
             elif msg.data is not None:
                 if msg.nbytes > len(op.dst):
                     raise _error(ERR_TRUNCATE, f"rank {self._network.rank}: {self._describe()}: message truncated: "
@@ -92,15 +145,20 @@ class Request:
         if self._after is not None:
             self._after()
 
+    def _take_result(self, was_active: bool) -> Any:
+        return self._result if was_active else None
+
+    # ---- one request ----
+
     def Wait(self, status: Optional[Status] = None) -> bool:
         # An asynchronous collective blocks in its own wait (in _finish).
-        if self._work is None and not self._ready():
+        if self._active() and self._work is None and not self._ready():
             _wait_until(self._ready, self._network, self._timeout, self._describe, self._requests)
         self._complete(status)
         return True
 
     def Test(self, status: Optional[Status] = None) -> bool:
-        if self._network is not None and not self._done:
+        if self._network is not None and self._active():
             _progress(self._network)
         if not self._ready():
             return False
@@ -108,35 +166,36 @@ class Request:
         return True
 
     def wait(self, status: Optional[Status] = None) -> Any:
+        was_active = self._active()
         self.Wait(status)
-        return self._result
+        return self._take_result(was_active)
 
     def test(self, status: Optional[Status] = None) -> tuple[bool, Any]:
+        was_active = self._active()
         done = self.Test(status)
-        return done, (self._result if done else None)
+        return done, (self._take_result(was_active) if done else None)
 
-    def __bool__(self) -> bool:
-        """False for MPI.REQUEST_NULL and for a request that completed (MPI
-        sets a completed request's handle to MPI_REQUEST_NULL)."""
-        return not (self._done and self._error is None and self._persistent is None)
+    def Get_status(self, status: Optional[Status] = None) -> bool:
+        """Whether the operation is complete, without completing it."""
+        if not self._active():
+            _fill(status, None)
+            return True
+        if self._network is not None:
+            _progress(self._network)
+        if not self._ready():
+            return False
+        _fill(status, self._fields())
+        return True
 
-    def __eq__(self, other) -> bool:
-        if not isinstance(other, Request):
-            return NotImplemented
-        return self is other or (not self and not other)
-
-    def __ne__(self, other) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    __hash__ = object.__hash__
-
-    _persistent = None  # Prequest: how to start it again
+    get_status = Get_status
 
     def Cancel(self) -> None:
-        """Cancel a receive that no message has matched yet (sends cannot be)."""
+        """Cancel a receive that no message has matched yet, or a synchronous
+        send to oneself that no receive has taken yet."""
         if self._recv is not None and self._matcher is not None:
             self._matcher.cancel(self._recv)
+        elif self._sync is not None and self._matcher is not None and not self._done:
+            self._cancelled = self._matcher.withdraw(self._sync)
 
     def Free(self) -> None:
         """Let the operation complete on its own; this handle becomes REQUEST_NULL."""
@@ -145,47 +204,101 @@ class Request:
     cancel = Cancel
     free = Free
 
-    def get_status(self, status: Optional[Status] = None) -> bool:
-        return self.Get_status(status)
+    # ---- handles ----
 
-    def Get_status(self, status: Optional[Status] = None) -> bool:
-        done = self._ready()
-        if done:
-            self._complete(status)
-        return done
+    def __bool__(self) -> bool:
+        """False for MPI.REQUEST_NULL and for a request that completed (MPI
+        sets a completed request's handle to MPI_REQUEST_NULL)."""
+        return self._active()
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return self.__dict__ is other.__dict__ or (not self and not other)
+
+    def __ne__(self, other) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = object.__hash__
+
+    def __reduce__(self):
+        if self:
+            raise ValueError(f"cannot pickle an active {type(self).__name__}")
+        return (type(self), ())
+
+    @property
+    def handle(self) -> int:
+        """An integer naming this request (0 for an inactive one) in this process."""
+        if not self:
+            return 0
+        if "_handle" not in self.__dict__:
+            self._handle = next(_handles)
+            _by_handle[self._handle] = self
+        return self._handle
+
+    def toint(self) -> int:
+        return self.handle
+
+    py2f = toint
+
+    @classmethod
+    def fromhandle(cls, handle: int) -> "Request":
+        if handle == 0:
+            return cls()
+        try:
+            return cls(_by_handle[handle])
+        except KeyError:
+            raise ValueError(f"{cls.__name__}.fromhandle: no request has handle {handle}") from None
+
+    fromint = fromhandle
+    f2py = fromhandle
 
     # ---- on many requests ----
 
     @staticmethod
     def _wait_some(requests: Sequence["Request"], ready: Callable[[], bool]) -> None:
-        live = [r for r in requests if r._network is not None]
+        live = [r for r in requests if r._network is not None and r._active()]
         if live and not ready():
             _wait_until(ready, live[0]._network, max(r._timeout for r in live),
                         lambda: f"waiting for {len(requests)} MPI requests",
                         lambda: [q for r in live for q in r._requests()])
 
     @staticmethod
+    def _progress_any(requests: Sequence["Request"]) -> None:
+        for r in requests:
+            if r._network is not None and r._active():
+                _progress(r._network)
+                return
+
+    @staticmethod
+    def _statuses(statuses, n: int):
+        """The status for each of n requests (a list given too short grows, as in mpi4py)."""
+        if statuses is None:
+            return [None] * n
+        if isinstance(statuses, list) and len(statuses) < n:
+            statuses += [Status() for _ in range(n - len(statuses))]
+        return [statuses[i] if i < len(statuses) else None for i in range(n)]
+
+    @staticmethod
     def Waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
         requests = list(requests)
         Request._wait_some(requests, lambda: all(r._work is not None or r._ready() for r in requests))
-        if statuses is not None and len(statuses) < len(requests):
-            statuses += [Status() for _ in range(len(requests) - len(statuses))]
-        for i, r in enumerate(requests):
-            r._complete(statuses[i] if statuses is not None else None)
+        for r, st in zip(requests, Request._statuses(statuses, len(requests))):
+            r._complete(st)  # an asynchronous collective blocks here, in its own wait
         return True
 
     @staticmethod
     def waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> list:
+        requests = list(requests)
+        active = [r._active() for r in requests]
         Request.Waitall(requests, statuses)
-        return [r._result for r in requests]
+        return [r._take_result(a) for r, a in zip(requests, active)]
 
     @staticmethod
     def Testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
         requests = list(requests)
-        for r in requests:
-            if r._network is not None:
-                _progress(r._network)
-                break
+        Request._progress_any(requests)
         if not all(r._ready() for r in requests):
             return False
         Request.Waitall(requests, statuses)
@@ -193,15 +306,29 @@ class Request:
 
     @staticmethod
     def testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> tuple[bool, Optional[list]]:
+        requests = list(requests)
+        active = [r._active() for r in requests]
         done = Request.Testall(requests, statuses)
-        return done, ([r._result for r in requests] if done else None)
+        return done, ([r._take_result(a) for r, a in zip(requests, active)] if done else None)
+
+    @staticmethod
+    def Get_status_all(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
+        requests = list(requests)
+        Request._progress_any(requests)
+        if not all(r._ready() for r in requests):
+            return False
+        for r, st in zip(requests, Request._statuses(statuses, len(requests))):
+            r.Get_status(st)
+        return True
+
+    get_status_all = Get_status_all
 
     @staticmethod
     def Waitsome(requests: Sequence["Request"], statuses: Optional[list] = None) -> Optional[list]:
         """Indices of the requests that completed, at least one (None when
         every request is inactive)."""
         requests = list(requests)
-        live = [i for i, r in enumerate(requests) if r]
+        live = [i for i, r in enumerate(requests) if r._active()]
         if not live:
             return None
         Request._wait_some(requests, lambda: any(requests[i]._ready() for i in live))
@@ -210,91 +337,141 @@ class Request:
     @staticmethod
     def Testsome(requests: Sequence["Request"], statuses: Optional[list] = None) -> Optional[list]:
         requests = list(requests)
-        live = [i for i, r in enumerate(requests) if r]
+        live = [i for i, r in enumerate(requests) if r._active()]
         if not live:
             return None
-        for r in requests:
-            if r._network is not None:
-                _progress(r._network)
-                break
+        Request._progress_any(requests)
         return Request._take(requests, live, statuses)
+
+    @staticmethod
+    def Get_status_some(requests: Sequence["Request"], statuses: Optional[list] = None) -> Optional[list]:
+        requests = list(requests)
+        live = [i for i, r in enumerate(requests) if r._active()]
+        if not live:
+            return None
+        Request._progress_any(requests)
+        done = [i for i in live if requests[i]._ready()]
+        for i, st in zip(done, Request._statuses(statuses, len(done))):
+            requests[i].Get_status(st)
+        return done
+
+    get_status_some = Get_status_some
 
     @staticmethod
     def _take(requests, live, statuses) -> list:
         done = [i for i in live if requests[i]._ready()]
-        if statuses is not None and len(statuses) < len(done):
-            statuses += [Status() for _ in range(len(done) - len(statuses))]
-        for k, i in enumerate(done):
-            requests[i]._complete(statuses[k] if statuses is not None else None)
+        for i, st in zip(done, Request._statuses(statuses, len(done))):
+            requests[i]._complete(st)
         return done
 
     @staticmethod
     def waitsome(requests: Sequence["Request"], statuses: Optional[list] = None):
+        requests = list(requests)
         done = Request.Waitsome(requests, statuses)
         return (None, None) if done is None else (done, [requests[i]._result for i in done])
 
     @staticmethod
     def testsome(requests: Sequence["Request"], statuses: Optional[list] = None):
+        requests = list(requests)
         done = Request.Testsome(requests, statuses)
         return (None, None) if done is None else (done, [requests[i]._result for i in done])
 
     @staticmethod
-    def testany(requests: Sequence["Request"], status: Optional[Status] = None):
-        index, done = Request.Testany(requests, status)
-        return index, done, (requests[index]._result if done and index != UNDEFINED else None)
-
-    @staticmethod
     def Waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> int:
-        """Index of a request that completed (UNDEFINED for an empty list)."""
+        """Index of a request that completed (UNDEFINED when none is active)."""
         requests = list(requests)
-        if not requests:
+        live = [r for r in requests if r._active()]
+        if not live:
+            _fill(status, None)
             return UNDEFINED
-        Request._wait_some(requests, lambda: any(r._ready() for r in requests))
-        index = next(i for i, r in enumerate(requests) if r._ready())
+        Request._wait_some(requests, lambda: any(r._ready() for r in live))
+        index = next(i for i, r in enumerate(requests) if r._active() and r._ready())
         requests[index]._complete(status)
         return index
 
     @staticmethod
     def waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple[int, Any]:
+        requests = list(requests)
         index = Request.Waitany(requests, status)
         return index, (requests[index]._result if index != UNDEFINED else None)
 
     @staticmethod
     def Testany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple[int, bool]:
+        """(index, True) for a request that completed; (UNDEFINED, True) when
+        none is active; (UNDEFINED, False) when none is done yet."""
         requests = list(requests)
-        for r in requests:
-            if r._network is not None:
-                _progress(r._network)
-                break
+        if not any(r._active() for r in requests):
+            _fill(status, None)
+            return UNDEFINED, True
+        Request._progress_any(requests)
         for i, r in enumerate(requests):
-            if r._ready():
+            if r._active() and r._ready():
                 r._complete(status)
                 return i, True
         return UNDEFINED, False
 
+    @staticmethod
+    def testany(requests: Sequence["Request"], status: Optional[Status] = None):
+        requests = list(requests)
+        index, done = Request.Testany(requests, status)
+        return index, done, (requests[index]._result if done and index != UNDEFINED else None)
+
+    @staticmethod
+    def Get_status_any(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple[int, bool]:
+        requests = list(requests)
+        if not any(r._active() for r in requests):
+            _fill(status, None)
+            return UNDEFINED, True
+        Request._progress_any(requests)
+        for i, r in enumerate(requests):
+            if r._active() and r._ready():
+                r.Get_status(status)
+                return i, True
+        return UNDEFINED, False
+
+    get_status_any = Get_status_any
+
+
+def _share(new: Request, old: Request) -> None:
+    """Make ``new`` the same request as ``old`` (the copy constructors)."""
+    if isinstance(new, (Prequest, Grequest)) and not isinstance(old, type(new)):
+        raise TypeError(f"{type(new).__name__}() cannot copy a {type(old).__name__}")
+    new.__dict__ = old.__dict__
+
 
 REQUEST_NULL = Request()
-REQUEST_NULL._done = True
 
 
 class Prequest(Request):
     """A persistent request (Send_init, Recv_init...): Start() begins the
-    operation again each time; Wait/Test complete the current one."""
+    operation again each time; Wait/Test complete the current one. It is
+    active between Start() and its completion."""
 
-    def __init__(self, start: Callable[[], Request]):
+    def __init__(self, start=None):
+        if isinstance(start, Request):
+            _share(self, start)
+            return
         super().__init__()
-        self._persistent = start
-        self._done = True
+        self._persistent: Optional[Callable[[], Request]] = start
         self._current: Optional[Request] = None
 
     def Start(self) -> None:
+        if self._persistent is None:
+            raise _error(ERR_OTHER, "Start: the persistent request was freed")
         self._current = self._persistent()
         self._network = self._current._network
+
+    start = Start
 
     @staticmethod
     def Startall(requests: Sequence["Prequest"]) -> None:
         for r in requests:
             r.Start()
+
+    startall = Startall
+
+    def _active(self) -> bool:
+        return self._current is not None
 
     def _ready(self) -> bool:
         return self._current is None or self._current._ready()
@@ -302,25 +479,32 @@ class Prequest(Request):
     def _requests(self) -> list:
         return [] if self._current is None else self._current._requests()
 
+    def _fields(self):
+        return None if self._current is None else self._current._fields()
+
     def _complete(self, status: Optional[Status]) -> None:
         cur, self._current = self._current, None
         if cur is None:
-            if status is not None:
-                status._set(ANY_SOURCE, ANY_TAG, 0)
+            _fill(status, None)
             return
         cur._complete(status)
         self._result = cur._result
 
     def Wait(self, status: Optional[Status] = None) -> bool:
-        if self._current is not None:
-            self._current.Wait(status)
-            self._current = None
+        cur, self._current = self._current, None
+        if cur is None:
+            _fill(status, None)
+        else:
+            cur.Wait(status)
+            self._result = cur._result
         return True
 
     def Test(self, status: Optional[Status] = None) -> bool:
-        if self._current is not None and not self._current.Test(status):
-            return False
-        self._current = None
+        if self._current is not None and not self._current._ready():
+            _progress(self._network)
+            if not self._current._ready():
+                return False
+        self._complete(status)
         return True
 
     def Cancel(self) -> None:
@@ -331,10 +515,149 @@ class Prequest(Request):
         self._persistent, self._current = None, None
 
     def __bool__(self) -> bool:
-        return self._persistent is not None
+        return self.__dict__.get("_persistent") is not None
+
+
+
+class Grequest(Request):
+    """A generalized request: the application says when its operation is
+    done (Complete); query_fn fills the status, free_fn runs when the request
+    completes, cancel_fn(completed) on Cancel. An exception in a callback
+    prints its traceback and is raised as an MPI.Exception (its own error
+    class for an MPI.Exception, ERR_OTHER otherwise)."""
+
+    def __init__(self, request=None):
+        if isinstance(request, Request):
+            _share(self, request)
+            return
+        if request is not None:
+            raise TypeError(f"Grequest() takes a Grequest to copy, got {type(request).__name__}")
+        super().__init__()
+
+    @classmethod
+    def Start(cls, query_fn=None, free_fn=None, cancel_fn=None, args=None, kwargs=None) -> "Grequest":
+        for name, fn in (("query_fn", query_fn), ("free_fn", free_fn), ("cancel_fn", cancel_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"Grequest.Start: {name} must be callable or None, got {type(fn).__name__}")
+        req = cls()
+        req._done = False
+        req._completed = False
+        req._callbacks = (query_fn, free_fn, cancel_fn, tuple(args or ()), dict(kwargs or {}))
+        return req
+
+    start = Start
+
+    def Complete(self) -> None:
+        """The operation is done: Wait/Test may now complete the request."""
+        self._completed = True
+
+    def complete(self, obj: Any = None) -> None:
+        """Complete, with ``obj`` as what wait()/test() return."""
+        self._result = obj
+        self.Complete()
+
+    def _ready(self) -> bool:
+        return self._done or self._completed
+
+    def _fields(self):
+        status = Status()
+        self._call(0, status)
+        return (status.source, status.tag, status.count, status.cancelled)
+
+    def _call(self, which: int, *first):
+        fn = self._callbacks[which]
+        if fn is None:
+            return
+        *_, args, kwargs = self._callbacks
+        try:
+            fn(*first, *args, **kwargs)
+        except BaseException as exc:
+            traceback.print_exc(file=sys.stderr)
+            code = exc.Get_error_class() if isinstance(exc, _MPIException) else ERR_OTHER
+            raise _error(code, f"generalized request: {exc!r}") from exc
+
+    def _finish(self) -> None:
+        try:
+            self._status = self._fields()
+        finally:
+            self._call(1)
+
+    def Cancel(self) -> None:
+        if not self._done:
+            self._call(2, self._completed)
 
 
 def _done_request(status=None) -> Request:
-    req = Request(status=status)
-    req._done = True
-    return req
+    """A request whose operation has nothing left to do (to or from
+    PROC_NULL): active until a Wait or Test completes it, as in MPI."""
+    return Request(status=status or _EMPTY)
+
+
+# ---- partitioned point to point (Psend_init / Precv_init) ----
+
+class _Partitioned(Prequest):
+    """A partitioned send or receive. The whole buffer travels as one
+    message: a send posts it once every partition is marked ready (Pready);
+    a receive's partitions all arrive when that message has. MPI allows this
+    (a transfer may wait for the last partition); it forgoes the overlap
+    that sending partitions early would give."""
+
+    def __init__(self, post: Callable[[], Request], partitions: int, sending: bool):
+        import operator
+        partitions = operator.index(partitions)
+        if partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {partitions}")
+        super().__init__(self._begin if sending else post)
+        self._post, self._partitions, self._sending = post, partitions, sending
+        self._marked: set = set()
+
+    def _begin(self) -> Request:
+        self._marked = set()
+        waiting = Grequest.Start()  # completes when the application has marked every partition
+        return waiting
+
+    def _partition(self, i, what: str) -> int:
+        import operator
+        i = operator.index(i)
+        if not 0 <= i < self._partitions:
+            raise _error(ERR_OTHER, f"{what}: partition {i} is not in [0, {self._partitions})")
+        if self._current is None:
+            raise _error(ERR_OTHER, f"{what}: the request is not started")
+        return i
+
+    def Pready(self, partition: int) -> None:
+        """Partition ``partition`` of the send buffer may be sent."""
+        self.Pready_list([partition])
+
+    def Pready_range(self, partition_low: int, partition_high: int) -> None:
+        self.Pready_list(range(partition_low, partition_high + 1))
+
+    def Pready_list(self, partitions) -> None:
+        if not self._sending:
+            raise _error(ERR_OTHER, "Pready: the request is a partitioned receive")
+        self._marked.update(self._partition(i, "Pready") for i in partitions)
+        if len(self._marked) == self._partitions and isinstance(self._current, Grequest):
+            self._current = self._post()
+            self._network = self._current._network
+
+    def Parrived(self, partition: int) -> bool:
+        """Whether partition ``partition`` of the receive buffer has arrived."""
+        if self._sending:
+            raise _error(ERR_OTHER, "Parrived: the request is a partitioned send")
+        if self._current is None:
+            return True
+        self._partition(partition, "Parrived")
+        if self._network is not None:
+            _progress(self._network)
+        return self._current._ready()
+
+    def Wait(self, status: Optional[Status] = None) -> bool:
+        if isinstance(self._current, Grequest):
+            raise _error(ERR_OTHER, f"Wait: partitions {sorted(set(range(self._partitions)) - self._marked)} "
+                                    "of the partitioned send were never marked ready (Pready)")
+        return super().Wait(status)
+
+    def Test(self, status: Optional[Status] = None) -> bool:
+        if isinstance(self._current, Grequest):
+            return False
+        return super().Test(status)

@@ -1,0 +1,298 @@
+"""Point-to-point details of collie's MPI (collie.compat.mpi): request
+lifetimes, synchronous sends, matched probes, generalized and partitioned
+requests, MPI.pickle, MPI.buffer and Status memory.
+
+Bodies run on real collie ranks (tests/harness.py) and check what they
+receive against what the senders computed with NumPy / plain Python.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def mpi():
+    from collie.compat import mpi as MPI
+    return MPI
+
+
+def run(body, n):
+    return run_ranks(body, n, timeout=90)
+
+
+# ---- requests: active until completed ----
+
+def _request_lifetime_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    # a request to PROC_NULL is active until waited, then it is REQUEST_NULL
+    req = comm.isend("gone", MPI.PROC_NULL)
+    assert req and req != MPI.REQUEST_NULL
+    st = MPI.Status()
+    req.Wait(st)
+    assert not req and req == MPI.REQUEST_NULL and st.source == MPI.ANY_SOURCE
+    assert req.wait() is None  # an inactive request: at once, nothing received
+    # the ring: every rank sends its rank's square, receives its left neighbour's
+    right, left = (rank + 1) % size, (rank - 1) % size
+    rreq = comm.irecv(source=left, tag=5)
+    sreq = comm.isend({"from": rank, "x": rank * rank}, right, tag=5)
+    got = MPI.Request.waitall([rreq, sreq])
+    assert got == [{"from": left, "x": left * left}, None]
+    assert not rreq and not sreq
+    # Waitany/Testany/Waitsome ignore inactive requests; all inactive: UNDEFINED / None
+    reqs = [comm.irecv(source=rank, tag=t) for t in range(3)]
+    for t in (2, 0, 1):
+        comm.send(t * 10, rank, tag=t)
+        index, obj = MPI.Request.waitany(reqs)
+        assert (index, obj) == (t, t * 10) and not reqs[index]
+    assert MPI.Request.waitany(reqs) == (MPI.UNDEFINED, None)
+    assert MPI.Request.Testany(reqs) == (MPI.UNDEFINED, True)
+    assert MPI.Request.Waitsome(reqs) is None and MPI.Request.Testsome(reqs) is None
+    # Get_status says done without completing; copies are the same request
+    req = comm.irecv(source=rank, tag=9)
+    comm.send(b"xyz", rank, tag=9)
+    while not req.Get_status(st):
+        pass
+    assert req and st.tag == 9 and st.source == rank
+    copy = MPI.Request(req)
+    assert copy == req and MPI.Request.fromhandle(req.handle) == req
+    assert copy.wait() == b"xyz" and not req
+    return True
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_request_lifetime(n):
+    assert run(_request_lifetime_body, n) == [True] * n
+
+
+# ---- synchronous sends to oneself, cancel ----
+
+def _ssend_self_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD.Dup()
+    reqs = [comm.issend(("m", i), rank, tag=i) for i in range(4)]
+    assert not MPI.Request.Testall(reqs) and MPI.Request.Testsome(reqs) == []
+    assert comm.recv(source=rank, tag=2) == ("m", 2)
+    done = []
+    while not done:
+        done = MPI.Request.Testsome(reqs)
+    assert done == [2]  # only the message a receive took
+    # an unmatched synchronous send to oneself can be cancelled
+    reqs[0].Cancel()
+    st = MPI.Status()
+    assert reqs[0].Get_status(st) and st.Is_cancelled()
+    reqs[0].Free()
+    assert comm.Iprobe(source=rank, tag=0) is False  # the cancelled message is gone
+    for t in (1, 3):
+        assert comm.recv(source=rank, tag=t) == ("m", t)
+    MPI.Request.Waitall(reqs)
+    assert not any(reqs)
+    comm.Free()
+    return True
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_ssend_to_oneself_waits_for_its_receive(n):
+    assert run(_ssend_self_body, n) == [True] * n
+
+
+# ---- matched probes ----
+
+def _mprobe_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    assert comm.Improbe(source=MPI.ANY_SOURCE, tag=7) is None
+    comm.Barrier()
+    data = np.arange(rank * 10, rank * 10 + 5, dtype=np.float64)
+    sreqs = [comm.Isend(data, dest, tag=7) for dest in range(size)]
+    for _ in range(size):
+        st = MPI.Status()
+        msg = comm.Mprobe(MPI.ANY_SOURCE, 7, st)
+        assert msg and st.Get_count(MPI.DOUBLE) == 5
+        # the probed message is taken: each rank sent one, so no other is there
+        assert not comm.Iprobe(source=st.source, tag=7)
+        got = np.empty(5)
+        msg.Recv(got)
+        assert not msg and msg == MPI.MESSAGE_NULL
+        src = st.source
+        np.testing.assert_array_equal(got, np.arange(src * 10, src * 10 + 5, dtype=np.float64))
+    MPI.Request.Waitall(sreqs)
+    # objects: mprobe + irecv; PROC_NULL gives a copy of MESSAGE_NO_PROC
+    comm.send({"r": rank}, (rank + 1) % size, tag=8)
+    m = comm.mprobe((rank - 1) % size, 8)
+    assert m.irecv().wait() == {"r": (rank - 1) % size}
+    noproc = comm.Mprobe(MPI.PROC_NULL)
+    assert noproc == MPI.MESSAGE_NO_PROC and noproc.recv() is None and noproc == MPI.MESSAGE_NULL
+    assert MPI.MESSAGE_NO_PROC  # the constant itself stays
+    comm.Barrier()
+    return True
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_matched_probe(n):
+    assert run(_mprobe_body, n) == [True] * n
+
+
+# ---- partitioned point to point ----
+
+def _partitioned_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    parts, per = 3, 4
+    right, left = (rank + 1) % size, (rank - 1) % size
+    sbuf = np.zeros(parts * per, dtype=np.int64)
+    rbuf = np.full(parts * per, -1, dtype=np.int64)
+    sreq = comm.Psend_init(sbuf, parts, right, tag=3)
+    rreq = comm.Precv_init(rbuf, parts, left, tag=3)
+    for rnd in range(2):
+        rreq.Start()
+        sreq.Start()
+        for p in reversed(range(parts)):  # any order
+            sbuf[p * per:(p + 1) * per] = rank * 100 + rnd * 10 + p
+            sreq.Pready(p)
+        for p in range(parts):
+            while not rreq.Parrived(p):
+                pass
+        MPI.Request.Waitall([sreq, rreq])
+        want = np.repeat([left * 100 + rnd * 10 + p for p in range(parts)], per)
+        np.testing.assert_array_equal(rbuf, want)
+    sreq.Free()
+    rreq.Free()
+    assert sreq == MPI.REQUEST_NULL
+    return True
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_partitioned(n):
+    assert run(_partitioned_body, n) == [True] * n
+
+
+# ---- pickle, generalized requests, status, buffer (one process) ----
+
+def _pickle_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    try:
+        MPI.pickle.__init__(lambda o: json.dumps(o).encode(), lambda b: json.loads(bytes(b)))
+        obj = {"rank": rank, "xs": list(range(rank + 2))}
+        got = comm.sendrecv(obj, (rank + 1) % size, 0, None, (rank - 1) % size, 0)
+        assert got == {"rank": (rank - 1) % size, "xs": list(range((rank - 1) % size + 2))}
+    finally:
+        MPI.pickle.__init__()
+    # an empty message received as an object is None, as in mpi4py
+    comm.Send(np.empty(0, dtype=np.uint8), rank, 1)
+    assert comm.recv(source=rank, tag=1) is None
+    data, bufs = MPI.pickle.dumps_oob(np.arange(10**5, dtype=np.float64))
+    assert len(bufs) == 1 and type(bufs[0]) is MPI.buffer
+    np.testing.assert_array_equal(MPI.pickle.loads_oob(data, bufs), np.arange(10**5, dtype=np.float64))
+    return True
+
+
+@pytest.mark.parametrize("n", [2])
+def test_pickle(n):
+    assert run(_pickle_body, n) == [True] * n
+
+
+def test_grequest_status_and_callbacks():
+    MPI = mpi()
+    calls = []
+    greq = MPI.Grequest.Start(lambda st: (calls.append("query"), st.Set_source(3), st.Set_tag(7)),
+                              lambda: calls.append("free"), lambda done: calls.append(("cancel", done)))
+    assert greq and not greq.Test()
+    greq.Cancel()
+    greq.complete("result")
+    st = MPI.Status()
+    assert greq.wait(st) == "result" and (st.source, st.tag) == (3, 7)
+    assert calls == [("cancel", False), "query", "free"] and not greq
+    bad = MPI.Grequest.Start(lambda st: 1 / 0)
+    bad.Complete()
+    with pytest.raises(MPI.Exception) as info:
+        bad.Wait()
+    assert info.value.Get_error_class() == MPI.ERR_OTHER
+    with pytest.raises(TypeError):
+        MPI.Prequest(MPI.Grequest.Start())
+
+
+def test_status_fields_and_memory():
+    MPI = mpi()
+    st = MPI.Status()
+    st.source, st.tag, st.error = 11, 22, 33
+    st.Set_elements(MPI.DOUBLE, 3)
+    st.Set_cancelled(True)
+    copy = MPI.Status(st)
+    assert (copy.source, copy.tag, copy.error, copy.Get_count(MPI.DOUBLE), copy.cancelled) == (11, 22, 33, 3, True)
+    assert pickle.loads(pickle.dumps(st)) == st
+    mem = st.tomemory()
+    mem[list(mem).index(22)] = 222
+    assert st.tag == 222
+    with pytest.raises(TypeError):
+        MPI.Status(5)
+
+
+def test_buffer():
+    MPI = mpi()
+    raw = bytearray(b"abcdef")
+    buf = MPI.buffer(raw)
+    assert buf.obj is raw and buf.nbytes == 6 and not buf.readonly and buf.address != 0
+    buf[1:3] = b"XY"
+    assert raw == bytearray(b"aXYdef") and buf[0] == ord("a")
+    assert MPI.buffer(b"ro").readonly
+    with pytest.raises(TypeError):
+        MPI.buffer(b"ro")[:] = 0
+    with pytest.raises(IndexError):
+        buf[::2]
+    with pytest.raises(TypeError):
+        MPI.buffer(None)
+    mem = MPI.Alloc_mem(8)
+    assert type(mem) is MPI.buffer and mem.nbytes == 8 and bytes(mem) == bytes(8)
+    MPI.Free_mem(mem)
+    assert mem.nbytes == 0 and mem.address == 0
+
+
+# ---- DLPack producers that take only stream= ----
+
+class _StreamOnlyProducer:
+    """A DLPack producer of the older kind: __dlpack__(stream=None) only, an
+    unversioned capsule (NumPy would import it read-only)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_stream_only_dlpack_producer_is_a_writable_view():
+    from collie.arrays import Buffer, to_numpy
+    base = np.arange(6, dtype=np.float32)
+    view, _ = to_numpy(_StreamOnlyProducer(base))
+    assert view.flags.writeable and np.shares_memory(view, base)
+    Buffer(_StreamOnlyProducer(base), writable=True).flat[:] = 7
+    assert base.tolist() == [7.0] * 6
+
+
+def _dlpack_recv_body(rank, size):
+    import collie
+    MPI = mpi()
+    got = np.zeros(4, dtype=np.int64)
+    MPI.COMM_WORLD.Sendrecv(np.full(4, rank, dtype=np.int64), (rank + 1) % size, 0,
+                            _StreamOnlyProducer(got), (rank - 1) % size, 0)
+    out = np.zeros(3)
+    collie.broadcast(_StreamOnlyProducer(out) if rank else np.arange(3.0), src=0)
+    return got.tolist(), out.tolist()
+
+
+def test_stream_only_dlpack_producer_receives():
+    results = run(_dlpack_recv_body, 2)
+    assert results == [([1] * 4, [0.0, 0.0, 0.0]), ([0] * 4, [0.0, 1.0, 2.0])]
