@@ -57,16 +57,16 @@ on other peers; they simply catch those peers' next messages.
 from __future__ import annotations
 
 from . import (alltoallw, buffers, comm, commctx, constants, datatype, environ, exceptions, group, info, intercomm,
-               memory, message, op, p2p, pickling, request, session, status, topology)
+               memory, message, op, p2p, pickling, request, session, status, topology, win)
 from .environ import _comm
 
 __all__: list = []
 for _m in (constants, exceptions, info, group, datatype, op, status, request, comm, intercomm, session, topology,
-           environ, memory, pickling, message, commctx):
+           environ, memory, pickling, message, commctx, win):
     __all__ += _m.__all__
     globals().update({_n: getattr(_m, _n) for _n in _m.__all__})
 del (_m, alltoallw, buffers, comm, commctx, constants, datatype, environ, exceptions, group, info, intercomm, memory,
-     message, op, p2p, pickling, request, session, status, topology)
+     message, op, p2p, pickling, request, session, status, topology, win)
 __all__ += ["COMM_WORLD", "COMM_SELF"]
 
 

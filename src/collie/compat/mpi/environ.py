@@ -164,8 +164,11 @@ def Free_mem(mem) -> None:
 def Get_address(location) -> int:
     """The address of a buffer's first byte (BOTTOM: 0)."""
     from .constants import BOTTOM
+    from .memory import buffer
     if location is BOTTOM:
         return 0
+    if isinstance(location, buffer):  # MPI.buffer() (a window without memory) has address 0
+        return location.address
     import numpy as np
     from .buffers import to_numpy  # DLPack producers read as mpi4py reads them
     arr, _ = to_numpy(location, "Get_address location")

@@ -139,6 +139,9 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
     def __delitem__(self, index) -> None:
         raise NotImplementedError("buffer: cannot delete bytes")
 
+    def __bool__(self) -> bool:  # as a sequence's: non-empty (an array of many bytes has no truth)
+        return self.nbytes > 0
+
     def __repr__(self) -> str:
         return f"<MPI.buffer nbytes={self.nbytes} readonly={self.readonly}>"
 
