@@ -12,7 +12,9 @@ import numpy as np
 from ...arrays import to_numpy as _arrays_to_numpy
 from ...group import ProcessGroup
 from .constants import IN_PLACE
-from .datatype import _as_dtype, _is_datatype
+from . import typemap
+from .constants import BOTTOM
+from .datatype import _as_dtype, _is_datatype, _is_derived
 from .op import Op
 
 __all__ = []
@@ -175,32 +177,15 @@ class _Buf:
             else:
                 raise ValueError(f"{what}: a buffer spec has 2 to 4 items ([buf, datatype], "
                                  f"[buf, count, datatype], ...), got {n}")
-        if obj is None:  # [None, datatype], [None, 0, datatype]: an empty buffer, as in mpi4py
-            if isinstance(count, (list, tuple)) and not any(count) or not count:
-                count = [0] * blocks if vector else None
-                if vector:
-                    displ = [0] * blocks
-            else:
-                raise ValueError(f"{what}: a None buffer cannot hold {count} elements")
-            arr = np.zeros(0, dtype=np.uint8 if datatype is None else _as_dtype(datatype))
-            datatype = None
-        else:
-            arr, _ = to_numpy(obj, what)
-        if writable and not arr.flags.writeable:
-            raise ValueError(f"{what} is read-only, but it receives data")
         self._finish = None
-        if arr.flags.c_contiguous or arr.flags.f_contiguous:
-            flat = arr.ravel(order="K")  # a view, in memory order
+        if _is_derived(datatype) and obj is not None:
+            flat, k, count, displ = self._packed(obj, datatype, count, displ, blocks, vector, writable, what)
+            count, displ = _scaled(count, k), _scaled(displ, k)
         else:
-            flat = np.ascontiguousarray(arr).reshape(-1)
-            if writable:
-                self._finish = lambda: np.copyto(arr, flat.reshape(arr.shape))
-        if datatype is not None:
-            dtype = _as_dtype(datatype)
-            if dtype != flat.dtype:
-                if dtype.itemsize == 0 or flat.nbytes % dtype.itemsize:
-                    raise ValueError(f"{what}: {flat.nbytes} bytes are not a whole number of {datatype!r}")
-                flat = flat.view(np.uint8).view(dtype)
+            flat = self._plain(obj, count, datatype, vector, blocks, writable, what)
+            if obj is None:
+                count = [0] * blocks if vector else None
+                displ = [0] * blocks if vector else None
         self.flat = flat
         total = flat.size
         self.counts = self.displs = None
@@ -222,6 +207,57 @@ class _Buf:
             if self.displ + self.count * max(blocks, 1) > total:
                 raise ValueError(f"{what}: {max(blocks, 1)} block(s) of {self.count} elements from "
                                  f"{self.displ} do not fit in {total} elements")
+
+    def _plain(self, obj, count, datatype, vector: bool, blocks: int, writable: bool, what: str) -> np.ndarray:
+        """The buffer as a 1-D array of its datatype (a view of the caller's memory when it can be)."""
+        if obj is None:  # [None, datatype], [None, 0, datatype]: an empty buffer, as in mpi4py
+            if not (isinstance(count, (list, tuple)) and not any(count) or not count):
+                raise ValueError(f"{what}: a None buffer cannot hold {count} elements")
+            return np.zeros(0, dtype=np.uint8 if datatype is None else _as_dtype(datatype))
+        arr, _ = to_numpy(obj, what)
+        if writable and not arr.flags.writeable:
+            raise ValueError(f"{what} is read-only, but it receives data")
+        if arr.flags.c_contiguous or arr.flags.f_contiguous:
+            flat = arr.ravel(order="K")  # a view, in memory order
+        else:
+            flat = np.ascontiguousarray(arr).reshape(-1)
+            if writable:
+                self._finish = lambda: np.copyto(arr, flat.reshape(arr.shape))
+        if datatype is not None:
+            dtype = _as_dtype(datatype)
+            if dtype != flat.dtype:
+                if dtype.itemsize == 0 or flat.nbytes % dtype.itemsize:
+                    raise ValueError(f"{what}: {flat.nbytes} bytes are not a whole number of {datatype!r}")
+                flat = flat.view(np.uint8).view(dtype)
+        return flat
+
+    def _packed(self, obj, datatype, count, displ, blocks: int, vector: bool, writable: bool, what: str):
+        """A derived datatype's items packed into a contiguous copy (unpacked
+        back into the caller's memory by finish() when it receives), as
+        elements of the type's one basic dtype (k per item), or as opaque
+        items (k = 1) when it mixes several.
+
+        Returns (flat, k, count, displ), count and displ still in items.
+        """
+        t = datatype._t
+        if obj is BOTTOM:  # the type's displacements are absolute addresses
+            span = typemap.Span(None)
+            n = _bottom_items(count, displ, blocks, vector, what)
+        else:
+            mem = _bytes(obj, what, writable)
+            span = typemap.Span(mem)
+            n = typemap.fit(datatype, mem.size)
+            if not vector and count is not None:
+                n = min(n, (displ or 0) + _count(count, f"{what} count") * max(blocks, 1))
+        packed = typemap.pack(datatype, n, span, what)
+        if writable:
+            self._finish = lambda: typemap.unpack(datatype, n, packed, span, what)
+        size, basic = t.size, t.basic
+        if size == 0:
+            return packed, 0, count, displ
+        if basic is not None and size % basic.itemsize == 0:
+            return packed.view(basic), size // basic.itemsize, count, displ
+        return packed.view(f"V{size}"), 1, count, displ
 
     def _vector(self, counts, displs, blocks: int, total: int, what: str) -> None:
         if counts is None:
@@ -257,6 +293,37 @@ class _Buf:
     def finish(self) -> None:
         if self._finish is not None:
             self._finish()
+
+
+def _scaled(x, k: int):
+    """A count, displacement or list of them, in items, as elements (k per item)."""
+    if x is None:
+        return None
+    if isinstance(x, (list, tuple)):
+        return [operator.index(v) * k for v in x]
+    return operator.index(x) * k
+
+
+def _bottom_items(count, displ, blocks: int, vector: bool, what: str) -> int:
+    """How many items a message at MPI.BOTTOM spans: its counts must be given."""
+    if vector:
+        if not isinstance(count, (list, tuple)):
+            raise ValueError(f"{what}: a buffer at MPI.BOTTOM needs its counts and displacements")
+        displs = displ if isinstance(displ, (list, tuple)) else [sum(count[:i]) for i in range(len(count))]
+        return max((c + d for c, d in zip(count, displs) if c), default=0)
+    if count is None:
+        return 0
+    return (displ or 0) + _count(count, f"{what} count") * max(blocks, 1)
+
+
+def _bytes(obj, what: str, writable: bool) -> np.ndarray:
+    """A buffer's memory as 1-D bytes (a view; a derived datatype addresses it by byte)."""
+    arr, _ = to_numpy(obj, what)
+    if writable and not arr.flags.writeable:
+        raise ValueError(f"{what} is read-only, but it receives data")
+    if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+        raise ValueError(f"{what}: a buffer with a derived datatype must be contiguous")
+    return arr.reshape(-1, order="A").view(np.uint8) if arr.size else np.zeros(0, dtype=np.uint8)
 
 
 def _u8(a: np.ndarray) -> np.ndarray:
