@@ -14,7 +14,7 @@ from ...group import ProcessGroup
 from .constants import IN_PLACE
 from . import typemap
 from .constants import BOTTOM
-from .datatype import _as_dtype, _is_datatype, _is_derived
+from .datatype import Datatype, _as_dtype, _is_datatype, _is_derived
 from .op import Op
 
 __all__ = []
@@ -178,6 +178,14 @@ class _Buf:
                 raise ValueError(f"{what}: a buffer spec has 2 to 4 items ([buf, datatype], "
                                  f"[buf, count, datatype], ...), got {n}")
         self._finish = None
+        if isinstance(datatype, Datatype) and not datatype:
+            if count or displ or (count is None and obj is not None and obj is not BOTTOM):
+                raise ValueError(f"{what}: the datatype is MPI.DATATYPE_NULL")
+            obj, datatype = None, None
+        if obj is BOTTOM and not _is_derived(datatype):
+            if count or (isinstance(count, (list, tuple)) and any(count)):
+                raise ValueError(f"{what}: data at MPI.BOTTOM needs a derived datatype of absolute addresses")
+            obj = None
         if _is_derived(datatype) and obj is not None:
             flat, k, count, displ = self._packed(obj, datatype, count, displ, blocks, vector, writable, what)
             count, displ = _scaled(count, k), _scaled(displ, k)
@@ -237,18 +245,41 @@ class _Buf:
         elements of the type's one basic dtype (k per item), or as opaque
         items (k = 1) when it mixes several.
 
-        Returns (flat, k, count, displ), count and displ still in items.
+        Counts and displacements are read as mpi4py reads them (displacements
+        in extents; a count left out is the buffer's length over the
+        extent). Returns (flat, k, count, displ), count and displ in items of
+        flat's origin.
         """
         t = datatype._t
+        ext = t.ub - t.lb
         if obj is BOTTOM:  # the type's displacements are absolute addresses
-            span = typemap.Span(None)
-            n = _bottom_items(count, displ, blocks, vector, what)
+            span, length = typemap.Span(None), 0
         else:
             mem = _bytes(obj, what, writable)
-            span = typemap.Span(mem)
-            n = typemap.fit(datatype, mem.size)
-            if not vector and count is not None:
-                n = min(n, (displ or 0) + _count(count, f"{what} count") * max(blocks, 1))
+            span, length = typemap.Span(mem), mem.size
+        if vector:
+            if count is None:
+                total = _inferred(length, ext, what) if length else 0
+                self._vector(None, displ, blocks, total, what)
+            else:
+                self._vector(count, displ, blocks, None, what)
+            count, displ = self.counts, self.displs
+            n = max((c + d for c, d in zip(count, displ) if c), default=0)
+        else:
+            d = 0 if displ is None else _count(displ, f"{what} displacement")
+            if d:
+                if ext <= 0:
+                    raise ValueError(f"{what}: cannot take a displacement with a datatype of extent {ext}")
+                if d * ext > length:
+                    raise ValueError(f"{what}: displacement {d} is past the end ({length // ext} items)")
+                span = typemap.Span(span.mem, d * ext)
+            if count is None:
+                left = _inferred(length - d * ext, ext, what) if length - d * ext else 0
+                if left % max(blocks, 1):
+                    raise ValueError(f"{what}: {left} items do not split into {blocks} equal blocks (one per rank)")
+                count = left // max(blocks, 1)
+            count, displ = _count(count, f"{what} count"), 0
+            n = count * max(blocks, 1)
         packed = typemap.pack(datatype, n, span, what)
         if writable:
             self._finish = lambda: typemap.unpack(datatype, n, packed, span, what)
@@ -259,7 +290,7 @@ class _Buf:
             return packed.view(basic), size // basic.itemsize, count, displ
         return packed.view(f"V{size}"), 1, count, displ
 
-    def _vector(self, counts, displs, blocks: int, total: int, what: str) -> None:
+    def _vector(self, counts, displs, blocks: int, total: Optional[int], what: str) -> None:
         if counts is None:
             counts = [total // blocks + (total % blocks > i) for i in range(blocks)]
         elif isinstance(counts, (int, np.integer)):
@@ -276,7 +307,7 @@ class _Buf:
             raise ValueError(f"{what}: counts and displs need one entry per rank ({blocks}), "
                              f"got {len(counts)} and {len(displs)}")
         for c, d in zip(counts, displs):
-            if c + d > total:
+            if total is not None and c + d > total:
                 raise ValueError(f"{what}: block of {c} elements at {d} is past the end ({total} elements)")
         self.counts, self.displs = counts, displs
 
@@ -304,16 +335,14 @@ def _scaled(x, k: int):
     return operator.index(x) * k
 
 
-def _bottom_items(count, displ, blocks: int, vector: bool, what: str) -> int:
-    """How many items a message at MPI.BOTTOM spans: its counts must be given."""
-    if vector:
-        if not isinstance(count, (list, tuple)):
-            raise ValueError(f"{what}: a buffer at MPI.BOTTOM needs its counts and displacements")
-        displs = displ if isinstance(displ, (list, tuple)) else [sum(count[:i]) for i in range(len(count))]
-        return max((c + d for c, d in zip(count, displs) if c), default=0)
-    if count is None:
-        return 0
-    return (displ or 0) + _count(count, f"{what} count") * max(blocks, 1)
+def _inferred(length: int, ext: int, what: str) -> int:
+    """The count of items a buffer of ``length`` bytes holds, as mpi4py infers it."""
+    if ext <= 0:
+        raise ValueError(f"{what}: cannot infer the count with a datatype of extent {ext}")
+    if length % ext:
+        raise ValueError(f"{what}: cannot infer the count, the buffer's {length} bytes are not a "
+                         f"multiple of the datatype's extent {ext}")
+    return length // ext
 
 
 def _bytes(obj, what: str, writable: bool) -> np.ndarray:

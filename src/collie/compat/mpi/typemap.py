@@ -59,7 +59,7 @@ def concat(parts: list) -> tuple:
     return merge(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
 
-def _raw(addr: int, nbytes: int) -> np.ndarray:
+def raw(addr: int, nbytes: int) -> np.ndarray:
     """The nbytes of memory at an absolute address, as a writable array."""
     if nbytes <= 0:
         return np.zeros(0, dtype=np.uint8)
@@ -76,10 +76,10 @@ class Span:
 
     def window(self, lo: int, hi: int, what: str) -> tuple:
         """The bytes [lo, hi) relative to the origin, and lo's index in them."""
-        if self.mem is None:  # MPI.BOTTOM: the offsets are addresses
-            if lo < 0 and hi > lo:
-                raise ValueError(f"{what}: address {lo} is not a valid address")
-            return _raw(lo, hi - lo), 0
+        if self.mem is None:  # MPI.BOTTOM: origin + offsets are addresses
+            if self.origin + lo <= 0 and hi > lo:
+                raise ValueError(f"{what}: address {self.origin + lo} is not a valid address")
+            return raw(self.origin + lo, hi - lo), 0
         lo_i, hi_i = self.origin + lo, self.origin + hi
         if hi > lo and (lo_i < 0 or hi_i > self.mem.size):
             raise ValueError(f"{what}: the datatype reaches bytes [{lo_i}, {hi_i}) of a "
