@@ -19,14 +19,20 @@ def _wspec(spec, n: int, what: str, writable: bool):
     """The n blocks of an Alltoallw spec as byte views, and what to run
     once they were received into (a copy-back when the buffer was copied,
     the unpacking of derived datatypes)."""
-    if not isinstance(spec, (list, tuple)) or len(spec) not in (3, 4):
+    if not isinstance(spec, (list, tuple)) or len(spec) not in (2, 3, 4):
         raise ValueError(f"{what}: expected [buf, (counts, displs), datatypes], got {spec!r}")
-    if len(spec) == 3:
+    if len(spec) == 2:
+        (buf, types), counts, displs = spec, None, None
+    elif len(spec) == 3:
         buf, (counts, displs), types = spec
     else:
         buf, counts, displs, types = spec
-    if counts is None or displs is None:
-        raise ValueError(f"{what}: Alltoallw needs counts and displacements")
+    if buf is BOTTOM and (counts is None or displs is None):
+        raise ValueError(f"{what}: a buffer at MPI.BOTTOM needs counts and displacements")
+    if counts is None and displs is None:  # one item per peer, at the buffer's start (mpi4py's default)
+        counts, displs = [1] * n, [0] * n
+    elif counts is None or displs is None:
+        raise ValueError(f"{what}: give both counts and displacements, or neither")
     counts = [_count(c, f"{what} counts") for c in counts]
     displs = [int(d) for d in displs]
     types = list(types) if isinstance(types, (list, tuple)) else [types] * n

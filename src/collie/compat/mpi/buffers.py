@@ -293,13 +293,13 @@ class _Buf:
     def _vector(self, counts, displs, blocks: int, total: Optional[int], what: str) -> None:
         if counts is None:
             counts = [total // blocks + (total % blocks > i) for i in range(blocks)]
-        elif isinstance(counts, (int, np.integer)):
+        elif _is_index(counts):
             counts = [_count(counts, f"{what} count")] * blocks
         else:
             counts = [_count(c, f"{what} counts") for c in counts]
         if displs is None:
             displs = [sum(counts[:i]) for i in range(blocks)]
-        elif isinstance(displs, (int, np.integer)):
+        elif _is_index(displs):
             displs = [_count(displs, f"{what} displacement") * i for i in range(blocks)]
         else:
             displs = [_count(d, f"{what} displs") for d in displs]
@@ -326,13 +326,24 @@ class _Buf:
             self._finish()
 
 
+def _is_index(x) -> bool:
+    """Whether x is one integer (an int, a NumPy integer or a 0-d integer array)."""
+    if isinstance(x, (list, tuple)):
+        return False
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
 def _scaled(x, k: int):
     """A count, displacement or list of them, in items, as elements (k per item)."""
     if x is None:
         return None
-    if isinstance(x, (list, tuple)):
-        return [operator.index(v) * k for v in x]
-    return operator.index(x) * k
+    if _is_index(x):
+        return operator.index(x) * k
+    return [operator.index(v) * k for v in x]
 
 
 def _inferred(length: int, ext: int, what: str) -> int:
@@ -372,7 +383,7 @@ def _only_root(buf, g: ProcessGroup, root: int, what: str, which: str) -> None:
 
 def _check_same(src: np.ndarray, dst: np.ndarray, what: str, sizes_ok: bool) -> None:
     if src.dtype != dst.dtype:
-        raise TypeError(f"{what}: sendbuf is {src.dtype} but recvbuf is {dst.dtype}")
+        raise ValueError(f"{what}: sendbuf is {src.dtype} but recvbuf is {dst.dtype}")
     if not sizes_ok:
         raise ValueError(f"{what}: sendbuf has {src.size} elements, recvbuf {dst.size}: they do not fit")
 

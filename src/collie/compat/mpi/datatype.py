@@ -786,6 +786,10 @@ def _datatype_for(dtype) -> Datatype:
 def _as_dtype(datatype) -> np.dtype:
     """The NumPy dtype a buffer is read as: a derived type reads as opaque
     items of its size (bytes moved as they are packed)."""
+    if isinstance(datatype, str):  # a type code, as mpi4py reads it
+        if datatype not in _CODES or not globals()[_CODES[datatype]]:
+            raise KeyError(f"cannot map {datatype!r} to MPI datatype")
+        datatype = globals()[_CODES[datatype]]
     if isinstance(datatype, Datatype):
         t = datatype._need("use")
         return t.dtype if t.dtype is not None else np.dtype(f"V{t.size}")
