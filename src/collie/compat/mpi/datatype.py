@@ -140,6 +140,11 @@ class Datatype:
         name = self._t.label or _COMBINER_NAMES[self._t.combiner].lower()
         return f"<MPI.Datatype {name}: size {self._t.size}, extent {self._t.ub - self._t.lb}>"
 
+    @property
+    def dtype(self) -> Optional[np.dtype]:
+        """collie's addition: the NumPy dtype of a predefined type (None for others)."""
+        return None if self._t is None else self._t.dtype
+
     def _need(self, what: str) -> _Type:
         if self._t is None:
             raise _err("ERR_TYPE", f"Datatype.{what} on MPI.DATATYPE_NULL")
@@ -736,6 +741,7 @@ for _name, _code in _PAIRS.items():
 for _name in _ABSENT:
     globals()[_name] = Datatype._of(None, _name)
 TWOINT = INT_INT  # noqa: F821 - made above
+BOOL = C_BOOL  # noqa: F821 - collie's name for it
 UNSIGNED_INT = UNSIGNED  # noqa: F821
 DATATYPE_NULL = Datatype._of(None, "DATATYPE_NULL")
 del _name, _code, _what, _d, _t
@@ -810,4 +816,4 @@ def _is_datatype(x) -> bool:
         isinstance(x, type) and issubclass(x, (np.generic, int, float, complex)))
 
 
-__all__ = ["Datatype", "DATATYPE_NULL", "_typecode", "_typealign", "TWOINT", "UNSIGNED_INT", *_NAMES, *_ABSENT]
+__all__ = ["Datatype", "DATATYPE_NULL", "_typecode", "_typealign", "TWOINT", "BOOL", "UNSIGNED_INT", *_NAMES, *_ABSENT]
