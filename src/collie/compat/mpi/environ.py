@@ -160,9 +160,9 @@ def Free_mem(mem) -> None:
 
 
 def Get_address(location) -> int:
-    """The address of a buffer's first byte (BOTTOM: 0)."""
+    """The address of a buffer's first byte (BOTTOM and None: 0)."""
     from .constants import BOTTOM
-    if location is BOTTOM:
+    if location is BOTTOM or location is None:
         return 0
     import numpy as np
     from .buffers import to_numpy  # DLPack producers read as mpi4py reads them

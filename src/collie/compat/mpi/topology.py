@@ -30,7 +30,7 @@ from .alltoallw import _wspec
 from .buffers import _Buf
 from .p2p import _Recv
 from .comm import COMM_NULL, Intracomm, _persistent, _topo_of
-from .constants import CART, DIST_GRAPH, GRAPH, PROC_NULL, UNDEFINED
+from .constants import CART, DIST_GRAPH, GRAPH, IN_PLACE, PROC_NULL, UNDEFINED
 from .exceptions import ERR_ARG, ERR_DIMS, _error
 from .request import Request
 
@@ -352,8 +352,11 @@ def _Ialltoallw(self, sendbuf, recvbuf) -> Request:
     g = self._g("Alltoallw")
     everyone = list(range(g.size))
     t = _Topo(GRAPH, inedges=everyone, outedges=everyone)
-    sends, _ = _wspec(sendbuf, g.size, "Alltoallw sendbuf", writable=False)
     recvs, finish = _wspec(recvbuf, g.size, "Alltoallw recvbuf", writable=True)
+    if sendbuf is IN_PLACE:  # what is sent is what recvbuf holds before it receives
+        sends = [memoryview(bytes(r)) for r in recvs]
+    else:
+        sends, _ = _wspec(sendbuf, g.size, "Alltoallw sendbuf", writable=False)
     return _exchange(self, t, "Alltoallw", sends, recvs, after=finish)
 
 
