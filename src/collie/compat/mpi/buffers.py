@@ -225,6 +225,9 @@ class _Buf:
         arr, _ = to_numpy(obj, what)
         if writable and not arr.flags.writeable:
             raise ValueError(f"{what} is read-only, but it receives data")
+        if datatype is None and not arr.dtype.isnative:
+            raise BufferError(f"{what} is {arr.dtype.str} (not this machine's byte order): give its datatype "
+                              "to send its bytes as they are")
         if arr.flags.c_contiguous or arr.flags.f_contiguous:
             flat = arr.ravel(order="K")  # a view, in memory order
         else:
