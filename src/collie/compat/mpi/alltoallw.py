@@ -44,10 +44,8 @@ def _wspec(spec, n: int, what: str, writable: bool):
         if any(sizes):
             raise ValueError(f"{what}: a None buffer cannot hold {sum(sizes)} bytes")
         return [memoryview(np.zeros(0, dtype=np.uint8))] * n, None
-    copy_back = None
-    if buf is BOTTOM:
-        raw = None
-    else:
+    copy_back = raw = None
+    if buf is not BOTTOM:
         arr, _ = to_numpy(buf, what)
         if writable and not arr.flags.writeable:
             raise ValueError(f"{what} is read-only, but it receives data")

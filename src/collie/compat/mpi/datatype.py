@@ -405,12 +405,11 @@ class Datatype:
         for x in (value, index):
             if not isinstance(x, Datatype) or x._t is None:
                 raise _err("ERR_TYPE", "Get_value_index: value and index must be non-null datatypes")
-        if index._t is not INT._t:
+        if index._t is not globals()["INT"]._t:
             return DATATYPE_NULL
-        for v, pair in ((SHORT, SHORT_INT), (INT, INT_INT), (LONG, LONG_INT), (FLOAT, FLOAT_INT),
-                        (DOUBLE, DOUBLE_INT), (LONG_DOUBLE, LONG_DOUBLE_INT)):
-            if value._t is v._t:
-                return pair
+        for pair, code in _PAIRS.items():
+            if value._t is Datatype.fromcode(code)._t:
+                return globals()[pair]
         return DATATYPE_NULL
 
     @classmethod
@@ -456,9 +455,6 @@ class Datatype:
     combiner = property(lambda self: self._need("combiner").combiner)
     is_named = property(lambda self: self._need("is_named").combiner == COMBINER_NAMED)
     is_predefined = property(lambda self: self._t is None or self._t.combiner in _PREDEFINED)
-
-    def _is_predefined(self) -> bool:
-        return self._t.combiner in _PREDEFINED
 
     def decode(self) -> tuple["Datatype", str, dict]:
         """(base type, combiner name, constructor keyword arguments), as mpi4py's decode."""
