@@ -75,11 +75,12 @@ class Span:
         self.mem, self.origin = mem, origin
 
     def window(self, lo: int, hi: int, what: str) -> tuple:
-        """The bytes [lo, hi) relative to the origin, and lo's index in them."""
+        """Memory holding the bytes [lo, hi) relative to the origin, and the
+        index in it of the origin (offset o is at index shift + o)."""
         if self.mem is None:  # MPI.BOTTOM: origin + offsets are addresses
             if self.origin + lo <= 0 and hi > lo:
                 raise ValueError(f"{what}: address {self.origin + lo} is not a valid address")
-            return raw(self.origin + lo, hi - lo), 0
+            return raw(self.origin + lo, hi - lo), -lo
         lo_i, hi_i = self.origin + lo, self.origin + hi
         if hi > lo and (lo_i < 0 or hi_i > self.mem.size):
             raise ValueError(f"{what}: the datatype reaches bytes [{lo_i}, {hi_i}) of a "
@@ -118,7 +119,10 @@ def pack(t, n: int, span: Span, what: str) -> np.ndarray:
     mem, offs, lens, ext, shift = _views(t, n, span, what)
     if mem is None:
         return out
-    if offs.size <= _FEW_RUNS:
+    if offs.size == 1 and lens[0] == ext:  # items that touch: one slice
+        start = shift + int(offs[0])
+        out[:] = mem[start:start + n * size]
+    elif offs.size <= _FEW_RUNS:
         out2 = out.reshape(n, size)
         at = 0
         for o, ln in zip(offs.tolist(), lens.tolist()):
@@ -138,7 +142,10 @@ def unpack(t, n: int, data: np.ndarray, span: Span, what: str) -> None:
         return
     if not mem.flags.writeable:
         raise ValueError(f"{what} is read-only, but it receives data")
-    if offs.size <= _FEW_RUNS:
+    if offs.size == 1 and lens[0] == ext:  # items that touch: one slice
+        start = shift + int(offs[0])
+        mem[start:start + n * size] = data[:n * size]
+    elif offs.size <= _FEW_RUNS:
         data2 = data[:n * size].reshape(n, size)
         at = 0
         for o, ln in zip(offs.tolist(), lens.tolist()):
