@@ -55,7 +55,7 @@ class _Type:
     def __init__(self, combiner, size, bounds, *, ints=(), addrs=(), types=(), label="", dtype=None,
                  basic=None, align=1, char=None, str_=None, code=None, runs_of=None):
         self.label, self.combiner = label, combiner
-        self.ints, self.addrs, self.types = list(ints), list(addrs), list(types)
+        self.ints, self.addrs, self.types = ints, addrs, types  # lists, owned by the record
         self.size = size
         self.lb, self.ub, self.tlb, self.tub = bounds
         self.dtype, self.basic, self.align = dtype, basic, align
@@ -210,8 +210,8 @@ class Datatype:
 
     def Dup(self) -> "Datatype":
         t = self._need("Dup")
-        return self._derive(COMBINER_DUP, t.size, (t.lb, t.ub, t.tlb, t.tub), types=[self], runs_of=t.runs,
-                            basic=t.basic, align=t.align, char=t.char, str_=t.str, code=t.code)
+        return type(self)._of(_Type(COMBINER_DUP, t.size, (t.lb, t.ub, t.tlb, t.tub), types=[t], runs_of=t.runs,
+                                    basic=t.basic, align=t.align, char=t.char, str_=t.str, code=t.code))
 
     Create_dup = Dup
 
@@ -463,7 +463,7 @@ class Datatype:
         name = _COMBINER_NAMES[c]
         if c == COMBINER_NAMED:
             return self, name, {}
-        _, _, _, types = self.Get_contents()
+        types = [r.const or Datatype._of(r) for r in t.types]
         base = types[0] if len(types) == 1 else DATATYPE_NULL
         if c == COMBINER_DUP:
             p = {}
