@@ -9,8 +9,9 @@ import numpy as np
 
 from ...arrays import to_numpy  # DLPack producers are read as mpi4py reads them
 from ...group import ProcessGroup
-from .constants import IN_PLACE
-from .datatype import _as_dtype, _is_datatype
+from . import typemap
+from .constants import BOTTOM, IN_PLACE
+from .datatype import Datatype, _as_dtype, _is_datatype, _is_derived
 from .op import Op
 
 __all__ = []
@@ -71,32 +72,23 @@ class _Buf:
             else:
                 raise ValueError(f"{what}: a buffer spec has 2 to 4 items ([buf, datatype], "
                                  f"[buf, count, datatype], ...), got {n}")
-        if obj is None:  # [None, datatype], [None, 0, datatype]: an empty buffer, as in mpi4py
-            if isinstance(count, (list, tuple)) and not any(count) or not count:
-                count = [0] * blocks if vector else None
-                if vector:
-                    displ = [0] * blocks
-            else:
-                raise ValueError(f"{what}: a None buffer cannot hold {count} elements")
-            arr = np.zeros(0, dtype=np.uint8 if datatype is None else _as_dtype(datatype))
-            datatype = None
-        else:
-            arr, _ = to_numpy(obj, what)
-        if writable and not arr.flags.writeable:
-            raise ValueError(f"{what} is read-only, but it receives data")
         self._finish = None
-        if arr.flags.c_contiguous or arr.flags.f_contiguous:
-            flat = arr.ravel(order="K")  # a view, in memory order
+        if isinstance(datatype, Datatype) and not datatype:
+            if count or displ or (count is None and obj is not None and obj is not BOTTOM):
+                raise ValueError(f"{what}: the datatype is MPI.DATATYPE_NULL")
+            obj, datatype = None, None
+        if obj is BOTTOM and not _is_derived(datatype):
+            if count or (isinstance(count, (list, tuple)) and any(count)):
+                raise ValueError(f"{what}: data at MPI.BOTTOM needs a derived datatype of absolute addresses")
+            obj = None
+        if _is_derived(datatype) and obj is not None:
+            flat, k, count, displ = self._packed(obj, datatype, count, displ, blocks, vector, writable, what)
+            count, displ = _scaled(count, k), _scaled(displ, k)
         else:
-            flat = np.ascontiguousarray(arr).reshape(-1)
-            if writable:
-                self._finish = lambda: np.copyto(arr, flat.reshape(arr.shape))
-        if datatype is not None:
-            dtype = _as_dtype(datatype)
-            if dtype != flat.dtype:
-                if dtype.itemsize == 0 or flat.nbytes % dtype.itemsize:
-                    raise ValueError(f"{what}: {flat.nbytes} bytes are not a whole number of {datatype!r}")
-                flat = flat.view(np.uint8).view(dtype)
+            flat = self._plain(obj, count, datatype, vector, blocks, writable, what)
+            if obj is None:
+                count = [0] * blocks if vector else None
+                displ = [0] * blocks if vector else None
         self.flat = flat
         total = flat.size
         self.counts = self.displs = None
@@ -119,16 +111,93 @@ class _Buf:
                 raise ValueError(f"{what}: {max(blocks, 1)} block(s) of {self.count} elements from "
                                  f"{self.displ} do not fit in {total} elements")
 
-    def _vector(self, counts, displs, blocks: int, total: int, what: str) -> None:
+    def _plain(self, obj, count, datatype, vector: bool, blocks: int, writable: bool, what: str) -> np.ndarray:
+        """The buffer as a 1-D array of its datatype (a view of the caller's memory when it can be)."""
+        if obj is None:  # [None, datatype], [None, 0, datatype]: an empty buffer, as in mpi4py
+            if not (isinstance(count, (list, tuple)) and not any(count) or not count):
+                raise ValueError(f"{what}: a None buffer cannot hold {count} elements")
+            return np.zeros(0, dtype=np.uint8 if datatype is None else _as_dtype(datatype))
+        arr, _ = to_numpy(obj, what)
+        if writable and not arr.flags.writeable:
+            raise ValueError(f"{what} is read-only, but it receives data")
+        if datatype is None and not arr.dtype.isnative:
+            raise BufferError(f"{what} is {arr.dtype.str} (not this machine's byte order): give its datatype "
+                              "to send its bytes as they are")
+        if arr.flags.c_contiguous or arr.flags.f_contiguous:
+            flat = arr.ravel(order="K")  # a view, in memory order
+        else:
+            flat = np.ascontiguousarray(arr).reshape(-1)
+            if writable:
+                self._finish = lambda: np.copyto(arr, flat.reshape(arr.shape))
+        if datatype is not None:
+            dtype = _as_dtype(datatype)
+            if dtype != flat.dtype:
+                if dtype.itemsize == 0 or flat.nbytes % dtype.itemsize:
+                    raise ValueError(f"{what}: {flat.nbytes} bytes are not a whole number of {datatype!r}")
+                flat = flat.view(np.uint8).view(dtype)
+        return flat
+
+    def _packed(self, obj, datatype, count, displ, blocks: int, vector: bool, writable: bool, what: str):
+        """A derived datatype's items packed into a contiguous copy (unpacked
+        back into the caller's memory by finish() when it receives), as
+        elements of the type's one basic dtype (k per item), or as opaque
+        items (k = 1) when it mixes several.
+
+        Counts and displacements are read as mpi4py reads them (displacements
+        in extents; a count left out is the buffer's length over the
+        extent). Returns (flat, k, count, displ), count and displ in items of
+        flat's origin.
+        """
+        t = datatype._t
+        ext = t.ub - t.lb
+        if obj is BOTTOM:  # the type's displacements are absolute addresses
+            span, length = typemap.Span(None), 0
+        else:
+            mem = _bytes(obj, what, writable)
+            span, length = typemap.Span(mem), mem.size
+        if vector:
+            if count is None:
+                total = _inferred(length, ext, what) if length else 0
+                self._vector(None, displ, blocks, total, what)
+            else:
+                self._vector(count, displ, blocks, None, what)
+            count, displ = self.counts, self.displs
+            n = max((c + d for c, d in zip(count, displ) if c), default=0)
+        else:
+            d = 0 if displ is None else _count(displ, f"{what} displacement")
+            if d:
+                if ext <= 0:
+                    raise ValueError(f"{what}: cannot take a displacement with a datatype of extent {ext}")
+                if d * ext > length:
+                    raise ValueError(f"{what}: displacement {d} is past the end ({length // ext} items)")
+                span = typemap.Span(span.mem, d * ext)
+            if count is None:
+                left = _inferred(length - d * ext, ext, what) if length - d * ext else 0
+                if left % max(blocks, 1):
+                    raise ValueError(f"{what}: {left} items do not split into {blocks} equal blocks (one per rank)")
+                count = left // max(blocks, 1)
+            count, displ = _count(count, f"{what} count"), 0
+            n = count * max(blocks, 1)
+        packed = typemap.pack(datatype, n, span, what)
+        if writable:
+            self._finish = lambda: typemap.unpack(datatype, n, packed, span, what)
+        size, basic = t.size, t.basic
+        if size == 0:
+            return packed, 0, count, displ
+        if basic is not None and size % basic.itemsize == 0:
+            return packed.view(basic), size // basic.itemsize, count, displ
+        return packed.view(f"V{size}"), 1, count, displ
+
+    def _vector(self, counts, displs, blocks: int, total: Optional[int], what: str) -> None:
         if counts is None:
             counts = [total // blocks + (total % blocks > i) for i in range(blocks)]
-        elif isinstance(counts, (int, np.integer)):
+        elif _is_index(counts):
             counts = [_count(counts, f"{what} count")] * blocks
         else:
             counts = [_count(c, f"{what} counts") for c in counts]
         if displs is None:
             displs = [sum(counts[:i]) for i in range(blocks)]
-        elif isinstance(displs, (int, np.integer)):
+        elif _is_index(displs):
             displs = [_count(displs, f"{what} displacement") * i for i in range(blocks)]
         else:
             displs = [_count(d, f"{what} displs") for d in displs]
@@ -136,7 +205,7 @@ class _Buf:
             raise ValueError(f"{what}: counts and displs need one entry per rank ({blocks}), "
                              f"got {len(counts)} and {len(displs)}")
         for c, d in zip(counts, displs):
-            if c + d > total:
+            if total is not None and c + d > total:
                 raise ValueError(f"{what}: block of {c} elements at {d} is past the end ({total} elements)")
         self.counts, self.displs = counts, displs
 
@@ -153,6 +222,46 @@ class _Buf:
     def finish(self) -> None:
         if self._finish is not None:
             self._finish()
+
+
+def _is_index(x) -> bool:
+    """Whether x is one integer (an int, a NumPy integer or a 0-d integer array)."""
+    if isinstance(x, (list, tuple)):
+        return False
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _scaled(x, k: int):
+    """A count, displacement or list of them, in items, as elements (k per item)."""
+    if x is None:
+        return None
+    if _is_index(x):
+        return operator.index(x) * k
+    return [operator.index(v) * k for v in x]
+
+
+def _inferred(length: int, ext: int, what: str) -> int:
+    """The count of items a buffer of ``length`` bytes holds, as mpi4py infers it."""
+    if ext <= 0:
+        raise ValueError(f"{what}: cannot infer the count with a datatype of extent {ext}")
+    if length % ext:
+        raise ValueError(f"{what}: cannot infer the count, the buffer's {length} bytes are not a "
+                         f"multiple of the datatype's extent {ext}")
+    return length // ext
+
+
+def _bytes(obj, what: str, writable: bool) -> np.ndarray:
+    """A buffer's memory as 1-D bytes (a view; a derived datatype addresses it by byte)."""
+    arr, _ = to_numpy(obj, what)
+    if writable and not arr.flags.writeable:
+        raise ValueError(f"{what} is read-only, but it receives data")
+    if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+        raise ValueError(f"{what}: a buffer with a derived datatype must be contiguous")
+    return arr.reshape(-1, order="A").view(np.uint8) if arr.size else np.zeros(0, dtype=np.uint8)
 
 
 def _u8(a: np.ndarray) -> np.ndarray:
@@ -172,7 +281,7 @@ def _only_root(buf, g: ProcessGroup, root: int, what: str, which: str) -> None:
 
 def _check_same(src: np.ndarray, dst: np.ndarray, what: str, sizes_ok: bool) -> None:
     if src.dtype != dst.dtype:
-        raise TypeError(f"{what}: sendbuf is {src.dtype} but recvbuf is {dst.dtype}")
+        raise ValueError(f"{what}: sendbuf is {src.dtype} but recvbuf is {dst.dtype}")
     if not sizes_ok:
         raise ValueError(f"{what}: sendbuf has {src.size} elements, recvbuf {dst.size}: they do not fit")
 

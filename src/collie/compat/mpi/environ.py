@@ -162,10 +162,10 @@ def Free_mem(mem) -> None:
 
 
 def Get_address(location) -> int:
-    """The address of a buffer's first byte (BOTTOM: 0)."""
+    """The address of a buffer's first byte (BOTTOM and None: 0)."""
     from .constants import BOTTOM
     from .memory import buffer
-    if location is BOTTOM:
+    if location is BOTTOM or location is None:
         return 0
     if isinstance(location, buffer):  # MPI.buffer() (a window without memory) has address 0
         return location.address
