@@ -5,6 +5,9 @@ import pytest
 
 from harness import run_ranks, small_ints
 
+# Every test here runs under both executors (the compiled core and engine.execute).
+pytestmark = pytest.mark.usefixtures("executor")
+
 pytestmark = pytest.mark.timeout(120)
 
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",

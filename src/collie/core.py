@@ -59,9 +59,6 @@ def choose(environ=os.environ) -> tuple[str, str]:
     return "c", "the compiled core (collie._core)"
 
 
-EXECUTOR, WHY = choose()
-if os.environ.get("COLLIE_DEBUG", "").upper() in ("INFO", "TRACE"):
-    print(f"collie INFO executor: {EXECUTOR} ({WHY})", file=sys.stderr, flush=True)
 
 
 def _address(buffer) -> int:
@@ -206,7 +203,18 @@ def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
     engine.give_spare(program, spare)
 
 
-EXECUTE = execute if EXECUTOR == "c" else engine.execute
+def select(environ=os.environ) -> None:
+    """Pick the executor from ``environ`` (at import, and again in a process
+    forked from one that had already imported collie, with another setting)."""
+    global EXECUTOR, WHY, EXECUTE
+    EXECUTOR, WHY = choose(environ)
+    EXECUTE = execute if EXECUTOR == "c" else engine.execute
+    if environ.get("COLLIE_DEBUG", "").upper() in ("INFO", "TRACE"):
+        print(f"collie INFO executor: {EXECUTOR} ({WHY})", file=sys.stderr, flush=True)
+
+
+EXECUTOR = WHY = EXECUTE = None
+select()
 
 
 def config() -> dict:
