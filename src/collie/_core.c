@@ -273,7 +273,8 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    int nbufs, nsteps, npeers, dtype, op, itemsize;
+    int nbufs, nsteps, npeers, dtype, op, itemsize, crowded;
+    double spin;            /* seconds a receive spins before Python takes over */
     int64_t *need;          /* bytes each buffer must have */
     char *writes;           /* whether the program writes each buffer */
     step_t *steps;
@@ -342,11 +343,13 @@ static int parse_msgs(PyObject *seq, msg_t **out, int *count, int recv, int npee
     return 0;
 }
 
-/* Program(need, writes, steps, peers, dtype, op, transport): see core.compile(). */
+/* Program(need, writes, steps, peers, dtype, op, transport, spin, crowded): see core.compile(). */
 static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *need, *writes, *steps, *peers, *transport;
-    int dtype, op;
-    if (!PyArg_ParseTuple(args, "OOOOiiO", &need, &writes, &steps, &peers, &dtype, &op, &transport)) return NULL;
+    int dtype, op, crowded;
+    double spin;
+    if (!PyArg_ParseTuple(args, "OOOOiiOdp", &need, &writes, &steps, &peers, &dtype, &op, &transport, &spin,
+                          &crowded)) return NULL;
     if (dtype < 0 || dtype >= NDTYPES || (op >= 0 && !supported(dtype, op))) {
         PyErr_Format(PyExc_ValueError, "no compiled kernel for dtype code %d and op code %d", dtype, op);
         return NULL;
@@ -356,6 +359,8 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->dtype = dtype;
     self->op = op;
     self->itemsize = itemsizes[dtype];
+    self->spin = spin;
+    self->crowded = crowded;
     self->transport = Py_NewRef(transport);
     self->nbufs = (int)PySequence_Size(need);
     self->need = PyMem_Calloc(self->nbufs + 1, sizeof(int64_t));
@@ -499,7 +504,9 @@ static double now_seconds(void) {
  * stopped at (nsteps: all done), and sets *locals_done and *mask (bit j:
  * send j done, bit nsend + j: receive j done). */
 static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag, uint64_t meta,
-                     double spin, int crowded, int *locals_done, uint64_t *mask) {
+                     int *locals_done, uint64_t *mask) {
+    double spin = self->spin;
+    int crowded = self->crowded;
     kernel_t kernel = self->op >= 0 ? kernels[self->dtype] : NULL;
     for (int i = start; i < self->nsteps; i++) {
         step_t *s = &self->steps[i];
@@ -552,15 +559,14 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
     return self->nsteps;
 }
 
-/* run(buffers, start, tag, meta, spin, crowded) -> (step, locals_done, mask):
+/* run(buffers, start, tag, meta) -> (step, locals_done, mask):
  * the step it stopped at (len(steps): the call is done). */
 static PyObject *program_run(CoreProgram *self, PyObject *args) {
     PyObject *buffers;
-    int start, crowded;
+    int start;
     long long tag;
     unsigned long long meta;
-    double spin;
-    if (!PyArg_ParseTuple(args, "OiLKdp", &buffers, &start, &tag, &meta, &spin, &crowded)) return NULL;
+    if (!PyArg_ParseTuple(args, "OiLK", &buffers, &start, &tag, &meta)) return NULL;
     if (!PyTuple_Check(buffers) || PyTuple_GET_SIZE(buffers) != self->nbufs) {
         PyErr_Format(PyExc_ValueError, "run() needs a tuple of %d buffers", self->nbufs);
         return NULL;
@@ -590,11 +596,10 @@ static PyObject *program_run(CoreProgram *self, PyObject *args) {
         peer_t *p = &self->peers[i];
         if (p->shm) { p->head0 = *p->out.head; p->tail0 = *p->in.tail; }
     }
-    int locals_done;
-    uint64_t mask;
-    int step;
+    int locals_done = 0, step;
+    uint64_t mask = 0;
     Py_BEGIN_ALLOW_THREADS  /* the caller holds the network's lock: no Python end moves meanwhile */
-    step = run_steps(self, bufs, start, tag, (uint64_t)meta, spin, crowded, &locals_done, &mask);
+    step = run_steps(self, bufs, start, tag, (uint64_t)meta, &locals_done, &mask);
     Py_END_ALLOW_THREADS
     if (update_books(self) == 0) result = Py_BuildValue("iiK", step, locals_done, (unsigned long long)mask);
 done:

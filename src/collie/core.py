@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from operator import itemgetter
 from typing import Callable, Optional
 
 from . import engine
@@ -158,8 +159,13 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
             messages.append(core_msgs)
         steps.append((int(python), tuple(core_local), tuple(messages[0]), tuple(messages[1])))
     core = _core.Program(tuple(need), tuple(writes), tuple(steps), tuple(peers), dtype, op,
-                         shm if shm is not None else None)
-    return core, tuple(names)
+                         shm if shm is not None else None, network.spin_seconds, network._crowded)
+    names = tuple(names)
+    plain = None  # when every buffer is one of the call's arrays: a quick way to get them in order
+    if (names and schedule.tmp_like is None and schedule.win_like is None
+            and all(isinstance(n, str) for n in names)):
+        plain = itemgetter(*names) if len(names) > 1 else (lambda arrays, name=names[0]: (arrays[name],))
+    return core, names, plain
 
 
 def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
@@ -171,7 +177,19 @@ def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
     core = compiled[1]
     if core is None:
         return engine.execute(program, arrays, network, tag, meta, describe, timeout)
-    core, names = core
+    core, names, plain = core
+    steps = program.steps
+    if plain is not None:  # the quick way of most small calls: no scratch, no window
+        bufs = plain(arrays)
+        if network._abort is None and not network._lost:
+            with network.lock:
+                step, locals_done, done = core.run(bufs, 0, tag, meta)
+            if step == len(steps):
+                return
+        else:
+            step, locals_done, done = 0, 0, 0
+        _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, None, step, locals_done, done)
+        return
     spare = engine.take_spare(program)
     bufs = []
     for name in names:
@@ -182,25 +200,34 @@ def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
         else:
             bufs.append(arrays[name])
     bufs = tuple(bufs)
+    if network._abort is None and not network._lost:
+        with network.lock:
+            step, locals_done, done = core.run(bufs, 0, tag, meta)
+    else:
+        step, locals_done, done = 0, 0, 0
+    if step < len(steps):
+        _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare, step, locals_done, done)
+    engine.give_spare(program, spare)
+
+
+def _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare,
+            step: int, locals_done: int, done: int) -> None:
+    """The rest of a call the core handed back at ``step``: Python finishes
+    that step, the core runs on from the next, until the last."""
     steps = program.steps
-    nsteps = len(steps)
-    state = None
-    start = 0
-    lock = network.lock
-    while start < nsteps:
-        if network._abort is None and not network._lost:
-            with lock:
-                step, locals_done, done = core.run(bufs, start, tag, meta, network.spin_seconds,
-                                                   network._crowded)
-            if step == nsteps:
-                break
-        else:  # something broke: Python's checks, step by step
-            step, locals_done, done = start, 0, 0
-        if state is None:
-            state = engine.call_state(program, arrays, network, spare)
+    state = engine.call_state(program, arrays, network, spare)
+    while True:
         engine.run_step(program, steps[step], state, network, tag, meta, describe, timeout, locals_done, done)
         start = step + 1
-    engine.give_spare(program, spare)
+        if start == len(steps):
+            return
+        if network._abort is None and not network._lost:
+            with network.lock:
+                step, locals_done, done = core.run(bufs, start, tag, meta)
+            if step == len(steps):
+                return
+        else:  # something broke: Python's checks, step by step
+            step, locals_done, done = start, 0, 0
 
 
 def select(environ=os.environ) -> None:
