@@ -74,11 +74,12 @@ def _ring(ring) -> tuple:
 
 
 def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 - the core's form of it
-    """(core program, buffer names) for ``program`` on ``network``, or None
-    when the core cannot run any of it (a reduction without a compiled
-    kernel). Steps it cannot run (messages of several pieces) are marked
-    for Python. Buffer names: arrays' names, "tmp", or an int g: the shared
-    window of group rank g."""
+    """The core's form of ``program`` on ``network``, or None when the core
+    cannot run any of it (a reduction without a compiled kernel): (core
+    program, arrays_of(arrays) -> the call's arrays it uses in order,
+    whether the call takes a scratch, whether the core uses it, the group
+    ranks whose shared windows it uses). Steps it cannot run (messages of
+    several pieces) are marked for Python."""
     kernel = program.reduce_kernel
     op = -1
     dtype = _NO_KERNEL
@@ -158,14 +159,26 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
                                   int(combine is not None)))
             messages.append(core_msgs)
         steps.append((int(python), tuple(core_local), tuple(messages[0]), tuple(messages[1])))
-    core = _core.Program(tuple(need), tuple(writes), tuple(steps), tuple(peers), dtype, op,
-                         shm if shm is not None else None, network.spin_seconds, network._crowded)
-    names = tuple(names)
-    plain = None  # when every buffer is one of the call's arrays: a quick way to get them in order
-    if (names and schedule.tmp_like is None and schedule.win_like is None
-            and all(isinstance(n, str) for n in names)):
-        plain = itemgetter(*names) if len(names) > 1 else (lambda arrays, name=names[0]: (arrays[name],))
-    return core, names, plain
+    # Buffers in the order execute() hands them over: the call's arrays, then
+    # the scratch, then the windows.
+    order = sorted(range(len(names)), key=lambda k: (
+        (0, names[k]) if isinstance(names[k], str) and names[k] != "tmp" else
+        (1, "") if names[k] == "tmp" else (2, str(names[k]))))
+    new = {old: k for k, old in enumerate(order)}
+    steps = [(python, tuple((r, new[s], so, new[d], do, n) for r, s, so, d, do, n in local),
+              tuple((p, new.get(b, -1), o, n, r) for p, b, o, n, r in sends),
+              tuple((p, new.get(b, -1), o, n, r) for p, b, o, n, r in recvs))
+             for python, local, sends, recvs in steps]
+    core = _core.Program(tuple(need[k] for k in order), tuple(writes[k] for k in order), tuple(steps),
+                         tuple(peers), dtype, op, shm if shm is not None else None, network.spin_seconds,
+                         network._crowded)
+    names = [names[k] for k in order]
+    windows = tuple(n for n in names if isinstance(n, int))
+    tmp = "tmp" in names
+    named = names[:len(names) - len(windows) - tmp]
+    arrays_of = (itemgetter(*named) if len(named) > 1 else (lambda arrays, name=named[0]: (arrays[name],))
+                 if named else (lambda arrays: ()))
+    return core, arrays_of, schedule.tmp_like is not None, tmp, windows
 
 
 def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
@@ -177,37 +190,24 @@ def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
     core = compiled[1]
     if core is None:
         return engine.execute(program, arrays, network, tag, meta, describe, timeout)
-    core, names, plain = core
-    steps = program.steps
-    if plain is not None:  # the quick way of most small calls: no scratch, no window
-        bufs = plain(arrays)
-        if network._abort is None and not network._lost:
-            with network.lock:
-                step, locals_done, done = core.run(bufs, 0, tag, meta)
-            if step == len(steps):
-                return
-        else:
-            step, locals_done, done = 0, 0, 0
-        _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, None, step, locals_done, done)
-        return
-    spare = engine.take_spare(program)
-    bufs = []
-    for name in names:
-        if name.__class__ is int:
-            bufs.append(network.window(program.peers[name]))
-        elif name == "tmp":
-            bufs.append(spare[1])
-        else:
-            bufs.append(arrays[name])
-    bufs = tuple(bufs)
+    core, arrays_of, needs_spare, tmp, windows = core
+    bufs = arrays_of(arrays)
+    spare = None
+    if needs_spare:
+        spare = engine.take_spare(program)
+        if tmp:
+            bufs += (spare[1],)
+    if windows:
+        bufs += tuple(network.window(program.peers[g]) for g in windows)
     if network._abort is None and not network._lost:
         with network.lock:
             step, locals_done, done = core.run(bufs, 0, tag, meta)
-    else:
+    else:  # something broke: Python's checks, step by step
         step, locals_done, done = 0, 0, 0
-    if step < len(steps):
+    if step < len(program.steps):
         _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare, step, locals_done, done)
-    engine.give_spare(program, spare)
+    if spare is not None:
+        engine.give_spare(program, spare)
 
 
 def _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare,
