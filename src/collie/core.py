@@ -60,8 +60,6 @@ def choose(environ=os.environ) -> tuple[str, str]:
     return "c", "the compiled core (collie._core)"
 
 
-
-
 def _address(buffer) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
 
@@ -152,8 +150,9 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
                 nbytes = hi - lo
                 ring = peers[k]
                 if ring is not None:
-                    geometry = ring[3] if receiving else ring[2]
-                    if nbytes > geometry[5] or nbytes >= (shm.cma_bytes if receiving else ring[0].cma_bytes) > 0:
+                    slot_bytes = (ring[3] if receiving else ring[2])[5]
+                    single_copy = shm.cma_bytes if receiving else ring[0].cma_bytes  # 0: never
+                    if nbytes > slot_bytes or nbytes >= single_copy > 0:
                         python = True  # several slots or single copy: Python's
                 core_msgs.append((k, -1 if buf is None else buffer(buf, hi, receiving), lo, nbytes,
                                   int(combine is not None)))
