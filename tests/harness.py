@@ -59,6 +59,7 @@ def _child(conn, rank, size, env, body, args, backend, init, init_kwargs):
     out = None
     try:
         import collie
+        collie.core.select()  # the parent may have imported collie with another COLLIE_EXECUTOR
         if init:
             collie.init_process_group(backend=backend, **init_kwargs)
         try:

@@ -128,6 +128,19 @@ def test_vs_mpi4py_adds_rows_and_a_ratio_column(tmp_path):
     assert all(f[-1].endswith("x") for f in _blocks(done.stdout)["all_reduce"])
 
 
+def test_vs_python_sets_the_python_executor_beside_the_default_one(tmp_path):
+    from collie import core
+    out = tmp_path / "rows.json"
+    done = _bench("-n", "2", "--op", "all_reduce", "--sizes", "8,300K", "--iters", "2", "--warmup", "1",
+                  "--repeats", "1", "--check", "--vs", "python", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert f"executor {core.EXECUTOR}" in done.stdout.splitlines()[1]
+    assert "vs python" in done.stdout and "# all_reduce through python" in done.stdout
+    rows = _rows(out)
+    assert sorted(r["backend"] for r in rows) == ["collie", "collie", "python", "python"]
+    assert all(r["wrong"] == 0 for r in rows)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 def test_vs_gloo_checks_clean_and_takes_turns_op_by_op(tmp_path):
     out = tmp_path / "rows.json"

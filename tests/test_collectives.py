@@ -12,6 +12,9 @@ import pytest
 
 from harness import reduce_ops, reduced, run_ranks, same, small_ints
 
+# Every test here runs under both executors (the compiled core and engine.execute).
+pytestmark = pytest.mark.usefixtures("executor")
+
 SIZES = [0, 1, 7, 1003]            # zero, one, odd, not divisible by any world size
 DTYPES = ["float32", "int64", "uint8", "complex64", "bool", "float16"]
 

@@ -5,7 +5,8 @@ import pytest
 
 from harness import run_ranks, small_ints
 
-pytestmark = pytest.mark.timeout(120)
+# Every test here runs under both executors (the compiled core and engine.execute).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("executor")]
 
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64", "complex64", "complex128"]

@@ -29,6 +29,7 @@ from .collectives import (all_gather, all_gather_into_tensor, all_gather_single,
                           reduce_scatter, reduce_scatter_single, reduce_scatter_tensor, scatter)
 from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from .tracing import trace
+from .core import config
 from . import tracing as _tracing
 _tracing.install(_tracing.from_environment())  # COLLIE_TRACE=DIR: trace every call
 
@@ -52,7 +53,7 @@ __all__ = [
     "monitored_barrier",
     "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
     # tools
-    "trace",
+    "trace", "config",
     # errors
     "errors", "CollieError", "PeerError", "CollieTimeout", "MismatchError", "AuthError", "AbortedError",
 ]

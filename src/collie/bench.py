@@ -25,8 +25,10 @@ can be set next to theirs:
   NumPy reference. Every rank can generate every rank's input (see
   pattern()), so each checks its own result locally.
 
-The same measurement loop (run()) drives collie, mpi4py (--vs mpi4py) and
-torch.distributed's Gloo (--vs gloo), through a small Comm adapter each;
+The same measurement loop (run()) drives collie, mpi4py (--vs mpi4py),
+torch.distributed's Gloo (--vs gloo) and collie under its pure-Python
+executor (--vs python, beside the compiled core: see collie/core.py),
+through a small Comm adapter each;
 peers run in their own processes, and their busbw appears in the collie
 table as a ratio. They take turns op by op: each op runs through every
 peer and then through collie (its ranks started anew per op) before the
@@ -59,7 +61,7 @@ __all__ = ["main", "OPS", "bus_factor", "parse_size", "memory_bandwidth", "memor
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv")
 REDOPS = ("sum", "prod", "min", "max", "avg")
-PEERS = ("mpi4py", "gloo")
+PEERS = ("mpi4py", "gloo", "python")  # python: collie itself, run by its Python executor
 JSON_KEYS = ("backend", "op", "nranks", "bytes", "dtype", "algorithm", "time_us", "algbw_GBps",
              "busbw_GBps", "wrong", "p50_us", "p99_us")
 HINTS = {
@@ -459,9 +461,9 @@ class CollieComm(DistComm):
     """collie itself: algorithms can be forced, and the table names the
     one the tuner picked when they are not."""
 
-    def __init__(self):
+    def __init__(self, name: str = "collie"):
         import collie
-        super().__init__("collie", collie)
+        super().__init__(name, collie)
 
     def algorithms(self, op, wanted):
         if op == "sendrecv" or wanted is None:
@@ -705,13 +707,14 @@ def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple
            single_copy: bool = False, mem_cores: int = 1, hogs: int = 0) -> str:
     """The lines above the tables: command, world, machine, date, method."""
     import collie
+    from . import core
     cmd = " ".join(["collie bench", *argv])
     timing = (f"about {cfg.time_budget:g} s per size" if cfg.time_budget else f"{cfg.iters} calls")
     warm = f"{cfg.warmup} warmup" + (f" and {WARM_SHARE * cfg.time_budget:g} s" if cfg.time_budget else "")
     lines = [
         f"# {cmd}",
         f"# nranks {nranks} ({where})  transport {cfg.transport}  collie {collie.__version__}  "
-        f"numpy {np.__version__}  python {platform.python_version()}",
+        f"numpy {np.__version__}  python {platform.python_version()}  executor {core.EXECUTOR}",
         f"# host {platform.node()}: {_cores()} cores ({_cpu_model()}), {_memory_gib():.1f} GiB memory, "
         f"{platform.system()} {platform.release()}",
         f"# date {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M:%S %Z')}",
@@ -953,6 +956,8 @@ def run_peer(peer: str, n: int, cfg: Config) -> list:
                     return []
                 if done.stderr:
                     sys.stderr.write(done.stderr)
+            elif peer == "python":
+                bench_peers.run_collie_python(n, cfg, out)
             else:
                 bench_peers.run_gloo(n, cfg, out)
         except Exception as exc:  # noqa: BLE001 - a failing peer must not sink the run

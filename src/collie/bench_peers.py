@@ -1,5 +1,6 @@
 """The peers of ``collie bench --vs``: the same loop (bench.run) through
-mpi4py and through torch.distributed's Gloo backend.
+mpi4py, through torch.distributed's Gloo backend, and through collie run by
+its Python executor (``--vs python``).
 
 mpi4py runs under the MPI launcher, each rank a fresh interpreter:
 
@@ -166,6 +167,28 @@ def run_gloo(n: int, cfg: Config, out: str) -> None:
     from .bench import local_start_method
     from .launch import spawn
     spawn(_gloo_rank, args=(cfg, out), nprocs=n, start_method=local_start_method())  # as collie's ranks
+
+
+def _collie_python_rank(rank: int, cfg: Config, out: str) -> None:
+    import os
+
+    import collie
+    from .bench import CollieComm
+    os.environ["COLLIE_EXECUTOR"] = "python"
+    collie.core.select()
+    collie.init_process_group(backend=cfg.transport)
+    try:
+        _run_and_write(CollieComm("python"), cfg, out)
+    finally:
+        collie.destroy_process_group()
+
+
+def run_collie_python(n: int, cfg: Config, out: str) -> None:
+    """The loop on ``n`` collie ranks run by the Python executor (engine.execute),
+    to set beside the compiled core's; rank 0 writes rows to ``out``."""
+    from .bench import local_start_method
+    from .launch import spawn
+    spawn(_collie_python_rank, args=(cfg, out), nprocs=n, start_method=local_start_method())
 
 
 def main(argv: list) -> int:

@@ -35,7 +35,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from . import algorithms, engine
+from . import algorithms, core, engine
 from .arrays import Buffer
 from .errors import CollieError, CollieTimeout, MismatchError, PeerError
 from .group import ProcessGroup, resolve, world
@@ -264,7 +264,7 @@ def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq:
     network.current = tag
     try:
         if TRACE is None:
-            engine.execute(prepared.program, arrays, network, tag, prepared.meta, describe, timeout)
+            core.EXECUTE(prepared.program, arrays, network, tag, prepared.meta, describe, timeout)
         else:  # collie.trace: the same run, timed step by step
             TRACE.execute(g, name, seq, prepared, arrays, network, tag, describe, timeout)
     except CollieError as exc:

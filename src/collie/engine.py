@@ -239,6 +239,7 @@ class Program(NamedTuple):
     by_name: bool      # whether execute() needs arrays by name too (a reduction, a Read or a
                        # staged message), not only the byte views
     spare: list        # (array, its bytes): scratch "tmp" of earlier calls, ready for reuse
+    core: list         # the compiled core's form of it, once made (see core.py)
 
 
 def _combiner(reduce_kernel: Callable, dtype: np.dtype) -> Callable:
@@ -289,38 +290,63 @@ def bind(plan_: Plan, dtype: np.dtype, reduce_kernel: Optional[Callable], peers)
     by_name = any(kind != COPY for step in steps for kind, _, _ in step.local) or any(
         m.staged is not None for step in steps for m in step.recvs + step.sends)
     return Program(plan_, dtype, reduce_kernel, tuple(peers), tuple(steps), tuple(sorted(viewed)),
-                   by_name, [])
+                   by_name, [], [])
 
 
-def execute(program: Program, arrays: dict, network, tag: int, meta: int,
-            describe: Callable[[int], str], timeout: float) -> None:
-    """Run a bound plan on ``arrays`` (buffer name -> flat contiguous
-    array, all of the program's dtype). ``describe(step)`` names the call
-    for error messages."""
-    plan_, dtype, reduce_kernel, peers = program.plan, program.dtype, program.reduce_kernel, program.peers
+def take_spare(program: Program):
+    """A call's scratch: (array, its bytes), kept from an earlier call of
+    this program or made now; None when the schedule needs none."""
+    plan_ = program.plan
+    if plan_.schedule.tmp_like is None:
+        return None
+    try:
+        return program.spare.pop()  # atomic: safe if two threads run this program
+    except IndexError:
+        tmp = np.empty(plan_.tmp_count, dtype=program.dtype)
+        return tmp, byte_view(tmp)
+
+
+def give_spare(program: Program, spare) -> None:
+    """Keep a small scratch for the next call (every request of the call is
+    done: no transport touches it any more)."""
+    if spare is not None and spare[0].nbytes <= SPARE_BYTES:
+        program.spare.append(spare)
+
+
+class CallState(NamedTuple):
+    """What the steps of one call work on: the arrays by name (tmp and win
+    included), their bytes, and the shared windows by group rank."""
+    arrays: dict
+    views: dict
+    windows: Optional[dict]
+
+
+def call_state(program: Program, arrays: dict, network, spare) -> CallState:
+    plan_, dtype = program.plan, program.dtype
     schedule = plan_.schedule
-    spare = None
-    if schedule.tmp_like is not None:
-        try:
-            spare = program.spare.pop()  # atomic: safe if two threads run this program
-        except IndexError:
-            tmp = np.empty(plan_.tmp_count, dtype=dtype)
-            spare = (tmp, byte_view(tmp))
-        if program.by_name:
-            arrays = dict(arrays, tmp=spare[0])
+    if spare is not None and program.by_name:
+        arrays = dict(arrays, tmp=spare[0])
     windows = None
     if schedule.win_like is not None:
         # This rank's and its peers' windows, viewed with the call's dtype.
-        windows = {g: np.frombuffer(network.window(peers[g]), dtype=dtype, count=plan_.win_count)
-                   for g in range(len(peers))}
+        windows = {g: np.frombuffer(network.window(program.peers[g]), dtype=dtype, count=plan_.win_count)
+                   for g in range(len(program.peers))}
         arrays = dict(arrays, win=windows[schedule.rank])
     views = {}  # buffer -> its bytes
     for buf in program.viewed:
         views[buf] = spare[1] if buf == "tmp" else memoryview(arrays[buf]).cast("B")
+    return CallState(arrays, views, windows)
 
-    exchange = network.exchange
-    call = (tag, meta, peers, schedule.parts)  # what a stuck rank tells its peers
-    for index, local, recvs, sends in program.steps:
+
+def run_step(program: Program, step: BoundStep, state: CallState, network, tag: int, meta: int,
+             describe: Callable[[int], str], timeout: float, locals_done: bool = False, done: int = 0) -> None:
+    """Run one step: its local operations (unless ``locals_done``), then
+    its messages but those whose bit is set in ``done`` (bit j: send j,
+    bit len(sends) + j: receive j), which another executor already ran."""
+    index, local, recvs, sends = step
+    arrays, views, windows = state
+    reduce_kernel, dtype = program.reduce_kernel, program.dtype
+    if not locals_done:
         for kind, peer, pairs in local:
             if kind == COPY:
                 for (sb, slo, shi), (db, dlo, dhi) in pairs:
@@ -332,39 +358,54 @@ def execute(program: Program, arrays: dict, network, tag: int, meta: int,
                     np.copyto(arrays[db][dlo:dhi], source[sb][slo:shi])
                 else:
                     reduce_kernel(arrays[db][dlo:dhi], source[sb][slo:shi])
-        if not recvs and not sends:
+    if not recvs and not sends:
+        return
+    posted_recvs, posted_sends, unpack = [], [], None
+    nsends = len(sends)
+    for j, (peer, buf, lo, hi, combine, staged) in enumerate(recvs):
+        if done >> (nsends + j) & 1:
             continue
-        posted_recvs, posted_sends, unpack = [], [], None
-        for peer, buf, lo, hi, combine, staged in recvs:
-            if buf is not None:
-                dst = views[buf] if hi is None else views[buf][lo:hi]
-            elif staged is None:
-                dst = _EMPTY
-            else:
-                staging = np.empty(staged.count, dtype=dtype)
-                dst = byte_view(staging)
-                unpack = unpack or []
-                unpack.append((staged, staging))
-            posted_recvs.append((peer, dst, combine))
-        for peer, buf, lo, hi, _, staged in sends:
-            if buf is not None:
-                data = views[buf] if hi is None else views[buf][lo:hi]
-            elif staged is None:
-                data = _EMPTY
-            else:
-                data = byte_view(np.concatenate([arrays[b][lo:hi] for b, lo, hi in staged.pieces]))
-            posted_sends.append((peer, data))
-        exchange(posted_recvs, posted_sends, tag, meta, timeout, describe, index, call)
-        if unpack:
-            for planned, staging in unpack:
-                at = 0
-                for buf, lo, hi in planned.pieces:
-                    piece = staging[at:at + hi - lo]
-                    at += hi - lo
-                    if planned.reduce:
-                        reduce_kernel(arrays[buf][lo:hi], piece)
-                    else:
-                        np.copyto(arrays[buf][lo:hi], piece)
-    if spare is not None and spare[0].nbytes <= SPARE_BYTES:
-        # Every request of the call is done: no transport touches tmp any more.
-        program.spare.append(spare)
+        if buf is not None:
+            dst = views[buf] if hi is None else views[buf][lo:hi]
+        elif staged is None:
+            dst = _EMPTY
+        else:
+            staging = np.empty(staged.count, dtype=dtype)
+            dst = byte_view(staging)
+            unpack = unpack or []
+            unpack.append((staged, staging))
+        posted_recvs.append((peer, dst, combine))
+    for j, (peer, buf, lo, hi, _, staged) in enumerate(sends):
+        if done >> j & 1:
+            continue
+        if buf is not None:
+            data = views[buf] if hi is None else views[buf][lo:hi]
+        elif staged is None:
+            data = _EMPTY
+        else:
+            data = byte_view(np.concatenate([arrays[b][lo:hi] for b, lo, hi in staged.pieces]))
+        posted_sends.append((peer, data))
+    call = (tag, meta, program.peers, program.plan.schedule.parts)  # what a stuck rank tells its peers
+    network.exchange(posted_recvs, posted_sends, tag, meta, timeout, describe, index, call)
+    if unpack:
+        for planned, staging in unpack:
+            at = 0
+            for buf, lo, hi in planned.pieces:
+                piece = staging[at:at + hi - lo]
+                at += hi - lo
+                if planned.reduce:
+                    reduce_kernel(arrays[buf][lo:hi], piece)
+                else:
+                    np.copyto(arrays[buf][lo:hi], piece)
+
+
+def execute(program: Program, arrays: dict, network, tag: int, meta: int,
+            describe: Callable[[int], str], timeout: float) -> None:
+    """Run a bound plan on ``arrays`` (buffer name -> flat contiguous
+    array, all of the program's dtype). ``describe(step)`` names the call
+    for error messages. The reference executor (core.py has the compiled one)."""
+    spare = take_spare(program)
+    state = call_state(program, arrays, network, spare)
+    for step in program.steps:
+        run_step(program, step, state, network, tag, meta, describe, timeout)
+    give_spare(program, spare)

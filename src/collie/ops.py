@@ -102,7 +102,14 @@ def _f32_to_bf16(values: np.ndarray, out: np.ndarray) -> None:
 
 def kernel(op: ReduceOp, dtype_name: str) -> Callable[[np.ndarray, np.ndarray], None]:
     """``f(dst, src)``: dst = dst op src, elementwise, in place. When that is
-    one ufunc call, ``f.ufunc`` is the ufunc."""
+    one ufunc call, ``f.ufunc`` is the ufunc. ``f.op`` and ``f.dtype_name``
+    say what it computes (the compiled core picks its own kernel by them)."""
+    f = _kernel(op, dtype_name)
+    f.op, f.dtype_name = op.name, dtype_name
+    return f
+
+
+def _kernel(op: ReduceOp, dtype_name: str) -> Callable[[np.ndarray, np.ndarray], None]:
     ufunc = _UFUNC[op.name]
     if dtype_name == BFLOAT16:
         def bf16(dst, src):

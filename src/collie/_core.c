@@ -1,0 +1,640 @@
+/* collie._core: the compiled per-message core (see src/collie/core.py).
+ *
+ * It runs the steps of a bound engine.Program over the shared-memory rings
+ * of transports/ring.py (the same layout, so a Python end and a C end of a
+ * ring interoperate): local copies, reductions, one-slot sends and
+ * receives, with acquire/release atomics on the ring heads and tails and a
+ * full fence before deciding whether to wake a peer. Whatever it cannot do
+ * (a tcp peer, a message of several slots or single copy, a ring whose
+ * Python end has work in flight, a message that is not the expected one, a
+ * peer slower than the spin) it hands back to Python at that point of the
+ * step: Python's executor finishes the step, so every error surfaces where
+ * it always did.
+ *
+ * The combine kernels reproduce NumPy's results bit for bit (ties and NaNs
+ * of minimum/maximum included) and collie's bfloat16 rounding (ops.py).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <semaphore.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------ kernels */
+
+enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR, NOPS };
+enum { DT_F32, DT_F64, DT_I8, DT_I16, DT_I32, DT_I64, DT_U8, DT_U16, DT_U32, DT_U64, DT_F16, DT_BF16, NDTYPES };
+
+static const int itemsizes[NDTYPES] = {4, 8, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2};
+
+/* NumPy's float minimum/maximum: a NaN wins (the first one), ties give the second. */
+#define FMIN(a, b) (isnan(a) ? (a) : isnan(b) ? (b) : (a) < (b) ? (a) : (b))
+#define FMAX(a, b) (isnan(a) ? (a) : isnan(b) ? (b) : (a) > (b) ? (a) : (b))
+
+#define FLOAT_KERNEL(T, NAME)                                                        \
+    static int NAME(char *dst, const char *src, Py_ssize_t n, int op) {              \
+        T *d = (T *)dst; const T *s = (const T *)src;                                \
+        switch (op) {                                                                \
+        case OP_SUM: for (Py_ssize_t i = 0; i < n; i++) d[i] = d[i] + s[i]; return 0; \
+        case OP_PROD: for (Py_ssize_t i = 0; i < n; i++) d[i] = d[i] * s[i]; return 0; \
+        case OP_MIN: for (Py_ssize_t i = 0; i < n; i++) d[i] = FMIN(d[i], s[i]); return 0; \
+        case OP_MAX: for (Py_ssize_t i = 0; i < n; i++) d[i] = FMAX(d[i], s[i]); return 0; \
+        }                                                                            \
+        return -1;                                                                   \
+    }
+
+/* Integers wrap (as NumPy's): the sum and product are computed unsigned. */
+#define INT_KERNEL(T, U, NAME)                                                       \
+    static int NAME(char *dst, const char *src, Py_ssize_t n, int op) {              \
+        T *d = (T *)dst; const T *s = (const T *)src;                                \
+        switch (op) {                                                                \
+        case OP_SUM: for (Py_ssize_t i = 0; i < n; i++) d[i] = (T)((U)d[i] + (U)s[i]); return 0; \
+        case OP_PROD: for (Py_ssize_t i = 0; i < n; i++) d[i] = (T)((U)d[i] * (U)s[i]); return 0; \
+        case OP_MIN: for (Py_ssize_t i = 0; i < n; i++) d[i] = s[i] < d[i] ? s[i] : d[i]; return 0; \
+        case OP_MAX: for (Py_ssize_t i = 0; i < n; i++) d[i] = s[i] > d[i] ? s[i] : d[i]; return 0; \
+        case OP_BAND: for (Py_ssize_t i = 0; i < n; i++) d[i] &= s[i]; return 0;     \
+        case OP_BOR: for (Py_ssize_t i = 0; i < n; i++) d[i] |= s[i]; return 0;      \
+        case OP_BXOR: for (Py_ssize_t i = 0; i < n; i++) d[i] ^= s[i]; return 0;     \
+        }                                                                            \
+        return -1;                                                                   \
+    }
+
+FLOAT_KERNEL(float, k_f32)
+FLOAT_KERNEL(double, k_f64)
+INT_KERNEL(int8_t, uint8_t, k_i8)
+INT_KERNEL(int16_t, uint16_t, k_i16)
+INT_KERNEL(int32_t, uint32_t, k_i32)
+INT_KERNEL(int64_t, uint64_t, k_i64)
+INT_KERNEL(uint8_t, uint8_t, k_u8)
+INT_KERNEL(uint16_t, uint16_t, k_u16)
+INT_KERNEL(uint32_t, uint32_t, k_u32)
+INT_KERNEL(uint64_t, uint64_t, k_u64)
+
+/* IEEE half <-> float. Half to float is exact; float to half rounds to
+ * nearest, ties to even, as NumPy does (a NaN keeps its sign and top
+ * payload bits, and stays a NaN). */
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {  /* subnormal: normalise */
+            int e = -1;
+            do { e++; man <<= 1; } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t float_to_half(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    uint16_t sign = (uint16_t)((bits >> 16) & 0x8000);
+    uint32_t exp = (bits >> 23) & 0xff, man = bits & 0x7fffff;
+    if (exp == 0xff) {
+        if (man == 0) return sign | 0x7c00;
+        uint16_t h = (uint16_t)(man >> 13);
+        return sign | 0x7c00 | (h ? h : 1);  /* the payload's top bits, never zero: still a NaN */
+    }
+    int e = (int)exp - 127 + 15;
+    if (e >= 0x1f) return sign | 0x7c00;  /* overflow: infinity */
+    if (e <= 0) {  /* subnormal half (or zero) */
+        if (e < -10) return sign;
+        man |= 0x800000;
+        int shift = 14 - e;  /* bits dropped */
+        uint32_t h = man >> shift, rest = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rest > half || (rest == half && (h & 1))) h++;
+        return sign | (uint16_t)h;
+    }
+    uint32_t h = ((uint32_t)e << 10) | (man >> 13), rest = man & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;  /* may carry into the exponent: right */
+    return sign | (uint16_t)h;
+}
+
+/* NumPy's half minimum/maximum: a NaN wins (the first one), ties give the first. */
+static int k_f16(char *dst, const char *src, Py_ssize_t n, int op) {
+    uint16_t *d = (uint16_t *)dst; const uint16_t *s = (const uint16_t *)src;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float a = half_to_float(d[i]), b = half_to_float(s[i]);
+        switch (op) {
+        case OP_SUM: d[i] = float_to_half(a + b); break;
+        case OP_PROD: d[i] = float_to_half(a * b); break;
+        case OP_MIN: d[i] = isnan(a) ? d[i] : isnan(b) ? s[i] : a <= b ? d[i] : s[i]; break;
+        case OP_MAX: d[i] = isnan(a) ? d[i] : isnan(b) ? s[i] : a >= b ? d[i] : s[i]; break;
+        default: return -1;
+        }
+    }
+    return 0;
+}
+
+/* bfloat16 as ops.py computes it: in float32, rounded back by adding
+ * 0x7fff plus the lowest kept bit (ties to even), in uint32 arithmetic. */
+static int k_bf16(char *dst, const char *src, Py_ssize_t n, int op) {
+    uint16_t *d = (uint16_t *)dst; const uint16_t *s = (const uint16_t *)src;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t ab = (uint32_t)d[i] << 16, bb = (uint32_t)s[i] << 16, rb;
+        float a, b, r;
+        memcpy(&a, &ab, 4);
+        memcpy(&b, &bb, 4);
+        switch (op) {
+        case OP_SUM: r = a + b; break;
+        case OP_PROD: r = a * b; break;
+        case OP_MIN: r = FMIN(a, b); break;
+        case OP_MAX: r = FMAX(a, b); break;
+        default: return -1;
+        }
+        memcpy(&rb, &r, 4);
+        d[i] = (uint16_t)((rb + (((rb >> 16) & 1) + 0x7fff)) >> 16);
+    }
+    return 0;
+}
+
+typedef int (*kernel_t)(char *, const char *, Py_ssize_t, int);
+static const kernel_t kernels[NDTYPES] = {k_f32, k_f64, k_i8, k_i16, k_i32, k_i64,
+                                          k_u8, k_u16, k_u32, k_u64, k_f16, k_bf16};
+
+static int supported(int dtype, int op) {
+    if (dtype < 0 || dtype >= NDTYPES || op < 0 || op >= NOPS) return 0;
+    int floating = dtype == DT_F32 || dtype == DT_F64 || dtype == DT_F16 || dtype == DT_BF16;
+    return !(floating && op >= OP_BAND);
+}
+
+/* combine(dst, src, dtype, op): dst = dst op src, elementwise, in place. */
+static PyObject *py_combine(PyObject *self, PyObject *args) {
+    Py_buffer dst, src;
+    int dtype, op;
+    if (!PyArg_ParseTuple(args, "w*y*ii", &dst, &src, &dtype, &op)) return NULL;
+    PyObject *result = NULL;
+    if (!supported(dtype, op)) {
+        PyErr_Format(PyExc_ValueError, "no compiled kernel for dtype code %d and op code %d", dtype, op);
+    } else if (dst.len != src.len || dst.len % itemsizes[dtype]) {
+        PyErr_Format(PyExc_ValueError, "combine: %zd and %zd bytes are not two arrays of one size",
+                     dst.len, src.len);
+    } else {
+        kernels[dtype](dst.buf, src.buf, dst.len / itemsizes[dtype], op);
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    return result;
+}
+
+/* ------------------------------------------------------------------ rings */
+
+#define LINE 64
+#define RDV (-1)
+
+typedef struct {
+    int64_t *head, *tail;   /* in shared memory */
+    char *headers;          /* slot k's header at headers + k * LINE */
+    char *payload;          /* slot k's payload at payload + k * slot_bytes */
+    int64_t slots, slot_bytes;
+} ring_t;
+
+typedef struct {            /* a slot header, as ring.HEADER packs it */
+    int64_t tag;
+    uint64_t meta;
+    int64_t nbytes, offset, frag;
+} header_t;
+
+typedef struct {
+    int shm;                /* 0: another transport's peer (handed back) */
+    ring_t out, in;         /* ours to it (in its segment), its to us (in ours) */
+    sem_t *bell;            /* its doorbell */
+    int64_t *sleepers;      /* its sleepers word */
+    PyObject *out_obj, *in_obj;  /* ring.Out and ring.In: the Python ends' books */
+    int64_t head0, tail0;   /* positions when a run began (to update the books) */
+} peer_t;
+
+/* Wake a peer that may sleep: Dekker's pattern of doorbell.py. */
+static void wake(peer_t *p) {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(p->sleepers, __ATOMIC_RELAXED)) sem_post(p->bell);
+}
+
+/* Write a whole message into the next slot; 0 if the ring is full. */
+static int put(peer_t *p, int64_t tag, uint64_t meta, const char *data, int64_t n) {
+    ring_t *r = &p->out;
+    int64_t head = *r->head;  /* only we store it */
+    if (head - __atomic_load_n(r->tail, __ATOMIC_ACQUIRE) >= r->slots) return 0;
+    int64_t k = head % r->slots;
+    header_t h = {tag, meta, n, 0, n};
+    memcpy(r->headers + k * LINE, &h, sizeof h);
+    if (n) memcpy(r->payload + k * r->slot_bytes, data, n);
+    __atomic_store_n(r->head, head + 1, __ATOMIC_RELEASE);
+    wake(p);
+    return 1;
+}
+
+enum { TAKEN, EMPTY, FOREIGN };  /* what take() found */
+
+/* Take the message at the ring's head if it is the one expected, whole in
+ * one slot: copy or combine it into dst. FOREIGN: something else is there
+ * (another tag, a mismatch, several slots, single copy): Python's turn. */
+static int take(peer_t *p, int64_t tag, uint64_t meta, char *dst, int64_t n, kernel_t kernel, int op,
+                int itemsize) {
+    ring_t *r = &p->in;
+    int64_t tail = *r->tail;  /* only we store it */
+    if (__atomic_load_n(r->head, __ATOMIC_ACQUIRE) == tail) return EMPTY;
+    int64_t k = tail % r->slots;
+    header_t h;
+    memcpy(&h, r->headers + k * LINE, sizeof h);
+    if (h.tag != tag || h.meta != meta || h.nbytes != n || h.offset != 0 || h.frag != n) return FOREIGN;
+    const char *src = r->payload + k * r->slot_bytes;
+    if (kernel) kernel(dst, src, n / itemsize, op);
+    else if (n) memcpy(dst, src, n);
+    __atomic_store_n(r->tail, tail + 1, __ATOMIC_RELEASE);
+    /* ring.freed(): wake the writer if it may have found the ring full. */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(r->head, __ATOMIC_RELAXED) - tail >= r->slots) sem_post(p->bell);
+    return TAKEN;
+}
+
+/* ------------------------------------------------------------------ programs */
+
+typedef struct { int reduce, sbuf, dbuf; int64_t soff, doff, nbytes; } local_t;
+typedef struct { int peer, buf, reduce; int64_t off, nbytes; } msg_t;
+typedef struct {
+    int python;             /* Python runs this step whole */
+    int nlocal, nsend, nrecv;
+    local_t *local;
+    msg_t *send, *recv;     /* buf -1: an empty message */
+} step_t;
+
+typedef struct {
+    PyObject_HEAD
+    int nbufs, nsteps, npeers, dtype, op, itemsize, crowded;
+    double spin;            /* seconds a receive spins before Python takes over */
+    int64_t *need;          /* bytes each buffer must have */
+    char *writes;           /* whether the program writes each buffer */
+    step_t *steps;
+    peer_t *peers;
+    PyObject *transport;    /* the ShmTransport (None without shm peers) */
+} CoreProgram;
+
+static void program_dealloc(CoreProgram *self) {
+    if (self->steps) {
+        for (int i = 0; i < self->nsteps; i++) {
+            PyMem_Free(self->steps[i].local);
+            PyMem_Free(self->steps[i].send);
+            PyMem_Free(self->steps[i].recv);
+        }
+        PyMem_Free(self->steps);
+    }
+    if (self->peers) {
+        for (int i = 0; i < self->npeers; i++) {
+            Py_XDECREF(self->peers[i].out_obj);
+            Py_XDECREF(self->peers[i].in_obj);
+        }
+        PyMem_Free(self->peers);
+    }
+    PyMem_Free(self->need);
+    PyMem_Free(self->writes);
+    Py_XDECREF(self->transport);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int parse_ring(PyObject *t, ring_t *r) {
+    unsigned long long head, tail, headers, payload;
+    long long slots, slot_bytes;
+    if (!PyArg_ParseTuple(t, "KKKKLL", &head, &tail, &headers, &payload, &slots, &slot_bytes)) return -1;
+    r->head = (int64_t *)(uintptr_t)head;
+    r->tail = (int64_t *)(uintptr_t)tail;
+    r->headers = (char *)(uintptr_t)headers;
+    r->payload = (char *)(uintptr_t)payload;
+    r->slots = slots;
+    r->slot_bytes = slot_bytes;
+    return slots > 0 ? 0 : -1;
+}
+
+static int parse_msgs(PyObject *seq, msg_t **out, int *count, int recv, int npeers, int nbufs) {
+    PyObject *fast = PySequence_Fast(seq, "messages must be a sequence");
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    *count = (int)n;
+    *out = PyMem_Calloc(n ? n : 1, sizeof(msg_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        msg_t *m = &(*out)[i];
+        long long off, nbytes;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iiLLi", &m->peer, &m->buf, &off, &nbytes,
+                              &m->reduce)) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        m->off = off;
+        m->nbytes = nbytes;
+        if (m->peer < 0 || m->peer >= npeers || m->buf < -1 || m->buf >= nbufs || (m->reduce && !recv)) {
+            PyErr_SetString(PyExc_ValueError, "a message names no peer or buffer of the program");
+            Py_DECREF(fast);
+            return -1;
+        }
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* Program(need, writes, steps, peers, dtype, op, transport, spin, crowded): see core.compile(). */
+static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *need, *writes, *steps, *peers, *transport;
+    int dtype, op, crowded;
+    double spin;
+    if (!PyArg_ParseTuple(args, "OOOOiiOdp", &need, &writes, &steps, &peers, &dtype, &op, &transport, &spin,
+                          &crowded)) return NULL;
+    if (dtype < 0 || dtype >= NDTYPES || (op >= 0 && !supported(dtype, op))) {
+        PyErr_Format(PyExc_ValueError, "no compiled kernel for dtype code %d and op code %d", dtype, op);
+        return NULL;
+    }
+    CoreProgram *self = (CoreProgram *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->dtype = dtype;
+    self->op = op;
+    self->itemsize = itemsizes[dtype];
+    self->spin = spin;
+    self->crowded = crowded;
+    self->transport = Py_NewRef(transport);
+    self->nbufs = (int)PySequence_Size(need);
+    self->need = PyMem_Calloc(self->nbufs + 1, sizeof(int64_t));
+    self->writes = PyMem_Calloc(self->nbufs + 1, 1);
+    for (int i = 0; i < self->nbufs; i++) {
+        PyObject *v = PySequence_GetItem(need, i), *w = PySequence_GetItem(writes, i);
+        self->need[i] = v ? PyLong_AsLongLong(v) : -1;
+        self->writes[i] = w ? (char)PyObject_IsTrue(w) : 0;
+        Py_XDECREF(v);
+        Py_XDECREF(w);
+    }
+    self->npeers = (int)PySequence_Size(peers);
+    self->peers = PyMem_Calloc(self->npeers + 1, sizeof(peer_t));
+    for (int i = 0; i < self->npeers; i++) {
+        PyObject *t = PySequence_GetItem(peers, i);
+        if (!t) goto fail;
+        if (t != Py_None) {
+            peer_t *p = &self->peers[i];
+            PyObject *out_ring, *in_ring;
+            unsigned long long bell;
+            if (!PyArg_ParseTuple(t, "OOOOK", &p->out_obj, &p->in_obj, &out_ring, &in_ring, &bell)
+                || parse_ring(out_ring, &p->out) || parse_ring(in_ring, &p->in)) {
+                p->out_obj = p->in_obj = NULL;
+                Py_DECREF(t);
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad ring");
+                goto fail;
+            }
+            Py_INCREF(p->out_obj);
+            Py_INCREF(p->in_obj);
+            p->bell = (sem_t *)(uintptr_t)bell;
+            p->sleepers = (int64_t *)(uintptr_t)(bell + 64);
+            p->shm = 1;
+        }
+        Py_DECREF(t);
+    }
+    self->nsteps = (int)PySequence_Size(steps);
+    self->steps = PyMem_Calloc(self->nsteps + 1, sizeof(step_t));
+    for (int i = 0; i < self->nsteps; i++) {
+        step_t *s = &self->steps[i];
+        PyObject *t = PySequence_GetItem(steps, i), *locals, *sends, *recvs;
+        if (!t) goto fail;
+        if (!PyArg_ParseTuple(t, "iOOO", &s->python, &locals, &sends, &recvs)) { Py_DECREF(t); goto fail; }
+        PyObject *fast = PySequence_Fast(locals, "locals must be a sequence");
+        if (!fast) { Py_DECREF(t); goto fail; }
+        s->nlocal = (int)PySequence_Fast_GET_SIZE(fast);
+        s->local = PyMem_Calloc(s->nlocal + 1, sizeof(local_t));
+        for (int j = 0; j < s->nlocal; j++) {
+            local_t *l = &s->local[j];
+            long long soff, doff, nbytes;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, j), "iiLiLL", &l->reduce, &l->sbuf, &soff,
+                                  &l->dbuf, &doff, &nbytes)) { Py_DECREF(fast); Py_DECREF(t); goto fail; }
+            l->soff = soff; l->doff = doff; l->nbytes = nbytes;
+            if (l->sbuf < 0 || l->sbuf >= self->nbufs || l->dbuf < 0 || l->dbuf >= self->nbufs
+                || (l->reduce && op < 0)) {
+                PyErr_SetString(PyExc_ValueError, "a local operation names no buffer of the program");
+                Py_DECREF(fast); Py_DECREF(t); goto fail;
+            }
+        }
+        Py_DECREF(fast);
+        if (parse_msgs(sends, &s->send, &s->nsend, 0, self->npeers, self->nbufs)
+            || parse_msgs(recvs, &s->recv, &s->nrecv, 1, self->npeers, self->nbufs)) { Py_DECREF(t); goto fail; }
+        Py_DECREF(t);
+        if (s->nsend + s->nrecv > 62) s->python = 1;  /* the done mask is one int64 */
+        for (int j = 0; j < s->nrecv; j++)
+            if (s->recv[j].reduce && op < 0) { PyErr_SetString(PyExc_ValueError, "a reduction needs an op"); goto fail; }
+    }
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+/* Whether the Python end of every shm ring has nothing in flight, so that
+ * this core may use the rings directly: -1 on error, 0 no, 1 yes. */
+static int attr_is(PyObject *obj, const char *name, PyObject *value) {
+    PyObject *v = PyObject_GetAttrString(obj, name);
+    if (!v) return -1;
+    int same = v == value;
+    Py_DECREF(v);
+    return same;
+}
+
+static int attr_empty(PyObject *obj, const char *name) {
+    PyObject *v = PyObject_GetAttrString(obj, name);
+    if (!v) return -1;
+    int empty = !PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return empty;
+}
+
+static int rings_free(CoreProgram *self) {
+    if (self->transport == Py_None) return 1;
+    int ok = attr_is(self->transport, "_closed", Py_False);
+    if (ok == 1) ok = attr_is(self->transport, "_stash", Py_False);
+    for (int i = 0; ok == 1 && i < self->npeers; i++) {
+        peer_t *p = &self->peers[i];
+        if (!p->shm) continue;
+        static const char *out_empty[] = {"queue", NULL};
+        static const char *in_empty[] = {"nposted", "claims", "shared", "stash", "unexpected", NULL};
+        ok = attr_is(p->out_obj, "error", Py_None);
+        if (ok == 1) ok = attr_is(p->in_obj, "error", Py_None);
+        if (ok == 1) ok = attr_is(p->in_obj, "current", Py_None);
+        for (int j = 0; ok == 1 && out_empty[j]; j++) ok = attr_empty(p->out_obj, out_empty[j]);
+        for (int j = 0; ok == 1 && in_empty[j]; j++) ok = attr_empty(p->in_obj, in_empty[j]);
+    }
+    return ok;
+}
+
+/* Tell the Python books where the rings are now (head and tail they cache). */
+static int update_books(CoreProgram *self) {
+    for (int i = 0; i < self->npeers; i++) {
+        peer_t *p = &self->peers[i];
+        if (!p->shm) continue;
+        int64_t head = *p->out.head, tail = *p->in.tail;
+        if (head != p->head0) {
+            PyObject *v = PyLong_FromLongLong(head);
+            PyObject *seen = PyLong_FromLongLong(__atomic_load_n(p->out.tail, __ATOMIC_ACQUIRE));
+            int bad = !v || !seen || PyObject_SetAttrString(p->out_obj, "head", v)
+                      || PyObject_SetAttrString(p->out_obj, "tail", seen);
+            Py_XDECREF(v);
+            Py_XDECREF(seen);
+            if (bad) return -1;
+        }
+        if (tail != p->tail0) {
+            PyObject *v = PyLong_FromLongLong(tail);
+            int bad = !v || PyObject_SetAttrString(p->in_obj, "tail", v);
+            Py_XDECREF(v);
+            if (bad) return -1;
+        }
+    }
+    return 0;
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Run steps from ``start`` until one needs Python. Returns the step it
+ * stopped at (nsteps: all done), and sets *locals_done and *mask (bit j:
+ * send j done, bit nsend + j: receive j done). */
+static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag, uint64_t meta,
+                     int *locals_done, uint64_t *mask) {
+    double spin = self->spin;
+    int crowded = self->crowded;
+    kernel_t kernel = self->op >= 0 ? kernels[self->dtype] : NULL;
+    for (int i = start; i < self->nsteps; i++) {
+        step_t *s = &self->steps[i];
+        *locals_done = 0;
+        *mask = 0;
+        if (s->python) return i;
+        for (int j = 0; j < s->nlocal; j++) {
+            local_t *l = &s->local[j];
+            char *src = (char *)bufs[l->sbuf].buf + l->soff, *dst = (char *)bufs[l->dbuf].buf + l->doff;
+            if (l->reduce) kernel(dst, src, l->nbytes / self->itemsize, self->op);
+            else if (src != dst) memmove(dst, src, l->nbytes);
+        }
+        *locals_done = 1;
+        int open = 0, handback = 0;
+        for (int j = 0; j < s->nsend; j++) {
+            msg_t *m = &s->send[j];
+            peer_t *p = &self->peers[m->peer];
+            const char *data = m->buf < 0 ? "" : (char *)bufs[m->buf].buf + m->off;
+            if (p->shm && put(p, tag, meta, data, m->nbytes)) *mask |= 1ull << j;
+            else handback = 1;  /* another transport's, or its ring is full */
+        }
+        for (int j = 0; j < s->nrecv; j++) {
+            if (!self->peers[s->recv[j].peer].shm) handback = 1;
+            else open++;
+        }
+        double deadline = 0;
+        int spun = 0;
+        while (open) {
+            int moved = 0;
+            for (int j = 0; j < s->nrecv; j++) {
+                uint64_t bit = 1ull << (s->nsend + j);
+                msg_t *m = &s->recv[j];
+                peer_t *p = &self->peers[m->peer];
+                if (!p->shm || (*mask & bit)) continue;
+                char *dst = m->buf < 0 ? NULL : (char *)bufs[m->buf].buf + m->off;
+                int got = take(p, tag, meta, dst, m->nbytes, m->reduce ? kernel : NULL, self->op, self->itemsize);
+                if (got == TAKEN) { *mask |= bit; open--; moved = 1; }
+                else if (got == FOREIGN) return i;  /* Python sorts it out */
+            }
+            if (!open || handback) break;  /* a handback: Python waits on everything left */
+            if (moved) { spun = 0; continue; }
+            double t = now_seconds();
+            if (!spun) { deadline = t + spin; spun = 1; }
+            else if (t >= deadline) return i;  /* Python sleeps on the doorbell and watches for faults */
+            if (crowded) sched_yield();
+            else __builtin_ia32_pause();
+        }
+        if (handback || open) return i;
+    }
+    return self->nsteps;
+}
+
+/* run(buffers, start, tag, meta) -> (step, locals_done, mask):
+ * the step it stopped at (len(steps): the call is done). */
+static PyObject *program_run(CoreProgram *self, PyObject *args) {
+    PyObject *buffers;
+    int start;
+    long long tag;
+    unsigned long long meta;
+    if (!PyArg_ParseTuple(args, "OiLK", &buffers, &start, &tag, &meta)) return NULL;
+    if (!PyTuple_Check(buffers) || PyTuple_GET_SIZE(buffers) != self->nbufs) {
+        PyErr_Format(PyExc_ValueError, "run() needs a tuple of %d buffers", self->nbufs);
+        return NULL;
+    }
+    if (start < 0 || start > self->nsteps) {
+        PyErr_SetString(PyExc_ValueError, "run(): no such step");
+        return NULL;
+    }
+    int free_ = rings_free(self);
+    if (free_ < 0) return NULL;
+    if (!free_) return Py_BuildValue("iiK", start, 0, 0ull);
+    Py_buffer bufs[self->nbufs + 1];
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < self->nbufs; got++) {
+        PyObject *b = PyTuple_GET_ITEM(buffers, got);
+        if (PyObject_GetBuffer(b, &bufs[got], self->writes[got] ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS
+                                                              : PyBUF_C_CONTIGUOUS) < 0) goto done;
+        if (bufs[got].len < self->need[got]) {
+            PyErr_Format(PyExc_ValueError, "buffer %d has %zd bytes; the program needs %lld", got,
+                         bufs[got].len, (long long)self->need[got]);
+            got++;
+            goto done;
+        }
+    }
+    for (int i = 0; i < self->npeers; i++) {
+        peer_t *p = &self->peers[i];
+        if (p->shm) { p->head0 = *p->out.head; p->tail0 = *p->in.tail; }
+    }
+    int locals_done = 0, step;
+    uint64_t mask = 0;
+    Py_BEGIN_ALLOW_THREADS  /* the caller holds the network's lock: no Python end moves meanwhile */
+    step = run_steps(self, bufs, start, tag, (uint64_t)meta, &locals_done, &mask);
+    Py_END_ALLOW_THREADS
+    if (update_books(self) == 0) result = Py_BuildValue("iiK", step, locals_done, (unsigned long long)mask);
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
+    return result;
+}
+
+static PyMethodDef program_methods[] = {
+    {"run", (PyCFunction)program_run, METH_VARARGS, "Run steps until one needs Python."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ProgramType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collie._core.Program",
+    .tp_basicsize = sizeof(CoreProgram),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A bound engine.Program, compiled for the core (see collie/core.py).",
+    .tp_new = program_new,
+    .tp_dealloc = (destructor)program_dealloc,
+    .tp_methods = program_methods,
+};
+
+static PyMethodDef methods[] = {
+    {"combine", py_combine, METH_VARARGS, "combine(dst, src, dtype, op): dst = dst op src in place."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "collie._core", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__core(void) {
+    if (PyType_Ready(&ProgramType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&ProgramType);
+    if (PyModule_AddObject(m, "Program", (PyObject *)&ProgramType) < 0) return NULL;
+    return m;
+}

@@ -1,0 +1,248 @@
+"""Which executor runs bound programs: the compiled core, or engine.execute.
+
+The compiled core (collie._core, C in _core.c, built by ``pip install``
+when a compiler is there) runs the steps of an engine.Program, the
+boundary: schedules, plan/bind, the tuner and the verifier stay Python.
+It moves a step's messages to shared-memory peers straight through the
+rings of transports/ring.py (one-slot messages: up to a slot, 256 KiB by
+default), with the local copies and reductions, spinning on the rings for
+as long as the Network would. Whatever it cannot finish (a tcp peer, a
+multi-slot or single-copy message, a ring whose Python end has requests in
+flight, a message that is not the one expected, a peer slower than the
+spin) it hands back at that point: engine.run_step finishes the step
+through network.exchange, so waiting, sleeping on the doorbell, timeouts,
+dead peers, aborts and mismatches (the meta word) are noticed and reported
+exactly as under the Python executor, which stays the reference.
+
+COLLIE_EXECUTOR=python forces engine.execute everywhere; =c makes a missing
+core an error instead of a fallback. collie.config() says which one runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from operator import itemgetter
+from typing import Callable, Optional
+
+from . import engine
+from .transports.ring import LINE
+
+try:
+    from . import _core
+    _WHY_NOT = ""
+except ImportError:  # not built: no C compiler (or Python headers) at install time
+    _core = None
+    _WHY_NOT = ("the compiled core collie._core is not built (install collie where a C compiler "
+                "and Python's headers are, to get it)")
+
+_CHOICES = ("auto", "c", "python")
+
+# Reduce ops and dtypes with a compiled kernel (codes as in _core.c).
+_OPS = {"SUM": 0, "AVG": 0, "PREMUL_SUM": 0, "PRODUCT": 1, "MIN": 2, "MAX": 3, "BAND": 4, "BOR": 5, "BXOR": 6}
+_DTYPES = {"float32": 0, "float64": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "uint8": 6,
+           "uint16": 7, "uint32": 8, "uint64": 9, "float16": 10, "bfloat16": 11}
+_NO_KERNEL = 6  # a program that reduces nothing: the dtype code only sets the element size
+
+
+def choose(environ=os.environ) -> tuple[str, str]:
+    """(executor, why): "c" or "python", from COLLIE_EXECUTOR and whether the core is built."""
+    wanted = environ.get("COLLIE_EXECUTOR", "auto").strip().lower() or "auto"
+    if wanted not in _CHOICES:
+        raise ValueError(f"COLLIE_EXECUTOR must be one of {', '.join(_CHOICES)}, not {wanted!r}")
+    if wanted == "python":
+        return "python", "forced by COLLIE_EXECUTOR=python"
+    if _core is None:
+        if wanted == "c":
+            raise ImportError(f"COLLIE_EXECUTOR=c, but {_WHY_NOT}")
+        return "python", _WHY_NOT
+    return "c", "the compiled core (collie._core)"
+
+
+def _address(buffer) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+
+
+def _ring(ring) -> tuple:
+    """A ring.Ring as the core takes it: head, tail, headers, payload addresses, geometry."""
+    base = _address(ring.mm) + ring.headers - 2 * LINE  # the ring's start (ring.py's layout)
+    return (base, base + LINE, base + 2 * LINE, base - ring.headers + 2 * LINE + ring.offsets[0],
+            ring.slots, ring.slot_bytes)
+
+
+def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 - the core's form of it
+    """The core's form of ``program`` on ``network``, or None when the core
+    cannot run any of it (a reduction without a compiled kernel): (core
+    program, arrays_of(arrays) -> the call's arrays it uses in order,
+    whether the call takes a scratch, whether the core uses it, the group
+    ranks whose shared windows it uses). Steps it cannot run (messages of
+    several pieces) are marked for Python."""
+    kernel = program.reduce_kernel
+    op = -1
+    dtype = _NO_KERNEL
+    if kernel is not None:
+        op = _OPS.get(getattr(kernel, "op", None), -1)
+        dtype = _DTYPES.get(getattr(kernel, "dtype_name", None), -1)
+        if op < 0 or dtype < 0 or (op >= 4 and dtype in (0, 1, 10, 11)):
+            return None
+    itemsize = program.dtype.itemsize
+    plan_ = program.plan
+    schedule = plan_.schedule
+    names: list = []
+    need: list = []
+    writes: list = []
+
+    def buffer(name, nbytes: int, written: bool) -> int:
+        if name == "win":
+            name = schedule.rank
+        if name not in names:
+            names.append(name)
+            need.append(0)
+            writes.append(False)
+        k = names.index(name)
+        need[k] = max(need[k], nbytes)
+        writes[k] = writes[k] or written
+        return k
+
+    shm = network.shm
+    slots: dict = {}   # global peer -> its index in the core's peer table
+    peers: list = []
+
+    def peer(g: int) -> int:
+        if g not in slots:
+            slots[g] = len(peers)
+            if shm is not None and network.routes[g] is shm:
+                out, inb = shm._out[g], shm._in[g]
+                peers.append((out, inb, _ring(out.ring), _ring(inb.ring), out.bell._addr))
+            else:
+                peers.append(None)
+        return slots[g]
+
+    def whole(buf: str) -> int:
+        return plan_.counts[buf] * itemsize
+
+    steps = []
+    for index, local, recvs, sends in program.steps:
+        python = False
+        core_local = []
+        for kind, g, pairs in local:
+            for (sb, slo, shi), (db, dlo, dhi) in pairs:
+                if kind == engine.COPY:  # bytes; hi None: to the buffer's end
+                    shi = whole(sb) if shi is None else shi
+                    dhi = whole(db) if dhi is None else dhi
+                else:  # elements
+                    slo, shi, dlo, dhi = slo * itemsize, shi * itemsize, dlo * itemsize, dhi * itemsize
+                    if kind >= engine.READ:
+                        sb = g  # a peer's window
+                src = buffer(sb, shi, False)
+                core_local.append((int(kind in (engine.REDUCE, engine.READ_REDUCE)), src, slo,
+                                   buffer(db, dhi, True), dlo, dhi - dlo))
+        messages = []
+        for msgs, receiving in ((sends, False), (recvs, True)):
+            core_msgs = []
+            for g, buf, lo, hi, combine, staged in msgs:
+                if staged is not None:
+                    python = True  # several pieces: staged through Python
+                    continue
+                k = peer(g)
+                hi = 0 if buf is None else whole(buf) if hi is None else hi
+                nbytes = hi - lo
+                ring = peers[k]
+                if ring is not None:
+                    slot_bytes = (ring[3] if receiving else ring[2])[5]
+                    single_copy = shm.cma_bytes if receiving else ring[0].cma_bytes  # 0: never
+                    if nbytes > slot_bytes or nbytes >= single_copy > 0:
+                        python = True  # several slots or single copy: Python's
+                core_msgs.append((k, -1 if buf is None else buffer(buf, hi, receiving), lo, nbytes,
+                                  int(combine is not None)))
+            messages.append(core_msgs)
+        steps.append((int(python), tuple(core_local), tuple(messages[0]), tuple(messages[1])))
+    # Buffers in the order execute() hands them over: the call's arrays, then
+    # the scratch, then the windows.
+    order = sorted(range(len(names)), key=lambda k: (
+        (0, names[k]) if isinstance(names[k], str) and names[k] != "tmp" else
+        (1, "") if names[k] == "tmp" else (2, str(names[k]))))
+    new = {old: k for k, old in enumerate(order)}
+    steps = [(python, tuple((r, new[s], so, new[d], do, n) for r, s, so, d, do, n in local),
+              tuple((p, new.get(b, -1), o, n, r) for p, b, o, n, r in sends),
+              tuple((p, new.get(b, -1), o, n, r) for p, b, o, n, r in recvs))
+             for python, local, sends, recvs in steps]
+    core = _core.Program(tuple(need[k] for k in order), tuple(writes[k] for k in order), tuple(steps),
+                         tuple(peers), dtype, op, shm if shm is not None else None, network.spin_seconds,
+                         network._crowded)
+    names = [names[k] for k in order]
+    windows = tuple(n for n in names if isinstance(n, int))
+    tmp = "tmp" in names
+    named = names[:len(names) - len(windows) - tmp]
+    arrays_of = (itemgetter(*named) if len(named) > 1 else (lambda arrays, name=named[0]: (arrays[name],))
+                 if named else (lambda arrays: ()))
+    return core, arrays_of, schedule.tmp_like is not None, tmp, windows
+
+
+def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
+            describe: Callable[[int], str], timeout: float) -> None:
+    """engine.execute's contract, run by the compiled core where it can."""
+    compiled = program.core
+    if not compiled or compiled[0] is not network:
+        compiled[:] = [network, compile(program, network)]
+    core = compiled[1]
+    if core is None:
+        return engine.execute(program, arrays, network, tag, meta, describe, timeout)
+    core, arrays_of, needs_spare, tmp, windows = core
+    bufs = arrays_of(arrays)
+    spare = None
+    if needs_spare:
+        spare = engine.take_spare(program)
+        if tmp:
+            bufs += (spare[1],)
+    if windows:
+        bufs += tuple(network.window(program.peers[g]) for g in windows)
+    if network._abort is None and not network._lost:
+        with network.lock:
+            step, locals_done, done = core.run(bufs, 0, tag, meta)
+    else:  # something broke: Python's checks, step by step
+        step, locals_done, done = 0, 0, 0
+    if step < len(program.steps):
+        _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare, step, locals_done, done)
+    if spare is not None:
+        engine.give_spare(program, spare)
+
+
+def _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare,
+            step: int, locals_done: int, done: int) -> None:
+    """The rest of a call the core handed back at ``step``: Python finishes
+    that step, the core runs on from the next, until the last."""
+    steps = program.steps
+    state = engine.call_state(program, arrays, network, spare)
+    while True:
+        engine.run_step(program, steps[step], state, network, tag, meta, describe, timeout, locals_done, done)
+        start = step + 1
+        if start == len(steps):
+            return
+        if network._abort is None and not network._lost:
+            with network.lock:
+                step, locals_done, done = core.run(bufs, start, tag, meta)
+            if step == len(steps):
+                return
+        else:  # something broke: Python's checks, step by step
+            step, locals_done, done = start, 0, 0
+
+
+def select(environ=os.environ) -> None:
+    """Pick the executor from ``environ`` (at import, and again in a process
+    forked from one that had already imported collie, with another setting)."""
+    global EXECUTOR, WHY, EXECUTE
+    EXECUTOR, WHY = choose(environ)
+    EXECUTE = execute if EXECUTOR == "c" else engine.execute
+    if environ.get("COLLIE_DEBUG", "").upper() in ("INFO", "TRACE"):
+        print(f"collie INFO executor: {EXECUTOR} ({WHY})", file=sys.stderr, flush=True)
+
+
+EXECUTOR = WHY = EXECUTE = None
+select()
+
+
+def config() -> dict:
+    """What runs this process's collectives: {"executor": "c" or "python", "why": ...}."""
+    return {"executor": EXECUTOR, "why": WHY}

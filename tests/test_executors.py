@@ -1,0 +1,207 @@
+"""The two executors of bound programs (collie.core): the compiled core and
+engine.execute, the reference.
+
+- The core's combine kernels give NumPy's (and ops.py's bfloat16) results
+  bit for bit, NaNs, infinities, signed zeros and subnormals included.
+- Random programs of collectives on random floats (where the order of the
+  reduction shows in the last bits) give the same bytes under both
+  executors, call by call: on one host, with small rings (most messages
+  then go back to Python mid-call), and across two fake hosts (tcp peers
+  mixed with shm peers in one program). Every algorithm they use is proven
+  by the verifier first.
+- The extension is optional: setup.py with no working compiler still
+  succeeds, and without the extension collie runs the Python executor.
+"""
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from harness import SMALL_SHM, run_ranks
+
+from collie import core, ops, verify
+from collie.algorithms import algorithms_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_core = pytest.mark.skipif(core._core is None, reason=core._WHY_NOT)
+
+
+def _special(dtype) -> np.ndarray:
+    """Values where kernels differ if they differ at all."""
+    if dtype == "bfloat16":
+        return np.array([0, 0x8000, 0x7fc0, 0xffc0, 0x7f80, 0xff80, 0x0001, 0x3f80, 0xbf80, 0x7f7f], np.uint16)
+    info = np.finfo(dtype)
+    return np.array([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, info.tiny / 4, -info.tiny, 1.0, info.max],
+                    dtype)
+
+
+@needs_core
+@pytest.mark.parametrize("dtype", sorted(core._DTYPES))
+def test_kernels_match_numpy_bit_for_bit(dtype):
+    rng = np.random.default_rng(7)
+    for name in ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
+        floating = dtype in ("float16", "float32", "float64", "bfloat16")
+        if floating and name.startswith("B"):
+            continue
+        if dtype == "bfloat16":
+            a = rng.integers(0, 1 << 16, 3000).astype(np.uint16)
+            b = rng.integers(0, 1 << 16, 3000).astype(np.uint16)
+        elif floating:
+            with np.errstate(over="ignore"):  # float16 overflows to infinity: wanted
+                a = (rng.standard_normal(3000) * 10.0 ** rng.integers(-8, 8, 3000)).astype(dtype)
+                b = (rng.standard_normal(3000) * 10.0 ** rng.integers(-8, 8, 3000)).astype(dtype)
+        else:
+            info = np.iinfo(dtype)
+            a = rng.integers(info.min, info.max, 3000, dtype=dtype, endpoint=True)
+            b = rng.integers(info.min, info.max, 3000, dtype=dtype, endpoint=True)
+        if floating:  # every pair of special values, too
+            s = _special(dtype)
+            a = np.concatenate([a, np.repeat(s, len(s))])
+            b = np.concatenate([b, np.tile(s, len(s))])
+        expected = a.copy()
+        with np.errstate(all="ignore"):
+            ops.kernel(getattr(ops.ReduceOp, name), dtype)(expected, b)
+        got = a.copy()
+        core._core.combine(got, b, core._DTYPES[dtype], core._OPS[name])
+        assert got.tobytes() == expected.tobytes(), (dtype, name)
+
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
+DTYPES = ("float32", "float64", "float16", "int32", "int64")
+COUNTS = (0, 1, 7, 100, 1000, 20000, 70000)  # elements per rank; the last ones need several ring slots
+
+
+def _calls(seed: int, size: int, ncalls: int) -> list:
+    """The program: (collective, algorithm or None, dtype, op, count, root) per call."""
+    rng = np.random.default_rng(seed)
+    calls = []
+    for _ in range(ncalls):
+        name = COLLECTIVES[rng.integers(len(COLLECTIVES))]
+        dtype = DTYPES[rng.integers(len(DTYPES))]
+        floating = dtype.startswith("float")
+        opnames = ["SUM", "PRODUCT", "MIN", "MAX"] + ([] if floating else ["BAND", "BOR", "BXOR"])
+        op = opnames[rng.integers(len(opnames))]
+        choices = [a for a in algorithms_for(name) if a != "shm"]  # shm: one host only
+        algorithm = choices[rng.integers(len(choices))] if rng.random() < 0.6 else None
+        calls.append((name, algorithm, dtype, op, int(COUNTS[rng.integers(len(COUNTS))]),
+                       int(rng.integers(size))))
+    return calls
+
+
+def _cross_body(rank, size, seed, calls, hosts):
+    """Run the program on random data; the SHA-256 of every call's output."""
+    import collie
+    if hosts is not None:
+        os.environ["COLLIE_HOST_ID"] = f"host{hosts[rank]}"
+    collie.core.select()
+    collie.init_process_group()
+    try:
+        digests = []
+        for k, (name, algorithm, dtype, opname, count, root) in enumerate(calls):
+            rng = np.random.default_rng([seed, k, rank])
+            if dtype.startswith("float"):
+                x = (rng.standard_normal(count * size) * 1000).astype(dtype)
+            else:
+                x = rng.integers(-(1 << 20), 1 << 20, count * size).astype(dtype)
+            op = getattr(collie.ReduceOp, opname)
+            with np.errstate(all="ignore"):
+                if name == "all_reduce":
+                    out = x
+                    collie.all_reduce(out, op=op, algorithm=algorithm)
+                elif name == "reduce_scatter":
+                    out = np.empty(count, dtype)
+                    collie.reduce_scatter_tensor(out, x, op=op, algorithm=algorithm)
+                elif name == "all_gather":
+                    out = np.empty(count * size, dtype)
+                    collie.all_gather_into_tensor(out, x[:count], algorithm=algorithm)
+                elif name == "broadcast":
+                    out = x
+                    collie.broadcast(out, src=root, algorithm=algorithm)
+                elif name == "reduce":
+                    out = x
+                    collie.reduce(out, dst=root, op=op, algorithm=algorithm)
+                else:
+                    out = np.empty(count * size, dtype)
+                    collie.all_to_all_single(out, x, algorithm=algorithm)
+            digests.append(hashlib.sha256(out.tobytes()).hexdigest())
+        return collie.config()["executor"], digests
+    finally:
+        collie.destroy_process_group()
+
+
+@needs_core
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("size,seed,env,hosts", [
+    (2, 21, {}, None),
+    (3, 22, SMALL_SHM, None),
+    (4, 23, {}, (0, 0, 1, 1)),
+], ids=["shm-2", "shm-3-small-rings", "two-hosts-4"])
+def test_random_programs_give_the_same_bytes_under_both_executors(size, seed, env, hosts):
+    calls = _calls(seed, size, 60)
+    for name, algorithm, *_ in calls:  # a fast path is still a proven schedule
+        if algorithm is not None:
+            verify.verify(name, algorithm, size)
+    results = {}
+    for executor in ("c", "python"):
+        got = run_ranks(_cross_body, size, seed, calls, hosts, init=False, timeout=240,
+                        env=dict(env, COLLIE_EXECUTOR=executor))
+        assert {e for e, _ in got} == {executor}
+        results[executor] = [digests for _, digests in got]
+    for rank in range(size):
+        for k, (c, p) in enumerate(zip(results["c"][rank], results["python"][rank])):
+            assert c == p, f"rank {rank}, call {k} {calls[k]}: the executors' results differ"
+
+
+def test_setup_succeeds_without_a_compiler(tmp_path):
+    """The extension is optional: a compiler that fails leaves a warning, not a failed install."""
+    env = dict(os.environ, CC="false", LDSHARED="false")
+    done = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib", str(tmp_path / "lib"),
+                           "--build-temp", str(tmp_path / "tmp")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert 'building extension "collie._core" failed' in done.stdout + done.stderr
+    assert not list(tmp_path.rglob("_core*.so"))
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_the_executor_in_use_is_reported_and_can_be_forced():
+    show = "import collie; print(collie.config()['executor'])"
+    forced = _python(show, COLLIE_EXECUTOR="python", COLLIE_DEBUG="INFO")
+    assert forced.stdout.strip() == "python"
+    assert "collie INFO executor: python (forced by COLLIE_EXECUTOR=python)" in forced.stderr
+    # Without the extension (as where it could not build): the Python executor, and why.
+    missing = "import sys; sys.modules['collie._core'] = None; " + show
+    assert _python(missing).stdout.strip() == "python"
+    refused = _python(missing, COLLIE_EXECUTOR="c")
+    assert refused.returncode != 0 and "collie._core is not built" in refused.stderr
+    bad = _python(show, COLLIE_EXECUTOR="fast")
+    assert bad.returncode != 0 and "COLLIE_EXECUTOR must be one of auto, c, python" in bad.stderr
+    if core._core is not None:
+        assert _python(show, COLLIE_EXECUTOR="auto").stdout.strip() == "c"
+
+
+def _without_core_body(rank, size):
+    import collie
+    collie.core._core = None  # as if it had not built
+    collie.core.select()
+    collie.init_process_group()
+    try:
+        x = np.full(5, rank + 1.0)
+        collie.all_reduce(x)
+        return collie.config()["executor"], x
+    finally:
+        collie.destroy_process_group()
+
+
+def test_collectives_run_without_the_extension():
+    results = run_ranks(_without_core_body, 2, init=False, env={"COLLIE_EXECUTOR": "auto"})
+    for executor, x in results:
+        assert executor == "python" and (x == 3.0).all()
