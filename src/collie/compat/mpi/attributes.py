@@ -37,6 +37,8 @@ class _Attributed:
     """Create_keyval, Free_keyval, Set_attr, Get_attr, Delete_attr; a class
     using it gives ``_attrs()``, its object's store (a dict)."""
 
+    __slots__ = ()
+
     def _attrs(self) -> dict:
         raise NotImplementedError
 

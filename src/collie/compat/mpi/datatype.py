@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from . import typemap
+from .attributes import _Attributed
 from .constants import (COMBINER_CONTIGUOUS, COMBINER_DARRAY, COMBINER_DUP, COMBINER_F90_COMPLEX,
                         COMBINER_F90_INTEGER, COMBINER_F90_REAL, COMBINER_HINDEXED, COMBINER_HINDEXED_BLOCK,
                         COMBINER_HVECTOR, COMBINER_INDEXED, COMBINER_INDEXED_BLOCK, COMBINER_NAMED,
@@ -50,7 +51,7 @@ class _Type:
     single basic dtype of its elements when they all share one."""
 
     __slots__ = ("label", "combiner", "ints", "addrs", "types", "size", "lb", "ub", "tlb", "tub",
-                 "dtype", "basic", "align", "char", "str", "code", "runs_of", "_runs", "const")
+                 "dtype", "basic", "align", "char", "str", "code", "runs_of", "_runs", "const", "attrs")
 
     def __init__(self, combiner, size, bounds, *, ints=(), addrs=(), types=(), label="", dtype=None,
                  basic=None, align=1, char=None, str_=None, code=None, runs_of=None):
@@ -62,6 +63,7 @@ class _Type:
         self.char, self.str, self.code = char, str_, code
         self.runs_of, self._runs = runs_of, None
         self.const = None  # the module's constant, for a predefined type
+        self.attrs: dict = {}  # keyval -> value (Set_attr): shared by every handle of the type
 
     def runs(self) -> tuple:
         if self._runs is None:
@@ -89,7 +91,7 @@ def _add(a, b) -> Optional[tuple]:
     return None if a is None or b is None else (a[0] + b[0], a[1] + b[1])
 
 
-class Datatype:
+class Datatype(_Attributed):
     """An MPI datatype handle (mpi4py's MPI.Datatype)."""
 
     __slots__ = ("_t", "_key")
@@ -204,14 +206,20 @@ class Datatype:
         t = self._need("Free")
         if t.combiner in _PREDEFINED:
             raise _err("ERR_TYPE", f"Datatype.Free: {t.label or 'a predefined datatype'} cannot be freed")
+        self._delete_attrs()
         self._t = None
 
     free = Free
 
     def Dup(self) -> "Datatype":
         t = self._need("Dup")
-        return type(self)._of(_Type(COMBINER_DUP, t.size, (t.lb, t.ub, t.tlb, t.tub), types=[t], runs_of=t.runs,
-                                    basic=t.basic, align=t.align, char=t.char, str_=t.str, code=t.code))
+        new = type(self)._of(_Type(COMBINER_DUP, t.size, (t.lb, t.ub, t.tlb, t.tub), types=[t], runs_of=t.runs,
+                                   basic=t.basic, align=t.align, char=t.char, str_=t.str, code=t.code))
+        self._copy_attrs(new)
+        return new
+
+    def _attrs(self) -> dict:
+        return self._need("attributes").attrs
 
     Create_dup = Dup
 
