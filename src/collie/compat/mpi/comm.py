@@ -777,9 +777,12 @@ class _Refused:
 
 
 def _scatter_items(sendobj, n: int, what: str) -> list:
-    """The root's sequence of n items, or n _Refused when it is not one."""
+    """The root's sequence of n items (None: n Nones, as in mpi4py), or n
+    _Refused when it is not one."""
+    if sendobj is None:
+        return [None] * n
     try:
-        items = list(sendobj) if sendobj is not None else None
+        items = list(sendobj)
     except TypeError:
         items = None
     if items is None or len(items) != n:
@@ -1294,7 +1297,7 @@ class Intracomm(Comm):
     def alltoall(self, sendobj) -> list:
         """Item q of rank r's sequence becomes item r of rank q's result."""
         g = self._g("alltoall")
-        items = list(sendobj)
+        items = [None] * g.size if sendobj is None else list(sendobj)  # None: Nones, as in mpi4py
         if len(items) != g.size:
             raise ValueError(f"alltoall: sendobj must be a sequence of {g.size} items (one per rank)")
         payloads = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in items]

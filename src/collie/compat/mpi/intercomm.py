@@ -506,7 +506,7 @@ class Intercomm(Comm):
     def alltoall(self, sendobj) -> list:
         """Item q of this process's sequence to remote rank q."""
         n = self.Get_remote_size()
-        items = list(sendobj)
+        items = [None] * n if sendobj is None else list(sendobj)  # None: Nones, as in mpi4py
         if len(items) != n:
             raise ValueError(f"alltoall: sendobj must be a sequence of {n} items (one per remote rank)")
         reqs = [_recv(self, None, i) for i in range(n)] + [_send(self, _obj(o), i) for i, o in enumerate(items)]
