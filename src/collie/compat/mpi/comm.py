@@ -535,6 +535,18 @@ class Comm(_Handled, _Attributed):
             self._matcher = m
         return self._matcher
 
+    # The object reductions fold gather's and allgather's lists, whatever
+    # the communicator's kind makes them (an intercommunicator's: the remote group's).
+    def reduce(self, sendobj, op=SUM, root: int = 0) -> Any:
+        """op folded over the objects in rank order, at root (None elsewhere)."""
+        fn = _py_op(op)
+        items = self.gather(sendobj, root)
+        return None if items is None else functools.reduce(fn, items)
+
+    def allreduce(self, sendobj, op=SUM) -> Any:
+        fn = _py_op(op)
+        return functools.reduce(fn, self.allgather(sendobj))
+
     def _npeers(self, m: _Matcher) -> int:
         """How many ranks a message can name (an intercommunicator's: the remote ones)."""
         return m.group.size
@@ -568,14 +580,15 @@ class Comm(_Handled, _Attributed):
         return Request(m.network, recv=op, matcher=m, after=after, keep=keep, timeout=m.group.timeout,
                        describe=lambda: f"{what} from {src} ({tags}) of {self._name}")
 
-    def _probe(self, source, tag, status: Optional[Status], block: bool, what: str) -> bool:
+    def _envelope(self, source, tag, block: bool, what: str):
+        """(matcher, source, the first message matching source and tag, or
+        None) for Probe and Mprobe: waits for one when ``block`` (raising if
+        its sender is gone), else looks once. For PROC_NULL nothing is looked for."""
         m = self._p2p(what)
         source = _rank_arg(source, self._npeers(m), f"{what}: source", (ANY_SOURCE, PROC_NULL))
         tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
         if source == PROC_NULL:
-            if status is not None:
-                status._set(PROC_NULL, ANY_TAG, 0)
-            return True
+            return m, source, None
         m.probes.append(source)
         try:
             if block:
@@ -589,6 +602,14 @@ class Comm(_Handled, _Attributed):
         msg = m.find(source, tag)
         if msg is None and block:
             raise m.gone(source)
+        return m, source, msg
+
+    def _probe(self, source, tag, status: Optional[Status], block: bool, what: str) -> bool:
+        _, source, msg = self._envelope(source, tag, block, what)
+        if source == PROC_NULL:
+            if status is not None:
+                status._set(PROC_NULL, ANY_TAG, 0)
+            return True
         if msg is not None and status is not None:
             status._set(msg.source, msg.tag, msg.nbytes)
         return msg is not None
@@ -1309,16 +1330,6 @@ class Intracomm(Comm):
         _coll.all_to_all_single(out, send, got.tolist(), sizes.tolist(), group=g)
         ends = np.cumsum(got)
         return [pickle.loads(out[e - n:e].tobytes()) for e, n in zip(ends.tolist(), got.tolist())]
-
-    def reduce(self, sendobj, op=SUM, root: int = 0) -> Any:
-        """op folded over every rank's object in rank order, at root (None elsewhere)."""
-        fn = _py_op(op)
-        items = self.gather(sendobj, root)
-        return None if items is None else functools.reduce(fn, items)
-
-    def allreduce(self, sendobj, op=SUM) -> Any:
-        fn = _py_op(op)
-        return functools.reduce(fn, self.allgather(sendobj))
 
     def scan(self, sendobj, op=SUM) -> Any:
         fn = _py_op(op)

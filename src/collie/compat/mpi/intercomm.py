@@ -23,7 +23,6 @@ others of the root's group) or the root's rank in the remote group.
 
 from __future__ import annotations
 
-import functools
 import operator
 import pickle
 from typing import Any, Optional
@@ -39,7 +38,7 @@ from .comm import COMM_NULL, Comm, Intracomm, _inter_of, _matcher_of, _rank_arg,
 from .constants import CONGRUENT, IDENT, PROC_NULL, ROOT, SIMILAR, UNDEFINED, UNEQUAL
 from .exceptions import ERR_ARG, ERR_GROUP, ERR_ROOT, _error
 from .group import Group
-from .op import SUM, _buffer_op, _py_op
+from .op import SUM, _buffer_op
 from .p2p import _Matcher
 from .request import Request
 
@@ -511,16 +510,6 @@ class Intercomm(Comm):
             raise ValueError(f"alltoall: sendobj must be a sequence of {n} items (one per remote rank)")
         reqs = [_recv(self, None, i) for i in range(n)] + [_send(self, _obj(o), i) for i, o in enumerate(items)]
         return _waitall(reqs)[:n]
-
-    def reduce(self, sendobj, op=SUM, root: int = 0) -> Any:
-        """op folded over the remote group's objects, at the root."""
-        fn = _py_op(op)
-        items = self.gather(sendobj, root)
-        return None if items is None else functools.reduce(fn, items)
-
-    def allreduce(self, sendobj, op=SUM) -> Any:
-        fn = _py_op(op)
-        return functools.reduce(fn, self.allgather(sendobj))
 
 
 def create_intercomm(comm: Intracomm, local_leader: int, peer_comm: Comm, remote_leader: int,

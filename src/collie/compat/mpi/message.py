@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from .constants import ANY_SOURCE, ANY_TAG, PROC_NULL
 from .exceptions import ERR_REQUEST, _error
-from .p2p import _Message, _progress, _Recv, _wait_until
+from .p2p import _Message, _Recv
 from .request import Request, _done_request
 from .status import Status
 
@@ -119,28 +119,12 @@ class Message:
 
 def _mprobe(comm, source, tag, status: Optional[Status], block: bool, what: str) -> Optional[Message]:
     """Comm.Mprobe/Improbe: find a matching message and take it out of matching."""
-    from .comm import _rank_arg, _tag_arg
-    m = comm._p2p(what)
-    source = _rank_arg(source, comm._npeers(m), f"{what}: source", (ANY_SOURCE, PROC_NULL))
-    tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
+    m, source, msg = comm._envelope(source, tag, block, what)
     if source == PROC_NULL:
         if status is not None:
             status._set(PROC_NULL, ANY_TAG, 0)
         return Message(MESSAGE_NO_PROC)  # a copy: receiving it makes it MESSAGE_NULL
-    m.probes.append(source)
-    try:
-        if block:
-            _wait_until(lambda: m.find(source, tag) is not None or m.gone(source) is not None,
-                        m.network, m.group.timeout, lambda: f"{what} of {comm._name}")
-        else:
-            for _ in range(2):  # once to post envelope receives, once to take them in
-                _progress(m.network)
-    finally:
-        m.probes.remove(source)
-    msg = m.find(source, tag)
     if msg is None:
-        if block:
-            raise m.gone(source)
         return None
     m.take(msg)
     if status is not None:

@@ -396,9 +396,10 @@ class Request:
         return index, (requests[index]._result if index != UNDEFINED else None)
 
     @staticmethod
-    def Testany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple[int, bool]:
-        """(index, True) for a request that completed; (UNDEFINED, True) when
-        none is active; (UNDEFINED, False) when none is done yet."""
+    def _first_ready(requests, status: Optional[Status], take) -> tuple[int, bool]:
+        """Testany's search: (index, True) after ``take`` on the first active
+        request that is done; (UNDEFINED, True) when none is active;
+        (UNDEFINED, False) when none is done yet."""
         requests = list(requests)
         if not any(r._active() for r in requests):
             _fill(status, None)
@@ -406,9 +407,15 @@ class Request:
         Request._progress_any(requests)
         for i, r in enumerate(requests):
             if r._active() and r._ready():
-                r._complete(status)
+                take(r)
                 return i, True
         return UNDEFINED, False
+
+    @staticmethod
+    def Testany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple[int, bool]:
+        """(index, True) for a request that completed; (UNDEFINED, True) when
+        none is active; (UNDEFINED, False) when none is done yet."""
+        return Request._first_ready(requests, status, lambda r: r._complete(status))
 
     @staticmethod
     def testany(requests: Sequence["Request"], status: Optional[Status] = None):
@@ -418,16 +425,7 @@ class Request:
 
     @staticmethod
     def Get_status_any(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple[int, bool]:
-        requests = list(requests)
-        if not any(r._active() for r in requests):
-            _fill(status, None)
-            return UNDEFINED, True
-        Request._progress_any(requests)
-        for i, r in enumerate(requests):
-            if r._active() and r._ready():
-                r.Get_status(status)
-                return i, True
-        return UNDEFINED, False
+        return Request._first_ready(requests, status, lambda r: r.Get_status(status))
 
     get_status_any = Get_status_any
 
