@@ -94,18 +94,18 @@ def _add(a, b) -> Optional[tuple]:
 class Datatype(_Attributed):
     """An MPI datatype handle (mpi4py's MPI.Datatype)."""
 
-    __slots__ = ("_t", "_key")
+    __slots__ = ("_t", "_pyname")
 
     def __init__(self, datatype: Optional["Datatype"] = None):
         if datatype is not None and not isinstance(datatype, Datatype):
             raise TypeError(f"MPI.Datatype() takes a Datatype, got {type(datatype).__name__}")
         self._t = None if datatype is None else datatype._t
-        self._key = None
+        self._pyname = None
 
     @classmethod
     def _of(cls, t: Optional[_Type], key: Optional[str] = None) -> "Datatype":
         d = cls.__new__(cls)
-        d._t, d._key = t, key
+        d._t, d._pyname = t, key
         return d
 
     # ---- identity ----
@@ -127,8 +127,8 @@ class Datatype(_Attributed):
         return id(self._t)
 
     def __reduce__(self):
-        if self._key is not None and globals().get(self._key) is self:
-            return self._key
+        if self._pyname is not None and globals().get(self._pyname) is self:
+            return self._pyname
         t = self._t
         if t is None:
             return (Datatype, ())
