@@ -47,6 +47,10 @@ class Request:
     request as ``req``; ``Request()`` is an inactive one (REQUEST_NULL).
     """
 
+    def __new__(cls, *args, **kwargs):
+        # subclasses may call super().__new__(cls, request), as mpi4py allows
+        return super().__new__(cls)
+
     def __init__(self, network=None, *, sends=(), recv: Optional[_Recv] = None, matcher=None, work=None,
                  keep=None, after=None, timeout: float = 300.0,
                  describe: Callable[[], str] = lambda: "MPI request", status=None, sync=None):
@@ -220,7 +224,7 @@ class Request:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    __hash__ = object.__hash__
+    __hash__ = None  # unhashable, as mpi4py's handles are
 
     def __reduce__(self):
         if self:
@@ -432,11 +436,15 @@ class Request:
     get_status_any = Get_status_any
 
 
-def _share(new: Request, old: Request) -> None:
-    """Make ``new`` the same request as ``old`` (the copy constructors)."""
+def _share(new: Request, old: Request) -> bool:
+    """Make ``new`` the same request as ``old`` (the copy constructors); False
+    when ``new`` is to be a fresh null one instead (Prequest(REQUEST_NULL))."""
     if isinstance(new, (Prequest, Grequest)) and not isinstance(old, type(new)):
+        if not old and type(old) is Request:
+            return False
         raise TypeError(f"{type(new).__name__}() cannot copy a {type(old).__name__}")
     new.__dict__ = old.__dict__
+    return True
 
 
 REQUEST_NULL = Request()
@@ -449,8 +457,9 @@ class Prequest(Request):
 
     def __init__(self, start=None):
         if isinstance(start, Request):
-            _share(self, start)
-            return
+            if _share(self, start):
+                return
+            start = None
         super().__init__()
         self._persistent: Optional[Callable[[], Request]] = start
         self._current: Optional[Request] = None
@@ -528,8 +537,9 @@ class Grequest(Request):
 
     def __init__(self, request=None):
         if isinstance(request, Request):
-            _share(self, request)
-            return
+            if _share(self, request):
+                return
+            request = None
         if request is not None:
             raise TypeError(f"Grequest() takes a Grequest to copy, got {type(request).__name__}")
         super().__init__()

@@ -208,8 +208,12 @@ class Win(_Handled, np.ndarray):
     def __ne__(self, other) -> bool:
         return not self == other
 
-    def __hash__(self) -> int:
-        return id(self._s)
+    __hash__ = None  # unhashable, as mpi4py's handles are
+
+    def _unordered(self, other):
+        raise TypeError("MPI.Win handles have no order")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _unordered
 
     def __bool__(self) -> bool:
         return self._s is not None
