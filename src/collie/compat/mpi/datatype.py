@@ -133,9 +133,9 @@ class Datatype(_Attributed):
             return self._pyname
         t = self._t
         if t is None:
-            return (Datatype, ())
+            return (type(self), ())
         if t.combiner == COMBINER_NAMED:
-            return (Datatype, (t.const,))
+            return (type(self), (t.const,))
         return (_recreate, self.decode())
 
     def __repr__(self) -> str:

@@ -90,10 +90,13 @@ class Message:
             return "MESSAGE_NO_PROC"
         if self._state["msg"] is not None:
             raise ValueError("cannot pickle a matched Message")
-        return (Message, (MESSAGE_NO_PROC if self._state["noproc"] else None,))
+        return (type(self), (MESSAGE_NO_PROC if self._state["noproc"] else None,))
 
     def free(self) -> None:
-        """Nothing to free: MPI has no Message_free (mpi4py's free does nothing)."""
+        """mpi4py's safe free: MESSAGE_NULL and MESSAGE_NO_PROC themselves stay;
+        any other handle becomes MESSAGE_NULL (MPI has no Message_free)."""
+        if self is not MESSAGE_NULL and self is not MESSAGE_NO_PROC:
+            self._state = {"msg": None, "noproc": False, "comm": None}
 
     # ---- probing ----
 

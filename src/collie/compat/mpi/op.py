@@ -18,7 +18,7 @@ class Op:
     """A reduction: applies to Python objects (lowercase methods, by calling
     it) and to buffers (uppercase methods, through collie.ReduceOp)."""
 
-    __slots__ = ("name", "_py", "_ufunc", "_collie", "_logical", "_user", "_commute", "__weakref__")
+    __slots__ = ("name", "_py", "_ufunc", "_collie", "_logical", "_user", "_commute", "_pickles", "__weakref__")
 
     def __init__(self, op: Optional["Op"] = None):
         """``Op()`` is OP_NULL, ``Op(op)`` the same op as ``op``."""
@@ -34,7 +34,7 @@ class Op:
               logical: bool = False) -> "Op":
         op = cls.__new__(cls)
         op.name, op._py, op._ufunc, op._collie, op._logical = name, py, ufunc, collie, logical
-        op._user, op._commute = None, True
+        op._user, op._commute, op._pickles = None, True, True
         return op
 
     @classmethod
@@ -78,7 +78,7 @@ class Op:
             from .exceptions import ERR_OP, _error
             raise _error(ERR_OP, "Reduce_local with MPI.OP_NULL")
         if self._user is not None:
-            self._user(a, b, _datatype_of(b))
+            self._user(a, b, _named_datatype(inoutbuf) or _datatype_of(b))
         elif self._ufunc is not None:
             res = self._ufunc(a, b)
             if self._logical:
@@ -136,10 +136,13 @@ class Op:
         """A named op pickles as its name, a copy of one as a new copy, a
         user op as a new Op.Create of its (picklable) function."""
         if self._user is not None:
+            if not self._pickles:
+                raise ValueError(f"cannot pickle {self!r}: an op from Op.fromint has no Python function "
+                                 "of its own (pickle the op Op.Create returned)")
             return (Op.Create, (self._user, self._commute))
         if globals().get(self.name) is self:
             return self.name
-        return (Op, (globals()[self.name],))
+        return (type(self), (globals()[self.name],))
 
     def __repr__(self) -> str:
         return f"<MPI.{self.name}>"
@@ -164,7 +167,9 @@ class Op:
         if not 0 <= handle - len(_PREDEFINED) < len(_user_ops):
             from .exceptions import ERR_OP, _error
             raise _error(ERR_OP, f"Op.fromint: {handle} is not an op's handle")
-        return cls(_user_ops[handle - len(_PREDEFINED)])
+        op = cls(_user_ops[handle - len(_PREDEFINED)])
+        op._pickles = False
+        return op
 
     py2f = toint
     f2py = fromint
@@ -175,6 +180,15 @@ class Op:
 def _datatype_of(arr):
     from .datatype import _datatype_for
     return _datatype_for(arr.dtype)
+
+
+def _named_datatype(spec):
+    """The datatype a buffer spec names ([buf, MPI.BYTE], [buf, n, MPI.INT]...), None if none."""
+    if isinstance(spec, (list, tuple)) and len(spec) >= 2:
+        from .datatype import Datatype
+        last = spec[-1]
+        return last if isinstance(last, Datatype) else None
+    return None
 
 
 def _either_array(x, y) -> bool:

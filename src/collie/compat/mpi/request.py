@@ -23,7 +23,7 @@ __all__ = ["Request", "REQUEST_NULL", "Prequest", "Grequest"]
 
 
 from ...errors import CollieError
-from .exceptions import ERR_OTHER, ERR_TRUNCATE, Exception as _MPIException, _as_mpi_error, _error
+from .exceptions import ERR_OTHER, ERR_REQUEST, ERR_TRUNCATE, Exception as _MPIException, _as_mpi_error, _error
 
 
 _EMPTY = (ANY_SOURCE, ANY_TAG, 0, False)  # the status of an inactive request
@@ -196,6 +196,8 @@ class Request:
     def Cancel(self) -> None:
         """Cancel a receive that no message has matched yet, or a synchronous
         send to oneself that no receive has taken yet."""
+        if not self:
+            raise _error(ERR_REQUEST, "Cancel: the request is MPI.REQUEST_NULL (or already completed)")
         if self._recv is not None and self._matcher is not None:
             self._matcher.cancel(self._recv)
         elif self._sync is not None and self._matcher is not None and not self._done:
@@ -203,10 +205,16 @@ class Request:
 
     def Free(self) -> None:
         """Let the operation complete on its own; this handle becomes REQUEST_NULL."""
+        if not self:
+            raise _error(ERR_REQUEST, "Free: the request is MPI.REQUEST_NULL (or already completed)")
         self._done = True
 
+    def free(self) -> None:
+        """mpi4py's safe free: nothing on a null (or completed) request."""
+        if self:
+            self.Free()
+
     cancel = Cancel
-    free = Free
 
     # ---- handles ----
 
@@ -229,7 +237,7 @@ class Request:
     def __reduce__(self):
         if self:
             raise ValueError(f"cannot pickle an active {type(self).__name__}")
-        return (type(self), ())
+        return "REQUEST_NULL" if self is REQUEST_NULL else (type(self), ())
 
     @property
     def handle(self) -> int:
@@ -439,7 +447,8 @@ class Request:
 def _share(new: Request, old: Request) -> bool:
     """Make ``new`` the same request as ``old`` (the copy constructors); False
     when ``new`` is to be a fresh null one instead (Prequest(REQUEST_NULL))."""
-    if isinstance(new, (Prequest, Grequest)) and not isinstance(old, type(new)):
+    kind = Prequest if isinstance(new, Prequest) else Grequest if isinstance(new, Grequest) else Request
+    if not isinstance(old, kind):
         if not old and type(old) is Request:
             return False
         raise TypeError(f"{type(new).__name__}() cannot copy a {type(old).__name__}")

@@ -38,7 +38,7 @@ class Status:
         self._fields[[_SOURCE, _TAG, _COUNT, _CANCELLED]] = (source, tag, nbytes, cancelled)
 
     def __reduce__(self):
-        return _from_fields, (self._fields.tolist(),)
+        return _from_fields, (self._fields.tolist(), type(self))
 
     @property
     def source(self) -> int:
@@ -146,8 +146,8 @@ class Status:
         return f"<MPI.Status source={self.source} tag={self.tag} count={self.count}>"
 
 
-def _from_fields(fields: list) -> Status:
-    status = Status()
+def _from_fields(fields: list, cls: type = Status) -> Status:
+    status = cls()
     if len(fields) != len(status._fields):
         raise ValueError(f"a Status has {len(status._fields)} fields, got {len(fields)}")
     status._fields[:] = fields
