@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from .comm import Intracomm
-from .constants import THREAD_MULTIPLE, THREAD_SERIALIZED
+from .constants import SUBVERSION, THREAD_MULTIPLE, THREAD_SERIALIZED, VERSION
 
 __all__ = ["get_vendor", "Get_abi_version", "Get_abi_info", "Get_abi_fortran_info", "Alloc_mem", "Free_mem", "Get_address", "Aint_add", "Aint_diff", "Compute_dims", "Pcontrol", "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Get_hw_resource_info", "Init", "Init_thread", "Query_thread", "Is_thread_main", "Finalize", "Is_initialized", "Is_finalized", "Wtime", "Wtick", "Get_processor_name", "Get_version", "Get_library_version"]
 
@@ -88,7 +88,8 @@ def Get_processor_name() -> str:
 
 
 def Get_version() -> tuple[int, int]:
-    return 3, 1
+    """The MPI standard's version this module follows (see constants.VERSION)."""
+    return VERSION, SUBVERSION
 
 
 def Get_library_version() -> str:
