@@ -75,6 +75,8 @@ class _Attributed:
 
     def Get_attr(self, keyval: int):
         """The value under ``keyval``, None when there is none."""
+        if keyval == KEYVAL_INVALID:
+            raise _error(ERR_KEYVAL, "Get_attr: MPI.KEYVAL_INVALID is no attribute key")
         return self._attrs().get(operator.index(keyval))
 
     def Delete_attr(self, keyval: int) -> None:

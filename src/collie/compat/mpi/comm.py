@@ -350,15 +350,26 @@ class Comm(_Handled, _Attributed):
         return _comm("world").Create_group(group)
 
     def Split_type(self, split_type: int, key: int = 0, info=None) -> "Comm":
-        """COMM_TYPE_SHARED (and the hardware-guided types): the ranks on this
-        host, ordered by key; UNDEFINED: COMM_NULL."""
-        if split_type == UNDEFINED:
-            return self.Split(UNDEFINED, key)
-        if split_type not in (COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED,
-                              COMM_TYPE_RESOURCE_GUIDED):
-            raise _error(ERR_ARG, f"Split_type: unknown split type {split_type}")
+        """The ranks on this host (its shared memory), ordered by key, for
+        COMM_TYPE_SHARED; for HW_GUIDED and RESOURCE_GUIDED when the info's
+        "mpi_hw_resource_type" is "mpi_shared_memory" (the one hardware
+        resource known here; any other: COMM_NULL); for HW_UNGUIDED when that
+        is fewer ranks than this communicator's (else COMM_NULL), naming the
+        resource in ``info``. UNDEFINED: COMM_NULL. Every rank must pass the
+        same info (as MPI requires)."""
         net = self._g("Split_type").network  # every rank knows every rank's host: no message
-        return self.Split(sorted(set(net.hosts)).index(net.hosts[net.rank]), key)
+        host = sorted(set(net.hosts)).index(net.hosts[net.rank])
+        if split_type in (COMM_TYPE_HW_GUIDED, COMM_TYPE_RESOURCE_GUIDED):
+            wanted = info.Get(_HW_RESOURCE_TYPE) if info else None
+            return self.Split(host if wanted == _SHARED_MEMORY else UNDEFINED, key)
+        if split_type == COMM_TYPE_HW_UNGUIDED:
+            smaller = len(set(self._g("Split_type").hosts)) > 1  # hosts of this communicator's ranks
+            if smaller and info:
+                info.Set(_HW_RESOURCE_TYPE, _SHARED_MEMORY)
+            return self.Split(host if smaller else UNDEFINED, key)
+        if split_type not in (COMM_TYPE_SHARED, UNDEFINED):
+            raise _error(ERR_ARG, f"Split_type: unknown split type {split_type}")
+        return self.Split(host if split_type == COMM_TYPE_SHARED else UNDEFINED, key)
 
     def Idup(self, info=None):
         """Dup, done at once; the Request is complete."""
@@ -853,6 +864,7 @@ class _Both(Request):
             self._after()
 
 
+_HW_RESOURCE_TYPE, _SHARED_MEMORY = "mpi_hw_resource_type", "mpi_shared_memory"  # Split_type's info
 _CREATE_TAG = _group.MAX_TAG - 3  # collie's p2p tag of Create_group's agreement
 _AGREE_TAG = -4  # the internal MPI tag of Agree/Iagree (negative: no user receive takes it)
 

@@ -15,7 +15,12 @@ SUCCESS = 0
 TAG_UB = 0           # the key of Comm.Get_attr(TAG_UB)
 _TAG_UB = 2**31 - 1  # its value: the largest tag every MPI allows (collie carries 63 bits)
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
-VERSION, SUBVERSION = 3, 1
+# The MPI standard claimed: 4.1. What 4.0 added is here (sessions, partitioned
+# and Isendrecv point to point, big counts kept as given, ERRORS_ABORT,
+# Info.Create_env, Create_from_group(s)), and so is what 4.1 added (Comm and
+# Session buffers with BUFFER_AUTOMATIC, RESOURCE_GUIDED splits,
+# Get_hw_resource_info, Remove_error_*, Status_get/set_*, Request.Get_status_*).
+VERSION, SUBVERSION = 4, 1
 ROOT = -3                     # an intercommunicator root's own argument
 KEYVAL_INVALID = -1
 # attribute keys of COMM_WORLD (Comm.Get_attr)
@@ -99,3 +104,7 @@ class _BufferAutomatic(int):
 BUFFER_AUTOMATIC = _BufferAutomatic()
 
 __all__ = [n for n in dir() if n.isupper() and not n.startswith("_") and n != "MAX_TAG"]
+
+# mpi4py's names for the classes of these three constants (mpi4py.typing uses them)
+BottomType, InPlaceType, BufferAutomaticType = _Bottom, _InPlace, _BufferAutomatic
+__all__ += ["BottomType", "InPlaceType", "BufferAutomaticType"]

@@ -45,6 +45,9 @@ def _err(errclass_name: str, message: str):
 
 # ---- the record behind a handle ----
 
+_type_of_handle: list = [None]  # integer handle -> record (0: DATATYPE_NULL)
+_handle_of: dict = {}           # record -> integer handle
+
 class _Type:
     """One datatype: size and bounds, how it was made (combiner, ints,
     addresses, the records of its datatypes), the NumPy dtype of a predefined type, and the
@@ -94,18 +97,18 @@ def _add(a, b) -> Optional[tuple]:
 class Datatype(_Attributed):
     """An MPI datatype handle (mpi4py's MPI.Datatype)."""
 
-    __slots__ = ("_t", "_key")
+    __slots__ = ("_t", "_pyname", "__weakref__")
 
     def __init__(self, datatype: Optional["Datatype"] = None):
         if datatype is not None and not isinstance(datatype, Datatype):
             raise TypeError(f"MPI.Datatype() takes a Datatype, got {type(datatype).__name__}")
         self._t = None if datatype is None else datatype._t
-        self._key = None
+        self._pyname = None
 
     @classmethod
     def _of(cls, t: Optional[_Type], key: Optional[str] = None) -> "Datatype":
         d = cls.__new__(cls)
-        d._t, d._key = t, key
+        d._t, d._pyname = t, key
         return d
 
     # ---- identity ----
@@ -123,17 +126,16 @@ class Datatype(_Attributed):
             return NotImplemented
         return self._t is not other._t
 
-    def __hash__(self) -> int:
-        return id(self._t)
+    __hash__ = None  # unhashable, as mpi4py's handles are
 
     def __reduce__(self):
-        if self._key is not None and globals().get(self._key) is self:
-            return self._key
+        if self._pyname is not None and globals().get(self._pyname) is self:
+            return self._pyname
         t = self._t
         if t is None:
-            return (Datatype, ())
+            return (type(self), ())
         if t.combiner == COMBINER_NAMED:
-            return (Datatype, (t.const,))
+            return (type(self), (t.const,))
         return (_recreate, self.decode())
 
     def __repr__(self) -> str:
@@ -209,7 +211,38 @@ class Datatype(_Attributed):
         self._delete_attrs()
         self._t = None
 
-    free = Free
+    def free(self) -> None:
+        """mpi4py's safe free: a named constant (MPI.INT, DATATYPE_NULL) stays
+        as it is, a copy of a predefined type lets go of it, others are Free'd."""
+        if self._t is None or self._pyname is not None:
+            return
+        if self._t.combiner in _PREDEFINED:
+            self._t = None
+        else:
+            self.Free()
+
+    # ---- integer handles (toint/fromint, py2f/f2py): numbered on first request, DATATYPE_NULL 0 ----
+
+    def toint(self) -> int:
+        t = self._t
+        if t is None:
+            return 0
+        if t not in _handle_of:
+            _handle_of[t] = len(_type_of_handle)
+            _type_of_handle.append(t)
+        return _handle_of[t]
+
+    @classmethod
+    def fromint(cls, handle: int) -> "Datatype":
+        handle = operator.index(handle)
+        if not 0 <= handle < len(_type_of_handle):
+            raise _err("ERR_TYPE", f"Datatype.fromint: {handle} is not a datatype's handle")
+        return cls._of(_type_of_handle[handle])
+
+    py2f = toint
+    f2py = fromint
+    handle = property(toint, doc="The datatype's integer handle (DATATYPE_NULL: 0).")
+    fromhandle = fromint
 
     def Dup(self) -> "Datatype":
         t = self._need("Dup")

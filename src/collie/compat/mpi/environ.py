@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from .comm import Intracomm
-from .constants import THREAD_MULTIPLE, THREAD_SERIALIZED
+from .constants import SUBVERSION, THREAD_MULTIPLE, THREAD_SERIALIZED, VERSION
 
 __all__ = ["get_vendor", "Get_abi_version", "Get_abi_info", "Get_abi_fortran_info", "Alloc_mem", "Free_mem", "Get_address", "Aint_add", "Aint_diff", "Compute_dims", "Pcontrol", "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Get_hw_resource_info", "Init", "Init_thread", "Query_thread", "Is_thread_main", "Finalize", "Is_initialized", "Is_finalized", "Wtime", "Wtick", "Get_processor_name", "Get_version", "Get_library_version"]
 
@@ -88,7 +88,8 @@ def Get_processor_name() -> str:
 
 
 def Get_version() -> tuple[int, int]:
-    return 3, 1
+    """The MPI standard's version this module follows (see constants.VERSION)."""
+    return VERSION, SUBVERSION
 
 
 def Get_library_version() -> str:
@@ -255,3 +256,36 @@ def Flush_buffer() -> None:
 def Iflush_buffer():
     from .request import _done_request
     return _done_request()
+
+
+# ---- handles as C sees them (mpi4py's _sizeof, _handleof) ----
+#
+# A handle here is an integer (toint), held in 8 bytes; a Status is its
+# own array of fields (tomemory), so its "handle" is that array's address.
+
+def _handled(obj, what: str):
+    """The object or class asked about, checked to be an MPI handle type."""
+    from .status import Status
+    cls = obj if isinstance(obj, type) else type(obj)
+    if issubclass(cls, Status) or hasattr(cls, "fromhandle"):
+        return cls
+    raise TypeError(f"{what}: expected an MPI handle object or type (MPI.Comm, MPI.Status...), got {obj!r}")
+
+
+def _sizeof(obj) -> int:
+    """Bytes of the handle of ``obj`` (an MPI object or class)."""
+    from .status import Status
+    cls = _handled(obj, "_sizeof")
+    return Status()._fields.nbytes if issubclass(cls, Status) else 8
+
+
+def _handleof(obj) -> int:
+    """The handle of ``obj``: its integer handle; a Status's fields' address."""
+    from .status import Status
+    if isinstance(obj, type):
+        raise TypeError(f"_handleof: expected an MPI object, got the class {obj.__name__}")
+    _handled(obj, "_handleof")
+    return obj._fields.ctypes.data if isinstance(obj, Status) else obj.handle
+
+
+__all__ += ["_sizeof", "_handleof"]

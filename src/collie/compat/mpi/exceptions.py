@@ -290,8 +290,8 @@ class Errhandler:
         self._name, self._fn = None, None
 
     def free(self) -> None:
-        """Free, safely: nothing on the predefined handlers themselves."""
-        if not any(self is globals()[name] for name in _PREDEFINED):
+        """Free, safely: nothing on ERRHANDLER_NULL and the predefined handlers themselves."""
+        if self and not any(self is globals()[name] for name in _PREDEFINED):
             self.Free()
 
     @classmethod

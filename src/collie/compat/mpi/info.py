@@ -98,7 +98,11 @@ class Info:
             raise Exception(ERR_INFO, "Info.Free: a null or predefined info object cannot be freed")
         self._h = None
 
-    free = Free
+    def free(self) -> None:
+        """mpi4py's safe free: INFO_NULL and INFO_ENV themselves stay as they
+        are; any other handle lets go of its info object."""
+        if self is not INFO_ENV:
+            self._h = None
 
     def Dup(self) -> "Info":
         self._need("Dup")

@@ -8,6 +8,7 @@ completes at once with an empty status from PROC_NULL.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Optional
 
 from .constants import ANY_SOURCE, ANY_TAG, PROC_NULL
@@ -17,6 +18,8 @@ from .request import Request, _done_request
 from .status import Status
 
 __all__ = ["Message", "MESSAGE_NULL", "MESSAGE_NO_PROC"]
+
+_matched_states: list = []  # the states of matched messages given a handle (toint)
 
 
 class Message:
@@ -50,7 +53,35 @@ class Message:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    __hash__ = object.__hash__
+    __hash__ = None  # unhashable, as mpi4py's handles are
+
+    # integer handles: MESSAGE_NULL 0, MESSAGE_NO_PROC 1, matched messages numbered on first request
+
+    def toint(self) -> int:
+        state = self._state
+        if state["msg"] is None:
+            return 1 if state["noproc"] else 0
+        for i, known in enumerate(_matched_states):
+            if known is state:
+                return 2 + i
+        _matched_states.append(state)
+        return 1 + len(_matched_states)
+
+    @classmethod
+    def fromint(cls, handle: int) -> "Message":
+        handle = operator.index(handle)
+        if handle in (0, 1):
+            return cls(MESSAGE_NO_PROC if handle else None)
+        if not 0 <= handle - 2 < len(_matched_states):
+            raise _error(ERR_REQUEST, f"Message.fromint: {handle} is not a message's handle")
+        m = cls()
+        m._state = _matched_states[handle - 2]
+        return m
+
+    py2f = toint
+    f2py = fromint
+    handle = property(toint, doc="The message's integer handle (MESSAGE_NULL: 0).")
+    fromhandle = fromint
 
     def __reduce__(self):
         if self is MESSAGE_NULL:
@@ -59,10 +90,13 @@ class Message:
             return "MESSAGE_NO_PROC"
         if self._state["msg"] is not None:
             raise ValueError("cannot pickle a matched Message")
-        return (Message, (MESSAGE_NO_PROC if self._state["noproc"] else None,))
+        return (type(self), (MESSAGE_NO_PROC if self._state["noproc"] else None,))
 
     def free(self) -> None:
-        """Nothing to free: MPI has no Message_free (mpi4py's free does nothing)."""
+        """mpi4py's safe free: MESSAGE_NULL and MESSAGE_NO_PROC themselves stay;
+        any other handle becomes MESSAGE_NULL (MPI has no Message_free)."""
+        if self is not MESSAGE_NULL and self is not MESSAGE_NO_PROC:
+            self._state = {"msg": None, "noproc": False, "comm": None}
 
     # ---- probing ----
 

@@ -18,17 +18,24 @@ class Op:
     """A reduction: applies to Python objects (lowercase methods, by calling
     it) and to buffers (uppercase methods, through collie.ReduceOp)."""
 
-    __slots__ = ("name", "_py", "_ufunc", "_collie", "_logical", "_user", "_commute")
+    __slots__ = ("name", "_py", "_ufunc", "_collie", "_logical", "_user", "_commute", "_pickles", "__weakref__")
 
-    def __init__(self, name="OP_NULL", py: Optional[Callable] = None, ufunc=None,
-                 collie: Optional[ReduceOp] = None, logical: bool = False):
-        if isinstance(name, Op):  # MPI.Op(op): the same op
-            other = name
-            name, py, ufunc, collie, logical = other.name, other._py, other._ufunc, other._collie, other._logical
-            self._user, self._commute = other._user, other._commute
-        else:
-            self._user, self._commute = None, True
-        self.name, self._py, self._ufunc, self._collie, self._logical = name, py, ufunc, collie, logical
+    def __init__(self, op: Optional["Op"] = None):
+        """``Op()`` is OP_NULL, ``Op(op)`` the same op as ``op``."""
+        if op is None:
+            op = OP_NULL
+        if not isinstance(op, Op):
+            raise TypeError(f"MPI.Op() takes an Op to copy, got {type(op).__name__}")
+        for name in Op.__slots__[:-1]:
+            setattr(self, name, getattr(op, name))
+
+    @classmethod
+    def _make(cls, name: str, py: Optional[Callable] = None, ufunc=None, collie: Optional[ReduceOp] = None,
+              logical: bool = False) -> "Op":
+        op = cls.__new__(cls)
+        op.name, op._py, op._ufunc, op._collie, op._logical = name, py, ufunc, collie, logical
+        op._user, op._commute, op._pickles = None, True, True
+        return op
 
     @classmethod
     def Create(cls, function: Callable, commute: bool = False) -> "Op":
@@ -37,9 +44,13 @@ class Op:
         reductions with it fold every rank's contribution in rank order."""
         if not callable(function):
             raise TypeError(f"Op.Create: expected a function (inbuf, inoutbuf, datatype), got {function!r}")
-        op = cls("user", None)
+        if len(_live_user_ops) >= _MAX_USER_OPS:
+            raise RuntimeError(f"Op.Create: at most {_MAX_USER_OPS} user ops can be alive at once, "
+                               "as in mpi4py; Free one first")
+        op = cls._make("user")
         op._user, op._commute = function, bool(commute)
         op._py = op._call_user
+        _live_user_ops.add(op._py)
         return op
 
     def _call_user(self, x, y):
@@ -67,7 +78,7 @@ class Op:
             from .exceptions import ERR_OP, _error
             raise _error(ERR_OP, "Reduce_local with MPI.OP_NULL")
         if self._user is not None:
-            self._user(a, b, _datatype_of(b))
+            self._user(a, b, _named_datatype(inoutbuf) or _datatype_of(b))
         elif self._ufunc is not None:
             res = self._ufunc(a, b)
             if self._logical:
@@ -96,9 +107,16 @@ class Op:
         if self._user is None:
             from .exceptions import ERR_OP, _error
             raise _error(ERR_OP, f"Op.Free: MPI.{self.name} is predefined")
+        _live_user_ops.discard(self._py)
         self.name, self._py, self._user = "OP_NULL", None, None
 
-    free = Free
+    def free(self) -> None:
+        """mpi4py's safe free: a named constant (MPI.SUM, OP_NULL) stays as it
+        is, a copy of a predefined op lets go of it, a user op is Free'd."""
+        if self._user is not None:
+            self.Free()
+        elif globals().get(self.name) is not self:
+            Op.__init__(self, OP_NULL)
 
     def __bool__(self) -> bool:
         return self._py is not None
@@ -112,13 +130,19 @@ class Op:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    def __hash__(self) -> int:
-        return hash((self.name, id(self._py)))
+    __hash__ = None  # unhashable, as mpi4py's handles are
 
     def __reduce__(self):
-        if self._user is None and globals().get(self.name) is self:
+        """A named op pickles as its name, a copy of one as a new copy, a
+        user op as a new Op.Create of its (picklable) function."""
+        if self._user is not None:
+            if not self._pickles:
+                raise ValueError(f"cannot pickle {self!r}: an op from Op.fromint has no Python function "
+                                 "of its own (pickle the op Op.Create returned)")
+            return (Op.Create, (self._user, self._commute))
+        if globals().get(self.name) is self:
             return self.name
-        raise ValueError(f"cannot pickle {self!r}")
+        return (type(self), (globals()[self.name],))
 
     def __repr__(self) -> str:
         return f"<MPI.{self.name}>"
@@ -143,7 +167,9 @@ class Op:
         if not 0 <= handle - len(_PREDEFINED) < len(_user_ops):
             from .exceptions import ERR_OP, _error
             raise _error(ERR_OP, f"Op.fromint: {handle} is not an op's handle")
-        return cls(_user_ops[handle - len(_PREDEFINED)])
+        op = cls(_user_ops[handle - len(_PREDEFINED)])
+        op._pickles = False
+        return op
 
     py2f = toint
     f2py = fromint
@@ -154,6 +180,15 @@ class Op:
 def _datatype_of(arr):
     from .datatype import _datatype_for
     return _datatype_for(arr.dtype)
+
+
+def _named_datatype(spec):
+    """The datatype a buffer spec names ([buf, MPI.BYTE], [buf, n, MPI.INT]...), None if none."""
+    if isinstance(spec, (list, tuple)) and len(spec) >= 2:
+        from .datatype import Datatype
+        last = spec[-1]
+        return last if isinstance(last, Datatype) else None
+    return None
 
 
 def _either_array(x, y) -> bool:
@@ -179,24 +214,26 @@ def _minloc(x, y):
 
 # LAND/LOR/LXOR on buffers: reduce the truth values (as bool BAND/BOR/BXOR)
 # and write 0/1 back in the buffer's dtype, as MPI's logical ops do.
-SUM = Op("SUM", operator.add, np.add, ReduceOp.SUM)
-PROD = Op("PROD", operator.mul, np.multiply, ReduceOp.PRODUCT)
-MIN = Op("MIN", _min, np.minimum, ReduceOp.MIN)
-MAX = Op("MAX", _max, np.maximum, ReduceOp.MAX)
-LAND = Op("LAND", lambda x, y: x and y, np.logical_and, ReduceOp.BAND, logical=True)
-LOR = Op("LOR", lambda x, y: x or y, np.logical_or, ReduceOp.BOR, logical=True)
-LXOR = Op("LXOR", lambda x, y: (not x) != (not y), np.logical_xor, ReduceOp.BXOR, logical=True)
-BAND = Op("BAND", operator.and_, np.bitwise_and, ReduceOp.BAND)
-BOR = Op("BOR", operator.or_, np.bitwise_or, ReduceOp.BOR)
-BXOR = Op("BXOR", operator.xor, np.bitwise_xor, ReduceOp.BXOR)
-MAXLOC = Op("MAXLOC", _maxloc)
-MINLOC = Op("MINLOC", _minloc)
-REPLACE = Op("REPLACE", lambda x, y: y)
-NO_OP = Op("NO_OP", lambda x, y: x)
-OP_NULL = Op()
+SUM = Op._make("SUM", operator.add, np.add, ReduceOp.SUM)
+PROD = Op._make("PROD", operator.mul, np.multiply, ReduceOp.PRODUCT)
+MIN = Op._make("MIN", _min, np.minimum, ReduceOp.MIN)
+MAX = Op._make("MAX", _max, np.maximum, ReduceOp.MAX)
+LAND = Op._make("LAND", lambda x, y: x and y, np.logical_and, ReduceOp.BAND, logical=True)
+LOR = Op._make("LOR", lambda x, y: x or y, np.logical_or, ReduceOp.BOR, logical=True)
+LXOR = Op._make("LXOR", lambda x, y: (not x) != (not y), np.logical_xor, ReduceOp.BXOR, logical=True)
+BAND = Op._make("BAND", operator.and_, np.bitwise_and, ReduceOp.BAND)
+BOR = Op._make("BOR", operator.or_, np.bitwise_or, ReduceOp.BOR)
+BXOR = Op._make("BXOR", operator.xor, np.bitwise_xor, ReduceOp.BXOR)
+MAXLOC = Op._make("MAXLOC", _maxloc)
+MINLOC = Op._make("MINLOC", _minloc)
+REPLACE = Op._make("REPLACE", lambda x, y: y)
+NO_OP = Op._make("NO_OP", lambda x, y: x)
+OP_NULL = Op._make("OP_NULL")
 _PREDEFINED = ("OP_NULL", "MAX", "MIN", "SUM", "PROD", "LAND", "BAND", "LOR", "BOR", "LXOR", "BXOR", "MAXLOC",
                "MINLOC", "REPLACE", "NO_OP")
 _user_ops: list = []  # user ops that were given a handle (toint)
+_MAX_USER_OPS = 32    # mpi4py's limit on user ops alive at once
+_live_user_ops: set = set()  # the function (_py) of each live user op
 
 
 def _py_op(op) -> Callable:

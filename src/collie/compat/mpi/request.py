@@ -23,7 +23,7 @@ __all__ = ["Request", "REQUEST_NULL", "Prequest", "Grequest"]
 
 
 from ...errors import CollieError
-from .exceptions import ERR_OTHER, ERR_TRUNCATE, Exception as _MPIException, _as_mpi_error, _error
+from .exceptions import ERR_OTHER, ERR_REQUEST, ERR_TRUNCATE, Exception as _MPIException, _as_mpi_error, _error
 
 
 _EMPTY = (ANY_SOURCE, ANY_TAG, 0, False)  # the status of an inactive request
@@ -46,6 +46,10 @@ class Request:
     object of an irecv (None for the others). ``Request(req)`` is the same
     request as ``req``; ``Request()`` is an inactive one (REQUEST_NULL).
     """
+
+    def __new__(cls, *args, **kwargs):
+        # subclasses may call super().__new__(cls, request), as mpi4py allows
+        return super().__new__(cls)
 
     def __init__(self, network=None, *, sends=(), recv: Optional[_Recv] = None, matcher=None, work=None,
                  keep=None, after=None, timeout: float = 300.0,
@@ -192,6 +196,8 @@ class Request:
     def Cancel(self) -> None:
         """Cancel a receive that no message has matched yet, or a synchronous
         send to oneself that no receive has taken yet."""
+        if not self:
+            raise _error(ERR_REQUEST, "Cancel: the request is MPI.REQUEST_NULL (or already completed)")
         if self._recv is not None and self._matcher is not None:
             self._matcher.cancel(self._recv)
         elif self._sync is not None and self._matcher is not None and not self._done:
@@ -199,10 +205,16 @@ class Request:
 
     def Free(self) -> None:
         """Let the operation complete on its own; this handle becomes REQUEST_NULL."""
+        if not self:
+            raise _error(ERR_REQUEST, "Free: the request is MPI.REQUEST_NULL (or already completed)")
         self._done = True
 
+    def free(self) -> None:
+        """mpi4py's safe free: nothing on a null (or completed) request."""
+        if self:
+            self.Free()
+
     cancel = Cancel
-    free = Free
 
     # ---- handles ----
 
@@ -220,12 +232,12 @@ class Request:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    __hash__ = object.__hash__
+    __hash__ = None  # unhashable, as mpi4py's handles are
 
     def __reduce__(self):
         if self:
             raise ValueError(f"cannot pickle an active {type(self).__name__}")
-        return (type(self), ())
+        return "REQUEST_NULL" if self is REQUEST_NULL else (type(self), ())
 
     @property
     def handle(self) -> int:
@@ -430,11 +442,16 @@ class Request:
     get_status_any = Get_status_any
 
 
-def _share(new: Request, old: Request) -> None:
-    """Make ``new`` the same request as ``old`` (the copy constructors)."""
-    if isinstance(new, (Prequest, Grequest)) and not isinstance(old, type(new)):
+def _share(new: Request, old: Request) -> bool:
+    """Make ``new`` the same request as ``old`` (the copy constructors); False
+    when ``new`` is to be a fresh null one instead (Prequest(REQUEST_NULL))."""
+    kind = Prequest if isinstance(new, Prequest) else Grequest if isinstance(new, Grequest) else Request
+    if not isinstance(old, kind):
+        if not old and type(old) is Request:
+            return False
         raise TypeError(f"{type(new).__name__}() cannot copy a {type(old).__name__}")
     new.__dict__ = old.__dict__
+    return True
 
 
 REQUEST_NULL = Request()
@@ -447,8 +464,9 @@ class Prequest(Request):
 
     def __init__(self, start=None):
         if isinstance(start, Request):
-            _share(self, start)
-            return
+            if _share(self, start):
+                return
+            start = None
         super().__init__()
         self._persistent: Optional[Callable[[], Request]] = start
         self._current: Optional[Request] = None
@@ -526,8 +544,9 @@ class Grequest(Request):
 
     def __init__(self, request=None):
         if isinstance(request, Request):
-            _share(self, request)
-            return
+            if _share(self, request):
+                return
+            request = None
         if request is not None:
             raise TypeError(f"Grequest() takes a Grequest to copy, got {type(request).__name__}")
         super().__init__()

@@ -6,7 +6,7 @@ from typing import Optional
 
 import numpy as np
 
-from .constants import ANY_SOURCE, ANY_TAG, SUCCESS, UNDEFINED
+from .constants import ANY_SOURCE, ANY_TAG, F_ERROR, F_SOURCE, F_STATUS_SIZE, F_TAG, SUCCESS, UNDEFINED
 from .datatype import _as_dtype
 
 __all__ = ["Status"]
@@ -15,8 +15,10 @@ __all__ = ["Status"]
 # ---- status ----
 
 # The fields live in one int64 array, so that tomemory() can hand out the
-# status's own memory, as mpi4py does with the MPI_Status struct.
-_SOURCE, _TAG, _ERROR, _COUNT, _CANCELLED = range(5)
+# status's own memory, as mpi4py does with the MPI_Status struct; their order
+# is Fortran's status array (F_SOURCE, F_TAG, F_ERROR), so py2f is the array.
+_COUNT, _CANCELLED, _SOURCE, _TAG, _ERROR = range(5)
+assert (_SOURCE, _TAG, _ERROR) == (F_SOURCE, F_TAG, F_ERROR) and F_STATUS_SIZE == 5
 
 
 class Status:
@@ -26,14 +28,17 @@ class Status:
     def __init__(self, status: Optional["Status"] = None):
         if status is not None and not isinstance(status, Status):
             raise TypeError(f"Status() takes a Status to copy, got {type(status).__name__}")
-        self._fields = (np.array([ANY_SOURCE, ANY_TAG, SUCCESS, 0, 0], dtype=np.int64) if status is None
-                        else status._fields.copy())
+        if status is None:
+            self._fields = np.zeros(F_STATUS_SIZE, dtype=np.int64)
+            self._fields[[_SOURCE, _TAG, _ERROR]] = (ANY_SOURCE, ANY_TAG, SUCCESS)
+        else:
+            self._fields = status._fields.copy()
 
     def _set(self, source: int, tag: int, nbytes: int, cancelled: bool = False) -> None:
         self._fields[[_SOURCE, _TAG, _COUNT, _CANCELLED]] = (source, tag, nbytes, cancelled)
 
     def __reduce__(self):
-        return _from_fields, (self._fields.tolist(),)
+        return _from_fields, (self._fields.tolist(), type(self))
 
     @property
     def source(self) -> int:
@@ -141,8 +146,8 @@ class Status:
         return f"<MPI.Status source={self.source} tag={self.tag} count={self.count}>"
 
 
-def _from_fields(fields: list) -> Status:
-    status = Status()
+def _from_fields(fields: list, cls: type = Status) -> Status:
+    status = cls()
     if len(fields) != len(status._fields):
         raise ValueError(f"a Status has {len(status._fields)} fields, got {len(fields)}")
     status._fields[:] = fields

@@ -208,8 +208,12 @@ class Win(_Handled, np.ndarray):
     def __ne__(self, other) -> bool:
         return not self == other
 
-    def __hash__(self) -> int:
-        return id(self._s)
+    __hash__ = None  # unhashable, as mpi4py's handles are
+
+    def _unordered(self, other):
+        raise TypeError("MPI.Win handles have no order")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _unordered
 
     def __bool__(self) -> bool:
         return self._s is not None
@@ -220,7 +224,17 @@ class Win(_Handled, np.ndarray):
     def __reduce__(self):
         if self is WIN_NULL:
             return "WIN_NULL"
+        if self._s is None:
+            return (type(self), ())
         raise ValueError(f"cannot pickle {self!r}")
+
+    def __copy__(self):
+        # copy.copy would copy the array; a handle copies as it pickles
+        how = self.__reduce__()
+        return globals()[how] if isinstance(how, str) else how[0](*how[1])
+
+    def __deepcopy__(self, memo):
+        return self.__copy__()
 
     # ---- integer handles: a window's number is given on first request (WIN_NULL: 0) ----
 
@@ -249,6 +263,9 @@ class Win(_Handled, np.ndarray):
         if self._s is None:
             raise _error(ERR_WIN, f"Win.{what} on MPI.WIN_NULL")
         return self._s
+
+    def _valid(self, what: str) -> None:
+        self._st(what)
 
     # ---- creation ----
 
@@ -428,6 +445,8 @@ class Win(_Handled, np.ndarray):
                       WIN_CREATE_FLAVOR: st.flavor, WIN_MODEL: WIN_UNIFIED}
         if keyval in predefined:
             return predefined[keyval]
+        if keyval == KEYVAL_INVALID:
+            raise _error(ERR_KEYVAL, "Win.Get_attr: MPI.KEYVAL_INVALID is no attribute key")
         return st.attrs.get(keyval)
 
     def Set_attr(self, keyval: int, attrval) -> None:
