@@ -433,6 +433,49 @@ def test_split_and_dup(n):
     assert run(_split_body, n) == [True] * n
 
 
+def _create_disjoint_body(rank, size):
+    """Comm.Create with disjoint groups (MPI-2.2): one communicator per group;
+    Comm.Bcast called unbound runs the communicator's own Bcast."""
+    MPI = mpi()
+    world = MPI.COMM_WORLD
+    half = (size + 1) // 2
+    mine = list(range(half)) if rank < half else list(range(half, size))
+    sub = world.Create(world.Get_group().Incl(mine))
+    assert sub.Get_size() == len(mine) and sub.Get_rank() == mine.index(rank)
+    buf = np.array([rank], dtype="i")
+    MPI.Comm.Bcast(sub, [buf, MPI.INT], root=0)
+    assert buf[0] == mine[0]
+    with pytest.raises(MPI.Exception):
+        MPI.Comm.Bcast(MPI.COMM_NULL, [buf, MPI.INT], root=0)
+    sub.Free()
+    return True
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_create_with_disjoint_groups(n):
+    assert run(_create_disjoint_body, n) == [True] * n
+
+
+def _free_type_while_receiving_body(rank, size):
+    """MPI lets a datatype be freed while a receive that uses it is pending."""
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    t = MPI.INT.Create_vector(3, 1, 2).Commit()
+    if rank == 0:
+        comm.Send([np.arange(6, dtype="i"), 1, t], dest=1)
+        t.Free()
+        return True
+    out = np.full(6, -1, dtype="i")
+    req = comm.Irecv([out, 1, t], source=0)
+    t.Free()
+    req.Wait()
+    return out.tolist()
+
+
+def test_datatype_freed_while_a_receive_is_pending():
+    assert run(_free_type_while_receiving_body, 2) == [True, [0, -1, 2, -1, 4, -1]]
+
+
 # ---- point to point ----
 
 def _matching_body(rank, size):

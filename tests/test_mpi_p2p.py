@@ -104,6 +104,50 @@ def test_ssend_to_oneself_waits_for_its_receive(n):
     assert run(_ssend_self_body, n) == [True] * n
 
 
+# ---- synchronous sends to another rank: complete once a receive matched them ----
+
+def _ssend_remote_body(rank, size):
+    """Rank 0 sends synchronously, rank 1 receives; barriers order the steps."""
+    import time
+    MPI = mpi()
+    comm = MPI.COMM_WORLD.Dup()
+    sbuf = np.arange(4, dtype="i")
+    if rank == 0:
+        sreqs = [comm.issend(("m", i), 1, tag=i) for i in range(3)]
+        sreqs.append(comm.Issend([sbuf, MPI.INT], 1, tag=7))
+        deadline = time.monotonic() + 0.5  # time enough for an eager send to have finished
+        while time.monotonic() < deadline:
+            assert not MPI.Request.Testall(sreqs) and MPI.Request.Testsome(sreqs) == []
+        comm.Barrier()
+        comm.Barrier()  # rank 1 received tag 1 and probed tag 7
+        done = []
+        while not done:
+            done = MPI.Request.Testsome(sreqs)
+        assert done == [1]  # only the message a receive took; a probe is no match
+        assert MPI.Request.Testsome(sreqs) == []
+        comm.Barrier()
+        MPI.Request.Waitall(sreqs)
+        assert not any(sreqs)
+    else:
+        comm.Barrier()
+        assert comm.recv(source=0, tag=1) == ("m", 1)  # out of send order
+        comm.Probe(source=0, tag=7)
+        comm.Barrier()
+        comm.Barrier()
+        rbuf = np.zeros(4, dtype="i")
+        comm.Recv([rbuf, MPI.INT], source=0, tag=7)
+        assert (rbuf == sbuf).all()
+        msg = comm.mprobe(source=0, tag=2)  # a matched probe is a match
+        assert comm.recv(source=0, tag=0) == ("m", 0)
+        assert msg.recv() == ("m", 2)
+    comm.Free()
+    return True
+
+
+def test_ssend_to_another_rank_waits_for_its_receive():
+    assert run(_ssend_remote_body, 2) == [True] * 2
+
+
 # ---- matched probes ----
 
 def _mprobe_body(rank, size):

@@ -180,7 +180,9 @@ class _Buf:
             n = count * max(blocks, 1)
         packed = typemap.pack(datatype, n, span, what)
         if writable:
-            self._finish = lambda: typemap.unpack(datatype, n, packed, span, what)
+            # MPI lets the datatype be freed while the receive is pending: hold its type map
+            held = type(datatype)._of(t)
+            self._finish = lambda: typemap.unpack(held, n, packed, span, what)
         size, basic = t.size, t.basic
         if size == 0:
             return packed, 0, count, displ
