@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import sys
-import weakref
 
 import numpy as np
 
@@ -66,9 +65,6 @@ class _DLTensor(ctypes.Structure):
                 ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 
 
-_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
 class _DLManaged(ctypes.Structure):
     _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
 
@@ -83,64 +79,108 @@ _api.PyCapsule_IsValid.restype = ctypes.c_int
 _api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_SetName.restype = ctypes.c_int
-_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _DL_KINDS = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}
-_USED = {b"dltensor": b"used_dltensor", b"dltensor_versioned": b"used_dltensor_versioned"}
 
 
 class _Memory:
-    """An __array_interface__ over a DLPack tensor's memory; the tensor is
-    given back (its deleter called) when the last array viewing it goes."""
+    """An __array_interface__ over a DLPack tensor's memory; it holds the
+    capsule, whose destructor gives the tensor back, as long as an array views it."""
 
     def __init__(self, interface: dict, owner):
         self.__array_interface__ = interface
         self._owner = owner
 
 
-def _release(capsule, name: bytes, pointer: int, deleter: int) -> None:
-    if deleter:
-        _Deleter(deleter)(pointer)
+class ReadOnlyError(ValueError, BufferError):
+    """A read-only buffer asked to receive: a ValueError to collie's callers,
+    the BufferError that Python (and mpi4py) give for it."""
+
+
+def _device(obj, what: str) -> tuple:
+    """(device type, device id) from __dlpack_device__, checked as mpi4py does."""
+    if not hasattr(obj, "__dlpack_device__"):
+        return 1, 0
+    device = obj.__dlpack_device__()
+    if not isinstance(device, tuple):
+        raise TypeError(f"{what}: __dlpack_device__() must return a tuple, got {device!r}")
+    if len(device) != 2:
+        raise ValueError(f"{what}: __dlpack_device__() must return (device type, device id), got {device!r}")
+    if not all(isinstance(x, int) for x in device):
+        raise TypeError(f"{what}: __dlpack_device__() must return two ints, got {device!r}")
+    return device
+
+
+def _contiguous(shape: tuple, strides) -> bool:
+    """Whether strides (in items) lay shape out C- or Fortran-contiguously
+    (axes of length 1 may have any stride)."""
+    if strides is None:
+        return True
+    for order in (reversed(range(len(shape))), range(len(shape))):
+        step = 1
+        for i in order:
+            if shape[i] != 1 and strides[i] != step:
+                break
+            step *= shape[i]
+        else:
+            return True
+    return False
 
 
 def _from_dlpack(obj, what: str) -> np.ndarray:
-    """A writable view of a CPU DLPack producer's tensor.
+    """A writable view of a CPU DLPack producer's contiguous tensor.
 
     The producer is asked with ``__dlpack__(stream=None)`` only, what mpi4py
     asks (many producers take nothing else). Unlike np.from_dlpack, the
-    capsule is kept alive as long as the view (some producers free the
-    tensor with the capsule) and unversioned tensors stay writable (NumPy
-    imports them read-only, so that nothing could be received into them).
+    capsule is not consumed but kept alive as long as the view (the tensor
+    goes with it), and unversioned tensors stay writable (NumPy imports them
+    read-only, so that nothing could be received into them). A malformed
+    tensor is a BufferError, as in mpi4py; a dtype NumPy has no name for
+    (an opaque handle, several lanes) is viewed as its bytes.
     """
-    device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
-    if int(device[0]) not in (1, 3):  # kDLCPU, kDLCUDAHost
-        raise TypeError(f"{what} is on DLPack device {tuple(device)}; collie moves CPU memory")
+    device = _device(obj, what)
+    if device[0] not in (1, 3):  # kDLCPU, kDLCUDAHost
+        raise TypeError(f"{what} is on DLPack device {device}; collie moves CPU memory")
     capsule = obj.__dlpack__(stream=None)
     for name, kind in ((b"dltensor_versioned", _DLManagedVersioned), (b"dltensor", _DLManaged)):
         if _api.PyCapsule_IsValid(capsule, name):
             break
     else:
-        raise TypeError(f"{what}: __dlpack__ returned no DLPack capsule")
-    pointer = _api.PyCapsule_GetPointer(capsule, name)
-    managed = kind.from_address(pointer)
+        raise BufferError(f"{what}: __dlpack__ returned no unused DLPack capsule, got {type(capsule).__name__}")
+    managed = kind.from_address(_api.PyCapsule_GetPointer(capsule, name))
+    if kind is _DLManagedVersioned and managed.major != 1:
+        raise BufferError(f"{what}: DLPack version {managed.major}.{managed.minor} is not supported (1.x is)")
     t = managed.dl_tensor
     readonly = kind is _DLManagedVersioned and bool(managed.flags & 1)
+    if t.ndim < 0:
+        raise BufferError(f"{what}: DLPack tensor has ndim {t.ndim}")
+    if t.ndim and not t.shape:
+        raise BufferError(f"{what}: DLPack tensor of ndim {t.ndim} has no shape")
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    if any(n < 0 for n in shape):
+        raise BufferError(f"{what}: DLPack tensor has a negative shape {shape}")
+    strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides and t.ndim else None
+    if strides is not None and any(st < 0 for st in strides):
+        raise BufferError(f"{what}: DLPack tensor has negative strides {strides}")
+    if not _contiguous(shape, strides):
+        raise BufferError(f"{what}: DLPack tensor is not contiguous (shape {shape}, strides {strides})")
     code, bits, lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
     if code == 2 and lanes == 2:  # complex as two float lanes (older producers)
         code, bits, lanes = 5, bits * 2, 1
-    if code not in _DL_KINDS or lanes != 1 or bits % 8:
-        raise TypeError(f"{what}: DLPack dtype (code {code}, {bits} bits, {lanes} lanes) is not supported")
-    dtype = np.dtype("?" if code == 6 else f"{_DL_KINDS[code]}{bits // 8}")
-    shape = tuple(t.shape[i] for i in range(t.ndim))
-    strides = None if not t.strides or t.ndim == 0 else tuple(t.strides[i] * dtype.itemsize for i in range(t.ndim))
+    if (bits * lanes) % 8:
+        raise BufferError(f"{what}: DLPack dtype of {bits} bits x {lanes} lanes is not a whole number of bytes")
+    if code in _DL_KINDS and lanes == 1:
+        dtype = np.dtype("?" if code == 6 else f"{_DL_KINDS[code]}{bits // 8}")
+    else:
+        dtype = np.dtype(np.uint8)  # the bytes of a type NumPy cannot name
+        shape, strides = (int(np.prod(shape, dtype=np.int64)) * bits * lanes // 8,), None
+    if strides is not None:
+        strides = tuple(st * dtype.itemsize for st in strides)
     data = (t.data or 0) + t.byte_offset
-    _api.PyCapsule_SetName(capsule, _USED[name])  # consumed: its destructor leaves the tensor to us
     if not data:
         # an empty tensor may have no memory at all
         data = np.zeros(1, dtype=np.uint8).ctypes.data if 0 in shape else data
     mem = _Memory({"version": 3, "shape": shape, "typestr": dtype.str, "strides": strides,
-                   "data": (data, readonly)}, obj)
-    weakref.finalize(mem, _release, capsule, name, pointer, managed.deleter)
+                   "data": (data, readonly)}, (obj, capsule))
     return np.asarray(mem)
 
 
@@ -169,7 +209,7 @@ class Buffer:
                             "(use the *_object functions for Python objects)")
         flags = arr.flags
         if writable and not flags.writeable:
-            raise ValueError(f"{what} is read-only, but collie must write into it")
+            raise ReadOnlyError(f"{what} is read-only, but collie must write into it")
         self.original = arr
         self.dtype_name = name
         self._writeback = False

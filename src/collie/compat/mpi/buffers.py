@@ -7,7 +7,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...arrays import to_numpy  # DLPack producers are read as mpi4py reads them
+from ...arrays import ReadOnlyError, to_numpy  # DLPack producers are read as mpi4py reads them
 from ...group import ProcessGroup
 from . import typemap
 from .constants import BOTTOM, IN_PLACE
@@ -119,7 +119,7 @@ class _Buf:
             return np.zeros(0, dtype=np.uint8 if datatype is None else _as_dtype(datatype))
         arr, _ = to_numpy(obj, what)
         if writable and not arr.flags.writeable:
-            raise ValueError(f"{what} is read-only, but it receives data")
+            raise ReadOnlyError(f"{what} is read-only, but it receives data")
         if datatype is None and not arr.dtype.isnative:
             raise BufferError(f"{what} is {arr.dtype.str} (not this machine's byte order): give its datatype "
                               "to send its bytes as they are")
@@ -260,7 +260,7 @@ def _bytes(obj, what: str, writable: bool) -> np.ndarray:
     """A buffer's memory as 1-D bytes (a view; a derived datatype addresses it by byte)."""
     arr, _ = to_numpy(obj, what)
     if writable and not arr.flags.writeable:
-        raise ValueError(f"{what} is read-only, but it receives data")
+        raise ReadOnlyError(f"{what} is read-only, but it receives data")
     if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
         raise ValueError(f"{what}: a buffer with a derived datatype must be contiguous")
     return arr.reshape(-1, order="A").view(np.uint8) if arr.size else np.zeros(0, dtype=np.uint8)
