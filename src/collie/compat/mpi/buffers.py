@@ -123,12 +123,11 @@ class _Buf:
         if datatype is None and not arr.dtype.isnative:
             raise BufferError(f"{what} is {arr.dtype.str} (not this machine's byte order): give its datatype "
                               "to send its bytes as they are")
-        if arr.flags.c_contiguous or arr.flags.f_contiguous:
-            flat = arr.ravel(order="K")  # a view, in memory order
-        else:
-            flat = np.ascontiguousarray(arr).reshape(-1)
-            if writable:
-                self._finish = lambda: np.copyto(arr, flat.reshape(arr.shape))
+        if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+            # as mpi4py: a strided array's layout is said with a derived datatype, not guessed
+            raise BufferError(f"{what} is not contiguous (shape {arr.shape}, strides {arr.strides}); "
+                              "pass a contiguous array, or describe the layout with a derived datatype")
+        flat = arr.ravel(order="K")  # a view, in memory order
         if datatype is not None:
             dtype = _as_dtype(datatype)
             if dtype != flat.dtype:

@@ -1186,12 +1186,16 @@ class Intracomm(Comm):
         if len(counts) != g.size:
             raise ValueError(f"Reduce_scatter: recvcounts needs one count per rank ({g.size}), got {len(counts)}")
         total = sum(counts)
+        # as mpi4py: the send buffer holds sum(recvcounts) elements and the
+        # receive buffer recvcounts[rank]; IN_PLACE, the receive buffer holds them all
         if sendbuf is IN_PLACE:
             src, dst = r.flat[r.displ:r.displ + total], r.flat[r.displ:r.displ + counts[g.rank]]
+            fits = r.section().size >= total
         else:
             src = _Buf(sendbuf, "Reduce_scatter sendbuf", writable=False).section()
             dst = r.section()
-        _check_same(src, dst, "Reduce_scatter", src.size >= total and dst.size >= counts[g.rank])
+            fits = src.size == total and dst.size == counts[g.rank]
+        _check_same(src, dst, f"Reduce_scatter (recvcounts {counts})", fits)
         inp = (src[:total] != 0) if op._logical else src[:total]
         # Blocks padded to the largest count, so that every rank's call looks
         # the same to collie's mismatch check; the padding lanes are dropped.
