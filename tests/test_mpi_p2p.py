@@ -340,3 +340,41 @@ def _dlpack_recv_body(rank, size):
 def test_stream_only_dlpack_producer_receives():
     results = run(_dlpack_recv_body, 2)
     assert results == [([1] * 4, [0.0, 0.0, 0.0]), ([0] * 4, [0.0, 1.0, 2.0])]
+
+
+class _FixedProducer(_StreamOnlyProducer):
+    """A producer whose __dlpack__ and __dlpack_device__ answer what it is given."""
+
+    def __init__(self, array, capsule=None, device=None):
+        super().__init__(array)
+        self.capsule, self.device = capsule, device
+
+    def __dlpack__(self, stream=None):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+def test_dlpack_producers_are_checked_as_mpi4py_checks_them():
+    from collie.arrays import to_numpy
+    base = np.arange(8, dtype=np.int32)
+    for device, error in (((None, 0), TypeError), ((1, None), TypeError), (None, TypeError),
+                          ((1,), ValueError), ((1, 0, 1), ValueError)):
+        with pytest.raises(error, match="__dlpack_device__"):
+            to_numpy(_FixedProducer(base, base.__dlpack__(), device))
+    with pytest.raises(BufferError, match="no unused DLPack capsule"):
+        to_numpy(_FixedProducer(base, None, (1, 0)))
+    # the capsule is read, not consumed: the same capsule twice is fine, and the view keeps it
+    same = _FixedProducer(base, base.__dlpack__(), (1, 0))
+    first, _ = to_numpy(same)
+    second, _ = to_numpy(same)
+    assert np.shares_memory(first, base) and first.tolist() == second.tolist() == base.tolist()
+    # a strided tensor is a BufferError, a contiguous one (C or Fortran order) is viewed
+    with pytest.raises(BufferError, match="not contiguous"):
+        to_numpy(_StreamOnlyProducer(base[::2]))
+    fortran = np.asfortranarray(base.reshape(2, 4))
+    view, _ = to_numpy(_StreamOnlyProducer(fortran))
+    assert np.shares_memory(view, fortran) and view.tolist() == fortran.tolist()
+    MPI = mpi()
+    assert bytes(MPI.buffer.frombuffer(_StreamOnlyProducer(base))) == base.tobytes()
