@@ -378,3 +378,30 @@ def test_dlpack_producers_are_checked_as_mpi4py_checks_them():
     assert np.shares_memory(view, fortran) and view.tolist() == fortran.tolist()
     MPI = mpi()
     assert bytes(MPI.buffer.frombuffer(_StreamOnlyProducer(base))) == base.tobytes()
+
+
+class _CAI:
+    """A __cuda_array_interface__ whose pointer is given (host memory or not)."""
+
+    def __init__(self, address, n, readonly=False, strides=None):
+        self.__cuda_array_interface__ = {"version": 3, "data": (address, readonly), "typestr": "<i4",
+                                         "shape": (n,), "strides": strides}
+
+
+def _cai_body(rank, size):
+    from collie.arrays import to_numpy
+    MPI = mpi()
+    src, dst = np.arange(5, dtype="<i4"), np.zeros(5, dtype="<i4")
+    MPI.COMM_SELF.Sendrecv(_CAI(src.ctypes.data, 5, readonly=True), 0, 0, _CAI(dst.ctypes.data, 5), 0, 0)
+    assert dst.tolist() == src.tolist()
+    with pytest.raises(BufferError, match="read-only"):
+        MPI.COMM_SELF.Sendrecv(src, 0, 0, _CAI(dst.ctypes.data, 5, readonly=True), 0, 0)
+    with pytest.raises(BufferError, match="not contiguous"):
+        to_numpy(_CAI(src.ctypes.data, 2, strides=(8,)))
+    with pytest.raises(TypeError, match="device memory"):
+        to_numpy(_CAI(4096, 5))  # the zero page: never this process's memory
+    return True
+
+
+def test_cuda_array_interface_moves_host_memory_and_refuses_the_rest():
+    assert run(_cai_body, 1) == [True]

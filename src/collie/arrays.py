@@ -42,6 +42,8 @@ def to_numpy(obj, what: str = "array") -> tuple[np.ndarray, str | None]:
         return t.numpy(), None
     if hasattr(obj, "__dlpack__") and not isinstance(obj, (bytes, bytearray, memoryview)):
         return _from_dlpack(obj, what), None
+    if hasattr(obj, "__cuda_array_interface__"):
+        return _from_cai(obj, what), None
     try:
         return np.asarray(memoryview(obj)), None
     except TypeError:
@@ -110,13 +112,13 @@ def _device(obj, what: str) -> tuple:
     return device
 
 
-def _contiguous(shape: tuple, strides) -> bool:
-    """Whether strides (in items) lay shape out C- or Fortran-contiguously
-    (axes of length 1 may have any stride)."""
+def _contiguous(shape: tuple, strides, unit: int = 1) -> bool:
+    """Whether strides (in units: 1 for items, the itemsize for bytes) lay
+    shape out C- or Fortran-contiguously (axes of length 1 may have any stride)."""
     if strides is None:
         return True
     for order in (reversed(range(len(shape))), range(len(shape))):
-        step = 1
+        step = unit
         for i in order:
             if shape[i] != 1 and strides[i] != step:
                 break
@@ -138,9 +140,8 @@ def _from_dlpack(obj, what: str) -> np.ndarray:
     (an opaque handle, several lanes) is viewed as its bytes.
     """
     device = _device(obj, what)
-    if device[0] not in (1, 3):  # kDLCPU, kDLCUDAHost
-        raise TypeError(f"{what} is on DLPack device {device}; collie moves CPU memory")
-    capsule = obj.__dlpack__(stream=None)
+    # as mpi4py: no stream on the CPU; elsewhere -1, no synchronization asked for
+    capsule = obj.__dlpack__(stream=None if device[0] in (1, 3) else -1)
     for name, kind in ((b"dltensor_versioned", _DLManagedVersioned), (b"dltensor", _DLManaged)):
         if _api.PyCapsule_IsValid(capsule, name):
             break
@@ -176,12 +177,118 @@ def _from_dlpack(obj, what: str) -> np.ndarray:
     if strides is not None:
         strides = tuple(st * dtype.itemsize for st in strides)
     data = (t.data or 0) + t.byte_offset
+    if device[0] not in (1, 3):  # not kDLCPU, kDLCUDAHost: only memory this CPU can reach moves
+        readonly = _host_memory(data, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
+                                f"{what} (on DLPack device {device})") or readonly
     if not data:
         # an empty tensor may have no memory at all
         data = np.zeros(1, dtype=np.uint8).ctypes.data if 0 in shape else data
     mem = _Memory({"version": 3, "shape": shape, "typestr": dtype.str, "strides": strides,
                    "data": (data, readonly)}, (obj, capsule))
     return np.asarray(mem)
+
+
+_maps: list = []  # (start, end, read-only) of this process's readable non-device mappings, last read
+
+
+def _read_maps() -> list:
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if "r" in fields[1] and not (len(fields) > 5 and fields[5].startswith("/dev/")):
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            out.append((lo, hi, "w" not in fields[1]))
+    return out
+
+
+def _covered(maps: list, at: int, end: int):
+    """Whether [at, end) lies in consecutive mappings of ``maps``: None if
+    not, else whether any of them is read-only."""
+    readonly = False
+    for lo, hi, ro in maps:
+        if hi <= at:
+            continue
+        if lo > at:
+            return None
+        readonly, at = readonly or ro, hi
+        if at >= end:
+            return readonly
+    return None
+
+
+def _host_memory(address: int, nbytes: int, what: str) -> bool:
+    """Check that [address, address + nbytes) is this process's ordinary
+    memory (mapped readable, not a device file), per /proc/self/maps: a
+    device pointer can then be read without faulting (a fake or host-mapped
+    one; real GPU memory is refused). Returns True when some of it is
+    read-only. The maps are read again only when the last reading does not
+    cover the range (memory unmapped since is a dangling pointer, the
+    caller's error as with any pointer)."""
+    global _maps
+    if nbytes == 0:
+        return False
+    readonly = _covered(_maps, address, address + nbytes)
+    if readonly is None:
+        _maps = _read_maps()
+        readonly = _covered(_maps, address, address + nbytes)
+    if readonly is None:
+        raise TypeError(f"{what} is device memory at {address:#x}; collie moves CPU memory")
+    return readonly
+
+
+def _typestr(typestr, what: str) -> np.dtype:
+    """The dtype of an array interface's typestr ("<i4", "|u1"...), in this machine's byte order only."""
+    if not isinstance(typestr, str):
+        raise TypeError(f"{what}: __cuda_array_interface__ 'typestr' must be a str, got {typestr!r}")
+    order, code, size = typestr[:1], typestr[1:2], typestr[2:]
+    if not size.isdigit():
+        raise ValueError(f"{what}: __cuda_array_interface__ 'typestr' {typestr!r} has no item size")
+    if order not in ("|", "=", "<" if sys.byteorder == "little" else ">") and int(size) > 1:
+        raise BufferError(f"{what}: __cuda_array_interface__ 'typestr' {typestr!r} is not in this "
+                          "machine's byte order")
+    try:
+        return np.dtype(code + size)
+    except TypeError:
+        raise ValueError(f"{what}: __cuda_array_interface__ 'typestr' {typestr!r} is not understood") from None
+
+
+def _from_cai(obj, what: str) -> np.ndarray:
+    """A view of a __cuda_array_interface__ buffer, checked as mpi4py checks
+    it; its memory must be host memory (see _host_memory)."""
+    cai = obj.__cuda_array_interface__
+    if not isinstance(cai, dict):
+        raise TypeError(f"{what}: __cuda_array_interface__ must be a dict, got {type(cai).__name__}")
+    data = cai["data"]
+    if not isinstance(data, tuple):
+        raise TypeError(f"{what}: __cuda_array_interface__ 'data' must be (pointer, read-only), got {data!r}")
+    if len(data) != 2:
+        raise ValueError(f"{what}: __cuda_array_interface__ 'data' must be (pointer, read-only), got {data!r}")
+    address, readonly = int(data[0]), bool(data[1])
+    shape, dtype, strides = tuple(cai["shape"]), _typestr(cai["typestr"], what), cai.get("strides")
+    if any(n < 0 for n in shape):
+        raise BufferError(f"{what}: __cuda_array_interface__ has a negative shape {shape}")
+    descr = cai.get("descr")
+    if descr is not None and not isinstance(descr, list):
+        raise TypeError(f"{what}: __cuda_array_interface__ 'descr' must be a list, got {descr!r}")
+    if cai.get("mask") is not None:
+        raise BufferError(f"{what}: __cuda_array_interface__ with a mask is not supported")
+    if strides is not None:
+        strides = tuple(strides)
+        if not _contiguous(shape, strides, dtype.itemsize):
+            raise BufferError(f"{what} is not contiguous (shape {shape}, strides {strides})")
+        # axes of length 1 may carry any stride: drop them for NumPy
+        strides = tuple(st if n != 1 else dtype.itemsize for n, st in zip(shape, strides))
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    readonly = _host_memory(address, nbytes, what) or readonly
+    if not address:
+        address = np.zeros(1, dtype=np.uint8).ctypes.data if nbytes == 0 else address
+    return np.asarray(_Memory({"version": 3, "shape": shape, "typestr": dtype.str, "strides": strides,
+                               "data": (address, readonly)}, obj))
 
 
 # dtype -> its name, for the dtypes collie moves (a dict lookup is far

@@ -61,10 +61,10 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
         try:
             view = memoryview(obj)
         except TypeError:
-            if not hasattr(obj, "__dlpack__"):
-                raise TypeError(f"buffer: expected an object with the buffer protocol or __dlpack__, "
-                                f"got {type(obj).__name__}") from None
-            # a CPU DLPack tensor, checked as mpi4py does (contiguous: ravel is a view of it)
+            if not (hasattr(obj, "__dlpack__") or hasattr(obj, "__cuda_array_interface__")):
+                raise TypeError(f"buffer: expected an object with the buffer protocol, __dlpack__ or "
+                                f"__cuda_array_interface__, got {type(obj).__name__}") from None
+            # DLPack or CAI in host memory, checked as mpi4py does (contiguous: ravel is a view of it)
             view = memoryview(to_numpy(obj, "buffer")[0].ravel(order="K"))
         if not view.c_contiguous:
             raise BufferError("buffer: the memory must be contiguous")
