@@ -190,14 +190,16 @@ def _buffers_body(rank, size):
         if rank == root:
             assert res.tolist() == ref.tolist(), (op, res, ref)
 
-    # non-contiguous arrays are copied, and written back when they receive
+    # non-contiguous arrays are a BufferError, as in mpi4py (a derived datatype says the layout)
     strided = np.zeros((4, 2))
-    comm.Allreduce(np.arange(4.0) + rank, strided[:, 1], op=MPI.SUM)
-    assert strided[:, 1].tolist() == (np.arange(4.0) * size + sum(range(size))).tolist()
-    assert strided[:, 0].tolist() == [0.0] * 4
-    comm.Send(np.arange(4.0)[::2], dest=rank, tag=4)
-    comm.Recv(strided[::2, 0], source=rank, tag=4)
-    assert strided[:, 0].tolist() == [0.0, 0.0, 2.0, 0.0]
+    with pytest.raises(BufferError, match="not contiguous"):
+        comm.Allreduce(np.arange(4.0) + rank, strided[:, 1], op=MPI.SUM)
+    with pytest.raises(BufferError, match="not contiguous"):
+        comm.Isend(np.arange(4.0)[::2], dest=rank, tag=4)
+    column = MPI.DOUBLE.Create_vector(4, 1, 2).Commit()
+    comm.Sendrecv(np.arange(4.0), rank, 4, [strided.reshape(-1)[1:], 1, column], rank, 4)
+    assert strided[:, 1].tolist() == [0.0, 1.0, 2.0, 3.0] and strided[:, 0].tolist() == [0.0] * 4
+    column.Free()
 
     # Reduce_scatter_block, Reduce_scatter, Scan, Exscan
     contrib = np.arange(size * 2, dtype=np.float64) * (rank + 1)
@@ -431,6 +433,49 @@ def _split_body(rank, size):
 @pytest.mark.parametrize("n", SIZES)
 def test_split_and_dup(n):
     assert run(_split_body, n) == [True] * n
+
+
+def _create_disjoint_body(rank, size):
+    """Comm.Create with disjoint groups (MPI-2.2): one communicator per group;
+    Comm.Bcast called unbound runs the communicator's own Bcast."""
+    MPI = mpi()
+    world = MPI.COMM_WORLD
+    half = (size + 1) // 2
+    mine = list(range(half)) if rank < half else list(range(half, size))
+    sub = world.Create(world.Get_group().Incl(mine))
+    assert sub.Get_size() == len(mine) and sub.Get_rank() == mine.index(rank)
+    buf = np.array([rank], dtype="i")
+    MPI.Comm.Bcast(sub, [buf, MPI.INT], root=0)
+    assert buf[0] == mine[0]
+    with pytest.raises(MPI.Exception):
+        MPI.Comm.Bcast(MPI.COMM_NULL, [buf, MPI.INT], root=0)
+    sub.Free()
+    return True
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_create_with_disjoint_groups(n):
+    assert run(_create_disjoint_body, n) == [True] * n
+
+
+def _free_type_while_receiving_body(rank, size):
+    """MPI lets a datatype be freed while a receive that uses it is pending."""
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    t = MPI.INT.Create_vector(3, 1, 2).Commit()
+    if rank == 0:
+        comm.Send([np.arange(6, dtype="i"), 1, t], dest=1)
+        t.Free()
+        return True
+    out = np.full(6, -1, dtype="i")
+    req = comm.Irecv([out, 1, t], source=0)
+    t.Free()
+    req.Wait()
+    return out.tolist()
+
+
+def test_datatype_freed_while_a_receive_is_pending():
+    assert run(_free_type_while_receiving_body, 2) == [True, [0, -1, 2, -1, 4, -1]]
 
 
 # ---- point to point ----

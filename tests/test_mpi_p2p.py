@@ -104,6 +104,50 @@ def test_ssend_to_oneself_waits_for_its_receive(n):
     assert run(_ssend_self_body, n) == [True] * n
 
 
+# ---- synchronous sends to another rank: complete once a receive matched them ----
+
+def _ssend_remote_body(rank, size):
+    """Rank 0 sends synchronously, rank 1 receives; barriers order the steps."""
+    import time
+    MPI = mpi()
+    comm = MPI.COMM_WORLD.Dup()
+    sbuf = np.arange(4, dtype="i")
+    if rank == 0:
+        sreqs = [comm.issend(("m", i), 1, tag=i) for i in range(3)]
+        sreqs.append(comm.Issend([sbuf, MPI.INT], 1, tag=7))
+        deadline = time.monotonic() + 0.5  # time enough for an eager send to have finished
+        while time.monotonic() < deadline:
+            assert not MPI.Request.Testall(sreqs) and MPI.Request.Testsome(sreqs) == []
+        comm.Barrier()
+        comm.Barrier()  # rank 1 received tag 1 and probed tag 7
+        done = []
+        while not done:
+            done = MPI.Request.Testsome(sreqs)
+        assert done == [1]  # only the message a receive took; a probe is no match
+        assert MPI.Request.Testsome(sreqs) == []
+        comm.Barrier()
+        MPI.Request.Waitall(sreqs)
+        assert not any(sreqs)
+    else:
+        comm.Barrier()
+        assert comm.recv(source=0, tag=1) == ("m", 1)  # out of send order
+        comm.Probe(source=0, tag=7)
+        comm.Barrier()
+        comm.Barrier()
+        rbuf = np.zeros(4, dtype="i")
+        comm.Recv([rbuf, MPI.INT], source=0, tag=7)
+        assert (rbuf == sbuf).all()
+        msg = comm.mprobe(source=0, tag=2)  # a matched probe is a match
+        assert comm.recv(source=0, tag=0) == ("m", 0)
+        assert msg.recv() == ("m", 2)
+    comm.Free()
+    return True
+
+
+def test_ssend_to_another_rank_waits_for_its_receive():
+    assert run(_ssend_remote_body, 2) == [True] * 2
+
+
 # ---- matched probes ----
 
 def _mprobe_body(rank, size):
@@ -296,3 +340,68 @@ def _dlpack_recv_body(rank, size):
 def test_stream_only_dlpack_producer_receives():
     results = run(_dlpack_recv_body, 2)
     assert results == [([1] * 4, [0.0, 0.0, 0.0]), ([0] * 4, [0.0, 1.0, 2.0])]
+
+
+class _FixedProducer(_StreamOnlyProducer):
+    """A producer whose __dlpack__ and __dlpack_device__ answer what it is given."""
+
+    def __init__(self, array, capsule=None, device=None):
+        super().__init__(array)
+        self.capsule, self.device = capsule, device
+
+    def __dlpack__(self, stream=None):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+def test_dlpack_producers_are_checked_as_mpi4py_checks_them():
+    from collie.arrays import to_numpy
+    base = np.arange(8, dtype=np.int32)
+    for device, error in (((None, 0), TypeError), ((1, None), TypeError), (None, TypeError),
+                          ((1,), ValueError), ((1, 0, 1), ValueError)):
+        with pytest.raises(error, match="__dlpack_device__"):
+            to_numpy(_FixedProducer(base, base.__dlpack__(), device))
+    with pytest.raises(BufferError, match="no unused DLPack capsule"):
+        to_numpy(_FixedProducer(base, None, (1, 0)))
+    # the capsule is read, not consumed: the same capsule twice is fine, and the view keeps it
+    same = _FixedProducer(base, base.__dlpack__(), (1, 0))
+    first, _ = to_numpy(same)
+    second, _ = to_numpy(same)
+    assert np.shares_memory(first, base) and first.tolist() == second.tolist() == base.tolist()
+    # a strided tensor is a BufferError, a contiguous one (C or Fortran order) is viewed
+    with pytest.raises(BufferError, match="not contiguous"):
+        to_numpy(_StreamOnlyProducer(base[::2]))
+    fortran = np.asfortranarray(base.reshape(2, 4))
+    view, _ = to_numpy(_StreamOnlyProducer(fortran))
+    assert np.shares_memory(view, fortran) and view.tolist() == fortran.tolist()
+    MPI = mpi()
+    assert bytes(MPI.buffer.frombuffer(_StreamOnlyProducer(base))) == base.tobytes()
+
+
+class _CAI:
+    """A __cuda_array_interface__ whose pointer is given (host memory or not)."""
+
+    def __init__(self, address, n, readonly=False, strides=None):
+        self.__cuda_array_interface__ = {"version": 3, "data": (address, readonly), "typestr": "<i4",
+                                         "shape": (n,), "strides": strides}
+
+
+def _cai_body(rank, size):
+    from collie.arrays import to_numpy
+    MPI = mpi()
+    src, dst = np.arange(5, dtype="<i4"), np.zeros(5, dtype="<i4")
+    MPI.COMM_SELF.Sendrecv(_CAI(src.ctypes.data, 5, readonly=True), 0, 0, _CAI(dst.ctypes.data, 5), 0, 0)
+    assert dst.tolist() == src.tolist()
+    with pytest.raises(BufferError, match="read-only"):
+        MPI.COMM_SELF.Sendrecv(src, 0, 0, _CAI(dst.ctypes.data, 5, readonly=True), 0, 0)
+    with pytest.raises(BufferError, match="not contiguous"):
+        to_numpy(_CAI(src.ctypes.data, 2, strides=(8,)))
+    with pytest.raises(TypeError, match="device memory"):
+        to_numpy(_CAI(4096, 5))  # the zero page: never this process's memory
+    return True
+
+
+def test_cuda_array_interface_moves_host_memory_and_refuses_the_rest():
+    assert run(_cai_body, 1) == [True]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...arrays import ReadOnlyError
 from .buffers import _count, to_numpy
 from .constants import BOTTOM
 from . import typemap
@@ -48,7 +49,7 @@ def _wspec(spec, n: int, what: str, writable: bool):
     if buf is not BOTTOM:
         arr, _ = to_numpy(buf, what)
         if writable and not arr.flags.writeable:
-            raise ValueError(f"{what} is read-only, but it receives data")
+            raise ReadOnlyError(f"{what} is read-only, but it receives data")
         if arr.flags.c_contiguous:
             raw = arr.reshape(-1).view(np.uint8) if arr.size else np.zeros(0, dtype=np.uint8)
         else:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...arrays import to_numpy  # DLPack producers are read as mpi4py reads them
+from ...arrays import ReadOnlyError, to_numpy  # DLPack producers are read as mpi4py reads them
 from ...group import ProcessGroup
 from . import typemap
 from .constants import BOTTOM, IN_PLACE
@@ -119,16 +119,15 @@ class _Buf:
             return np.zeros(0, dtype=np.uint8 if datatype is None else _as_dtype(datatype))
         arr, _ = to_numpy(obj, what)
         if writable and not arr.flags.writeable:
-            raise ValueError(f"{what} is read-only, but it receives data")
+            raise ReadOnlyError(f"{what} is read-only, but it receives data")
         if datatype is None and not arr.dtype.isnative:
             raise BufferError(f"{what} is {arr.dtype.str} (not this machine's byte order): give its datatype "
                               "to send its bytes as they are")
-        if arr.flags.c_contiguous or arr.flags.f_contiguous:
-            flat = arr.ravel(order="K")  # a view, in memory order
-        else:
-            flat = np.ascontiguousarray(arr).reshape(-1)
-            if writable:
-                self._finish = lambda: np.copyto(arr, flat.reshape(arr.shape))
+        if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+            # as mpi4py: a strided array's layout is said with a derived datatype, not guessed
+            raise BufferError(f"{what} is not contiguous (shape {arr.shape}, strides {arr.strides}); "
+                              "pass a contiguous array, or describe the layout with a derived datatype")
+        flat = arr.ravel(order="K")  # a view, in memory order
         if datatype is not None:
             dtype = _as_dtype(datatype)
             if dtype != flat.dtype:
@@ -180,7 +179,9 @@ class _Buf:
             n = count * max(blocks, 1)
         packed = typemap.pack(datatype, n, span, what)
         if writable:
-            self._finish = lambda: typemap.unpack(datatype, n, packed, span, what)
+            # MPI lets the datatype be freed while the receive is pending: hold its type map
+            held = type(datatype)._of(t)
+            self._finish = lambda: typemap.unpack(held, n, packed, span, what)
         size, basic = t.size, t.basic
         if size == 0:
             return packed, 0, count, displ
@@ -258,7 +259,7 @@ def _bytes(obj, what: str, writable: bool) -> np.ndarray:
     """A buffer's memory as 1-D bytes (a view; a derived datatype addresses it by byte)."""
     arr, _ = to_numpy(obj, what)
     if writable and not arr.flags.writeable:
-        raise ValueError(f"{what} is read-only, but it receives data")
+        raise ReadOnlyError(f"{what} is read-only, but it receives data")
     if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
         raise ValueError(f"{what}: a buffer with a derived datatype must be contiguous")
     return arr.reshape(-1, order="A").view(np.uint8) if arr.size else np.zeros(0, dtype=np.uint8)

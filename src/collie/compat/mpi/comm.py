@@ -29,7 +29,7 @@ from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, 
 from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN_PLACE, IO, KEYVAL_INVALID,
                         LASTUSEDCODE, PROC_NULL, TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
 from .op import SUM, _buffer_op, _py_op
-from .p2p import _Matcher, _Recv, _matchers, _progress, _wait_until
+from .p2p import _Matcher, _Recv, _SyncSend, _matchers, _progress, _wait_until
 from .request import Prequest, Request, _done_request, _Partitioned
 from .commctx import _comm_lock
 from .message import _mprobe
@@ -67,6 +67,20 @@ _handle_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -
 _group_of_handle: dict = {}
 _inter_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # local group -> intercomm.py's _Inter
 _attrs_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> its attributes (attributes.py)
+
+
+def _by_kind(name: str):
+    """Comm.<name>: the same method of the communicator's own class; on a
+    plain Comm (COMM_NULL) the error of a null communicator."""
+    def call(self, *args, **kwargs):
+        impl = getattr(type(self), name)
+        if impl is call:
+            self._g(name)  # raises on COMM_NULL
+            raise _error(ERR_COMM, f"{name}: {self!r} is neither an intra- nor an intercommunicator")
+        return impl(self, *args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"{name} of an Intracomm or an Intercomm, whichever this communicator is."
+    return call
 
 
 class Comm(_Handled, _Attributed):
@@ -311,14 +325,16 @@ class Comm(_Handled, _Attributed):
     def Create(self, group: Group) -> "Comm":
         """A communicator of ``group``'s processes (a subset of this one's),
         in group order; the others get COMM_NULL. Every rank of this
-        communicator calls it with the same group."""
+        communicator calls it, with the same group or (MPI-2.2) with
+        disjoint groups, one communicator per group."""
         g = self._g("Create")
         members = group._r("Create")
         missing = [w for w in members if w not in g.ranks]
         if missing:
             raise _error(ERR_GROUP, f"Create: processes {missing} are not in {self._name}")
         me = g.network.rank
-        color, key = (0, members.index(me)) if me in members else (-1, 0)
+        # disjoint groups have distinct smallest members: one split color per group
+        color, key = (min(members), members.index(me)) if me in members else (-1, 0)
         new = _group.split_group(g, color, key, name=f"{self._name}/create")
         keep = isinstance(self, Intracomm) and g not in _topo_of  # a subclass of Intracomm stays one
         return COMM_NULL if new is None else type(self)._of(new, new.name) if keep else Intracomm(new, new.name)
@@ -564,8 +580,8 @@ class Comm(_Handled, _Attributed):
 
     def _send(self, data: memoryview, dest, tag, what: str, keep=None, sync: bool = False) -> Request:
         """A send; ``sync`` (Ssend) completes only once a receive took the
-        message; collie keeps that promise for messages to oneself, where a
-        standard send is buffered and would otherwise never block."""
+        message: to oneself when the local receive matches it, to another
+        rank when that rank's ack comes back."""
         m = self._p2p(what)
         dest = _rank_arg(dest, self._npeers(m), f"{what}: dest", (PROC_NULL,))
         tag = _tag_arg(tag, f"{what}: tag", allow_any=False)
@@ -574,8 +590,9 @@ class Comm(_Handled, _Attributed):
         if sync and dest == m.rank:
             return Request(m.network, sync=m.deliver_local(data, tag), matcher=m, timeout=m.group.timeout,
                            describe=lambda: f"{what} to rank {dest} (tag {tag}) of {self._name}")
-        reqs, head = m.isend(data, dest, tag)
-        return Request(m.network, sends=reqs, keep=(keep, data, head), timeout=m.group.timeout,
+        sync = _SyncSend(dest) if sync else None
+        reqs, head = m.isend(data, dest, tag, sync)
+        return Request(m.network, sends=reqs, keep=(keep, data, head), timeout=m.group.timeout, sync=sync,
                        describe=lambda: f"{what} to rank {dest} (tag {tag}) of {self._name}")
 
     def _recv(self, dst: Optional[memoryview], source, tag, what: str, after=None, keep=None) -> Request:
@@ -791,6 +808,24 @@ class Comm(_Handled, _Attributed):
     def Ibarrier(self) -> Request:
         g = self._g("Ibarrier")
         return Request(g.network, work=_coll.barrier(group=g, async_op=True), timeout=g.timeout)
+
+    # mpi4py defines the buffer collectives on Comm, and code calls them
+    # unbound (MPI.Comm.Bcast(comm, ...), as mpi4py.util.pkl5 does): these
+    # run the communicator's own kind's method (Intracomm or Intercomm).
+    Bcast = _by_kind("Bcast")
+    Scatter = _by_kind("Scatter")
+    Scatterv = _by_kind("Scatterv")
+    Gather = _by_kind("Gather")
+    Gatherv = _by_kind("Gatherv")
+    Allgather = _by_kind("Allgather")
+    Allgatherv = _by_kind("Allgatherv")
+    Alltoall = _by_kind("Alltoall")
+    Alltoallv = _by_kind("Alltoallv")
+    Alltoallw = _by_kind("Alltoallw")
+    Reduce = _by_kind("Reduce")
+    Allreduce = _by_kind("Allreduce")
+    Reduce_scatter_block = _by_kind("Reduce_scatter_block")
+    Reduce_scatter = _by_kind("Reduce_scatter")
 
 
 class _Refused:
@@ -1184,12 +1219,16 @@ class Intracomm(Comm):
         if len(counts) != g.size:
             raise ValueError(f"Reduce_scatter: recvcounts needs one count per rank ({g.size}), got {len(counts)}")
         total = sum(counts)
+        # as mpi4py: the send buffer holds sum(recvcounts) elements and the
+        # receive buffer recvcounts[rank]; IN_PLACE, the receive buffer holds them all
         if sendbuf is IN_PLACE:
             src, dst = r.flat[r.displ:r.displ + total], r.flat[r.displ:r.displ + counts[g.rank]]
+            fits = r.section().size >= total
         else:
             src = _Buf(sendbuf, "Reduce_scatter sendbuf", writable=False).section()
             dst = r.section()
-        _check_same(src, dst, "Reduce_scatter", src.size >= total and dst.size >= counts[g.rank])
+            fits = src.size == total and dst.size == counts[g.rank]
+        _check_same(src, dst, f"Reduce_scatter (recvcounts {counts})", fits)
         inp = (src[:total] != 0) if op._logical else src[:total]
         # Blocks padded to the largest count, so that every rank's call looks
         # the same to collie's mismatch check; the padding lanes are dropped.

@@ -14,6 +14,8 @@ import operator
 
 import numpy as np
 
+from ...arrays import to_numpy
+
 __all__ = ["buffer", "memory"]
 
 _EMPTY = object()  # buffer() with no argument: empty memory (buffer(None) is an error)
@@ -59,7 +61,11 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
         try:
             view = memoryview(obj)
         except TypeError:
-            raise TypeError(f"buffer: expected an object with the buffer protocol, got {type(obj).__name__}") from None
+            if not (hasattr(obj, "__dlpack__") or hasattr(obj, "__cuda_array_interface__")):
+                raise TypeError(f"buffer: expected an object with the buffer protocol, __dlpack__ or "
+                                f"__cuda_array_interface__, got {type(obj).__name__}") from None
+            # DLPack or CAI in host memory, checked as mpi4py does (contiguous: ravel is a view of it)
+            view = memoryview(to_numpy(obj, "buffer")[0].ravel(order="K"))
         if not view.c_contiguous:
             raise BufferError("buffer: the memory must be contiguous")
         if readonly is False and view.readonly:

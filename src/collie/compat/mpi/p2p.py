@@ -11,7 +11,7 @@ import numpy as np
 from ...arrays import byte_view
 from ...errors import CollieError, CollieTimeout
 from ...group import ProcessGroup
-from .constants import ANY_SOURCE, ANY_TAG, _ENVELOPE_TAG, _PAYLOAD_TAG
+from .constants import ANY_SOURCE, ANY_TAG, _ACK_TAG, _ENVELOPE_TAG, _PAYLOAD_TAG
 
 __all__ = []
 
@@ -22,13 +22,24 @@ class _Message:
     """A message whose envelope has arrived. ``data`` holds its payload unless
     the payload went straight into a receive's buffer; ``req`` is the payload
     receive still in flight (None once local or complete). ``matched`` turns
-    True when a receive or a matched probe takes it."""
+    True when a receive or a matched probe takes it. ``sync`` is the id its
+    synchronous sender waits to see acknowledged (0: a standard send)."""
 
-    __slots__ = ("source", "tag", "nbytes", "data", "req", "matched")
+    __slots__ = ("source", "tag", "nbytes", "data", "req", "matched", "sync")
 
-    def __init__(self, source: int, tag: int, nbytes: int, data=None, req=None):
+    def __init__(self, source: int, tag: int, nbytes: int, data=None, req=None, sync: int = 0):
         self.source, self.tag, self.nbytes, self.data, self.req = source, tag, nbytes, data, req
         self.matched = False
+        self.sync = sync
+
+
+class _SyncSend:
+    """A synchronous send to another rank: ``matched`` once its receiver's ack came."""
+
+    __slots__ = ("dest", "matched")
+
+    def __init__(self, dest: int):
+        self.dest, self.matched = dest, False
 
 
 class _Recv:
@@ -62,24 +73,42 @@ class _Matcher:
         self.rank = group.rank
         self.etag = group.p2p_tag(_ENVELOPE_TAG)
         self.ptag = group.p2p_tag(_PAYLOAD_TAG)
+        self.atag = group.p2p_tag(_ACK_TAG)
         self.posted: list[_Recv] = []
         self.unmatched: list[_Message] = []
         self.envelopes: dict[int, tuple] = {}  # group rank -> (envelope array, its receive)
         self.probes: list[int] = []            # sources that a probe is waiting on
         self.lost: dict[int, BaseException] = {}  # peers whose envelope receive failed: gone
+        self.syncs: dict[int, _SyncSend] = {}  # id -> synchronous send waiting for its ack
+        self.next_sync = 1
+        self.acks_in: dict[int, tuple] = {}    # group rank -> (ack array, its receive)
+        self.acks_out: list = []               # (ack array, its send) still in flight
         _matchers.add(self)
 
-    def isend(self, data: memoryview, dest: int, tag: int) -> tuple:
-        """Post a message; returns its transport requests and what they read."""
+    def isend(self, data: memoryview, dest: int, tag: int, sync: Optional[_SyncSend] = None) -> tuple:
+        """Post a message; returns its transport requests and what they read.
+        With ``sync`` (to another rank), its envelope asks the receiver for an
+        ack once a receive matched it, which marks ``sync`` matched."""
         nbytes = data.nbytes
         if dest == self.rank:
             self.deliver_local(data, tag)
             return (), None
-        head = np.array([tag, nbytes], dtype=np.int64)
+        sid = 0
+        if sync is not None:
+            sid, self.next_sync = self.next_sync, self.next_sync + 1
+            self.syncs[sid] = sync
+        head = np.array([tag, nbytes, sid], dtype=np.int64)
         peer = self.group.ranks[dest]
         reqs = (self.network.isend(peer, self.etag, byte_view(head)),
                 self.network.isend(peer, self.ptag, data))
         return reqs, head
+
+    def _matched(self, msg: _Message) -> None:
+        """A receive (or a matched probe) took ``msg``: ack it to a synchronous sender."""
+        msg.matched = True
+        if msg.sync:
+            ack = np.array([msg.sync], dtype=np.int64)
+            self.acks_out.append((ack, self.network.isend(self.group.ranks[msg.source], self.atag, byte_view(ack))))
 
     def deliver_local(self, data: memoryview, tag: int) -> _Message:
         """A message to oneself: copied at once (a standard send is then
@@ -92,7 +121,7 @@ class _Matcher:
         for i, msg in enumerate(self.unmatched):
             if op.matches(msg.source, msg.tag):
                 del self.unmatched[i]
-                msg.matched = True
+                self._matched(msg)
                 op.msg = msg
                 return
         self.posted.append(op)
@@ -100,7 +129,7 @@ class _Matcher:
     def take(self, msg: _Message) -> None:
         """A matched probe takes ``msg``: no receive but its Message's can match it."""
         self.unmatched.remove(msg)
-        msg.matched = True
+        self._matched(msg)
 
     def withdraw(self, msg: _Message) -> bool:
         """Cancel a message to oneself that nothing matched yet; True if it was."""
@@ -125,12 +154,12 @@ class _Matcher:
             self.unmatched.append(msg)
         else:
             self.posted.remove(op)
-            msg.matched = True
+            self._matched(msg)
             op.msg = msg
 
-    def _envelope(self, source: int, tag: int, nbytes: int) -> None:
+    def _envelope(self, source: int, tag: int, nbytes: int, sync: int) -> None:
         op = next((o for o in self.posted if o.matches(source, tag)), None)
-        msg = _Message(source, tag, nbytes)
+        msg = _Message(source, tag, nbytes, sync=sync)
         if op is not None and op.dst is not None and nbytes <= len(op.dst):
             into = op.dst[:nbytes]
         else:  # an object, a message nobody wants yet, or one too big (an error on completion)
@@ -141,7 +170,7 @@ class _Matcher:
             self.unmatched.append(msg)
         else:
             self.posted.remove(op)
-            msg.matched = True
+            self._matched(msg)
             op.msg = msg
 
     def _wanted(self) -> set:
@@ -155,7 +184,25 @@ class _Matcher:
         return sources
 
     def busy(self) -> bool:
-        return bool(self.posted or self.envelopes or self.probes)
+        return bool(self.posted or self.envelopes or self.probes or self.syncs or self.acks_out)
+
+    def _acks(self) -> bool:
+        """Take in the acks of synchronous sends; keep one ack receive posted
+        per peer that a synchronous send waits on. True if anything changed."""
+        moved = False
+        self.acks_out = [(a, r) for a, r in self.acks_out if not r.finished]
+        for source, (ack, req) in list(self.acks_in.items()):
+            if req.finished:
+                del self.acks_in[source]
+                moved = True
+                sync = self.syncs.pop(int(ack[0]), None) if req.error is None else None
+                if sync is not None:
+                    sync.matched = True
+        for dest in {s.dest for s in self.syncs.values()} - set(self.acks_in):
+            ack = np.zeros(1, dtype=np.int64)
+            self.acks_in[dest] = (ack, self.network.irecv(self.group.ranks[dest], self.atag, byte_view(ack)))
+            moved = True
+        return moved
 
     def gone(self, source: int) -> Optional[BaseException]:
         """Why no message from ``source`` (or ANY_SOURCE: from anyone) can come."""
@@ -173,13 +220,13 @@ class _Matcher:
         error only for the receives that need that peer (an envelope receive
         left over from an ANY_SOURCE receive is no one's business).
         """
-        moved = False
+        moved = self._acks()
         for source, (head, req) in list(self.envelopes.items()):
             if req.finished:
                 del self.envelopes[source]
                 moved = True
                 if req.error is None:
-                    self._envelope(source, int(head[0]), int(head[1]))
+                    self._envelope(source, int(head[0]), int(head[1]), int(head[2]))
                     continue
                 try:  # the error, reworded to name the operation
                     self.network.wait([req], describe=lambda: f"MPI receive from rank {source} of {self.name}")
@@ -192,7 +239,7 @@ class _Matcher:
                     self.posted.remove(op)
         for source in self._wanted():
             if source not in self.envelopes and source not in self.lost:
-                head = np.zeros(2, dtype=np.int64)
+                head = np.zeros(3, dtype=np.int64)
                 req = self.network.irecv(self.group.ranks[source], self.etag, byte_view(head))
                 self.envelopes[source] = (head, req)
                 moved = True  # a new receive: the transports must look again before we call it idle

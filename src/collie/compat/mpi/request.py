@@ -62,7 +62,7 @@ class Request:
         self._network, self._sends, self._recv, self._matcher = network, tuple(sends), recv, matcher
         self._work = work
         self._keep, self._after, self._timeout, self._describe = keep, after, timeout, describe
-        self._sync = sync  # a message to oneself that a synchronous send waits to see matched
+        self._sync = sync  # what a synchronous send waits to see matched (a local message or a _SyncSend)
         self._cancelled = False
         # A request made with nothing to do is inactive (REQUEST_NULL); see _done_request.
         self._done = network is None and not sends and recv is None and work is None and status is None

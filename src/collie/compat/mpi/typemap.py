@@ -15,6 +15,8 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ...arrays import ReadOnlyError
+
 __all__ = []
 
 _EMPTY = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
@@ -141,7 +143,7 @@ def unpack(t, n: int, data: np.ndarray, span: Span, what: str) -> None:
     if mem is None:
         return
     if not mem.flags.writeable:
-        raise ValueError(f"{what} is read-only, but it receives data")
+        raise ReadOnlyError(f"{what} is read-only, but it receives data")
     if offs.size == 1 and lens[0] == ext:  # items that touch: one slice
         start = shift + int(offs[0])
         mem[start:start + n * size] = data[:n * size]

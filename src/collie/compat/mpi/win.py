@@ -527,8 +527,11 @@ class Win(_Handled, np.ndarray):
                     tcount = target[1]
                 if len(target) > 2:
                     tdtype = _as_dtype(target[2])
-            else:
+            elif isinstance(target, int) or hasattr(target, "__index__"):
                 disp = target
+            else:  # as mpi4py: not a target spec at all
+                raise ValueError(f"Win.{what}: target must be None, a displacement or "
+                                 f"[disp, count, datatype], got {target!r}")
         disp = _int(disp, f"Win.{what} target displacement")
         nbytes = count * dtype.itemsize
         if tcount is None:
