@@ -22,7 +22,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 PASS_FLOOR = {2: 0.90, 3: 0.90}   # 99.0% measured at both sizes, see docs/mpi.md; the target is 0.95
-TIMEOUT = 60.0
+TIMEOUT = 150.0  # test_util_dtlib makes tens of thousands of datatype calls: 50-100 s on a loaded machine
 
 
 def _suite():
