@@ -187,8 +187,8 @@ def _bad_args_body(rank, size):
         try:
             call()
             errors.append(None)
-        except (ValueError, TypeError) as exc:
-            errors.append(type(exc).__name__)
+        except (ValueError, TypeError) as exc:  # the kind, not the subclass (a read-only buffer: ReadOnlyError)
+            errors.append("ValueError" if isinstance(exc, ValueError) else "TypeError")
     return errors
 
 
