@@ -3,6 +3,9 @@ each function of collie executes per call, on rank 0 of 2.
 
     python docs/perf/bytecodes.py [--op all_reduce|...|sendrecv] [--bytes 8] [--calls 200]
 
+--op Allreduce, allreduce and bcast count collie.MPI's calls (the buffer
+Allreduce in place, and small pickled objects) instead.
+
 Timings on a shared 2-core machine move by 20-100% between runs; bytecode
 counts do not (rank 0 runs traced, about fifty times slower, so its peer's
 message is almost always waiting and the counts barely include polling).
@@ -23,6 +26,7 @@ import collie
 def _call(op: str, nbytes: int):
     x = np.zeros(max(1, nbytes // 4), np.float32)
     out, single = np.zeros(2 * x.size, np.float32), np.zeros(x.size, np.float32)
+    from collie import MPI
     peer = 1 - collie.get_rank()
     pair = [collie.P2POp(collie.isend, x, peer), collie.P2POp(collie.irecv, single, peer)]
 
@@ -34,7 +38,10 @@ def _call(op: str, nbytes: int):
             "broadcast": lambda: collie.broadcast(x, src=1),  # rank 0 receives
             "all_gather": lambda: collie.all_gather_into_tensor(out, x),
             "all_to_all": lambda: collie.all_to_all_single(single, x),
-            "sendrecv": sendrecv}[op]
+            "sendrecv": sendrecv,
+            "Allreduce": lambda: MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),  # collie.MPI
+            "allreduce": lambda: MPI.COMM_WORLD.allreduce(1),
+            "bcast": lambda: MPI.COMM_WORLD.bcast({"step": 1}, root=1)}[op]
 
 
 def body(rank: int, op: str, nbytes: int, calls: int) -> None:
@@ -84,7 +91,8 @@ def report(executed: Counter, entered: Counter, op: str, nbytes: int, calls: int
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--op", default="all_reduce",
-                   choices=("all_reduce", "broadcast", "all_gather", "all_to_all", "sendrecv"))
+                   choices=("all_reduce", "broadcast", "all_gather", "all_to_all", "sendrecv",
+                            "Allreduce", "allreduce", "bcast"))
     p.add_argument("--bytes", type=int, default=8)
     p.add_argument("--calls", type=int, default=200)
     opts = p.parse_args(argv)

@@ -36,6 +36,7 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 
 from . import algorithms, core, engine
+from . import group as _group
 from .arrays import Buffer
 from .errors import CollieError, CollieTimeout, MismatchError, PeerError
 from .group import ProcessGroup, resolve, world
@@ -43,7 +44,7 @@ from .ops import ReduceOp, as_op, average, check_op, kernel, scale
 from .rendezvous import timeout_seconds
 from .schedule import COLLECTIVES
 from .tuner import Tuner
-from .wire import LEAVE_CONTEXT, pack_meta
+from .wire import COLLECTIVE_BIT, LEAVE_CONTEXT, MAX_TAG, TAG_BITS, pack_meta
 from .work import CompletedWork, Work, wait_seconds
 
 __all__ = ["ReduceOp", "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
@@ -224,10 +225,12 @@ TRACE = None
 
 def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_name: str,
          op: Optional[ReduceOp] = None, root: int = 0, count: int = 0, nbytes: int = 0,
-         algorithm: Optional[str] = None, async_op: bool = False, after=None, timeout=None):
+         algorithm: Optional[str] = None, async_op: bool = False, after=None, timeout=None,
+         lane_key: Optional[tuple] = None):
     """Run collective ``name`` on the laid-out ``arrays``; ``after`` runs on
     completion (copy-backs, AVG's division...). ``timeout`` (seconds)
-    replaces the group's for this call."""
+    replaces the group's for this call. ``lane_key``: the call may take a
+    lane (see _lane) from now on, found by that key."""
     # The op enters as its code: a call's program and meta word depend on
     # nothing else of it (PREMUL_SUM's factor is applied before the call),
     # and an int hashes without calling Python code.
@@ -238,6 +241,7 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
     if prepared is None:
         if len(cache) >= _PREPARED_PER_GROUP:
             cache.clear()
+            g.lanes.clear()
         prepared = cache[key] = _prepare(g, name, block_sizes, dtype_name, op, root, count, nbytes, algorithm)
     seq = g.seq
     g.seq += 1
@@ -249,12 +253,16 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
         return work
     _after_async_calls()
     _execute(g, name, prepared, arrays, seq, after, timeout)
+    if lane_key is not None and lane_key not in g.lanes:
+        g.lanes[lane_key] = _lane(g, name, prepared)
     return None
 
 
 def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq: int, after,
-             timeout: float):
-    """Run call number ``seq`` of the group, then ``after``."""
+             timeout: float, resume: Optional[tuple] = None):
+    """Run call number ``seq`` of the group, then ``after``. ``resume``: a
+    lane's scratch and where its run of the compiled core stopped, for Python
+    to go on from."""
     def describe(step: int) -> str:
         return (f"{name} (call #{seq} on group {g.name}, algorithm {prepared.choice.algorithm}, "
                 f"step {step + 1} of {prepared.nsteps})")
@@ -263,7 +271,9 @@ def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq:
     tag = g.collective_tag(seq)
     network.current = tag
     try:
-        if TRACE is None:
+        if resume is not None:
+            core.resume(prepared.program, arrays, network, tag, prepared.meta, describe, timeout, *resume)
+        elif TRACE is None:
             core.EXECUTE(prepared.program, arrays, network, tag, prepared.meta, describe, timeout)
         else:  # collie.trace: the same run, timed step by step
             TRACE.execute(g, name, seq, prepared, arrays, network, tag, describe, timeout)
@@ -290,6 +300,73 @@ def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq:
             network.abort(g.ranks, exc)
             raise
     return after() if after is not None else None
+
+
+# ---- lanes: a repeated call of one shape, straight to the compiled core ----
+#
+# A blocking call on a plain contiguous NumPy array, with the shape, dtype,
+# op and algorithm of an earlier call on the same group, needs none of the
+# checks and lookups above: they came out the same last time. Its lane is a
+# closure over everything that call worked out (the prepared program, the
+# compiled core, the tag's fixed bits) and does only what changes per call:
+# the sequence number, the core's run, and the books of a finished call.
+# Anything unusual (a step the core hands back, an abort, a lost peer) goes
+# on in _execute exactly as a first call would. Lanes are for programs the
+# compiled core runs; each has a scratch of its own where the schedule
+# needs one, and a group's lanes go with its prepared calls.
+
+def _lane(g: ProcessGroup, name: str, prepared: _Prepared):
+    """The lane of ``prepared`` on ``g``, or None where the call can't take one."""
+    if TRACE is not None or core.EXECUTE is not core.execute:
+        return None
+    found = core.lane(prepared.program, g.network)
+    if found is None:
+        return None
+    run, arrays_of, spare = found
+    network, program, meta, context = g.network, prepared.program, prepared.meta, g.context
+    lock, done, nsteps = network.lock, network.done, len(prepared.program.steps)
+    rooted, ranks = prepared.rooted, g.ranks
+    fixed = (context << (TAG_BITS + 1)) | COLLECTIVE_BIT  # as ProcessGroup.collective_tag
+
+    def lane(arrays: dict) -> None:
+        seq = g.seq
+        g.seq = seq + 1
+        tag = fixed | (seq & MAX_TAG)
+        network.current = tag
+        resume = None
+        if network._abort is None and not network._lost:
+            with lock:
+                resume = run(arrays_of(arrays), 0, tag, meta)
+            if resume[0] == nsteps and network._abort is None:  # as _execute's end:
+                if rooted:
+                    network.finish(tag, meta, ranks)
+                else:
+                    done[context] = (seq, meta)
+                    network.current = 0
+                return
+        _execute(g, name, prepared, arrays, seq, None, g.timeout, (spare,) + (resume or (0, 0, 0)))
+    return lane
+
+
+def _find_lane(group, key: tuple, tensor: np.ndarray):
+    """The lane of a blocking call of shape ``key`` on ``tensor`` (a plain
+    NumPy array), with this process's async calls done, or None: the caller
+    takes the full path."""
+    w = _group._world
+    if w is None or TRACE is not None:
+        return None
+    g = w.group if group is None else group
+    if g.__class__ is not ProcessGroup or g.network is not w.network:
+        return None
+    lane = g.lanes.get(key)
+    if lane is None:
+        return None
+    flags = tensor.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return None
+    if w.background is not None:
+        w.background.drain()  # as _after_async_calls
+    return lane
 
 
 def _member(group, what: str) -> ProcessGroup:
@@ -329,12 +406,19 @@ def broadcast(tensor, src: Optional[int] = None, group=None, async_op: bool = Fa
     >>> broadcast(x, src=1)
     >>> x                              # rank 0: [10, 11] rank 1: [10, 11]
     """
+    if tensor.__class__ is np.ndarray and not async_op:
+        key = ("broadcast", tensor.dtype, tensor.size, src, group_src, algorithm)
+        lane = _find_lane(group, key, tensor)
+        if lane is not None:
+            return lane({"out": tensor if tensor.ndim == 1 else tensor.reshape(-1)})
+    else:
+        key = None
     g = _member(group, "broadcast")
     root = _root(g, src, group_src, "src", "broadcast")
     buf = Buffer(tensor, writable=g.rank != root, what="broadcast tensor")  # the root only reads
     return _run(g, "broadcast", {"out": buf.flat}, {"out": (buf.count,)}, dtype_name=buf.dtype_name,
                 root=root, count=buf.count, nbytes=buf.nbytes, algorithm=algorithm, async_op=async_op,
-                after=buf.finish)
+                after=buf.finish, lane_key=key)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -345,6 +429,13 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     >>> all_reduce(x)
     >>> x                                   # rank 0: [3, 6]  rank 1: [3, 6]
     """
+    if tensor.__class__ is np.ndarray and op.__class__ is ReduceOp and not async_op:
+        key = ("all_reduce", op.code, tensor.dtype, tensor.size, algorithm)
+        lane = _find_lane(group, key, tensor)
+        if lane is not None:
+            return lane({"out": tensor if tensor.ndim == 1 else tensor.reshape(-1)})
+    else:
+        key = None
     g = _member(group, "all_reduce")
     buf = Buffer(tensor, writable=True, what="all_reduce tensor")
     op = _reduce_prep(buf, op, "all_reduce")
@@ -357,10 +448,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
             buf.finish()
     else:
         after = buf.finish
+    if op.name in ("AVG", "PREMUL_SUM"):
+        key = None  # a lane does the exchange alone, with nothing before or after
 
     return _run(g, "all_reduce", {"out": buf.flat}, {"out": (buf.count,)}, dtype_name=buf.dtype_name,
                 op=op, count=buf.count, nbytes=buf.nbytes, algorithm=algorithm, async_op=async_op,
-                after=after)
+                after=after, lane_key=key)
 
 
 def reduce(tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -443,6 +536,15 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     >>> all_gather_into_tensor(out, x)
     >>> out                                 # every rank: [0, 0, 1, 1]
     """
+    if (output_tensor.__class__ is np.ndarray and input_tensor.__class__ is np.ndarray and not async_op
+            and output_tensor.dtype == input_tensor.dtype):
+        key = ("all_gather", output_tensor.dtype, input_tensor.size, output_tensor.size, algorithm)
+        lane = _find_lane(group, key, output_tensor)
+        if lane is not None and input_tensor.flags.c_contiguous:
+            return lane({"in": input_tensor if input_tensor.ndim == 1 else input_tensor.reshape(-1),
+                         "out": output_tensor if output_tensor.ndim == 1 else output_tensor.reshape(-1)})
+    else:
+        key = None
     g = _member(group, "all_gather_into_tensor")
     src = Buffer(input_tensor, writable=False, what="all_gather_into_tensor input")
     out = Buffer(output_tensor, writable=True, what="all_gather_into_tensor output")
@@ -453,7 +555,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     return _run(g, "all_gather", {"in": src.flat, "out": out.flat},
                 {"in": (src.count,), "out": (src.count,) * g.size}, dtype_name=dtype_name,
                 count=src.count, nbytes=out.nbytes, algorithm=algorithm, async_op=async_op,
-                after=out.finish)
+                after=out.finish, lane_key=key)
 
 
 def gather(tensor, gather_list: Optional[list] = None, dst: Optional[int] = None, group=None,

@@ -209,6 +209,43 @@ def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
         engine.give_spare(program, spare)
 
 
+def lane(program: engine.Program, network):
+    """(run, arrays_of, spare) for a program the core runs on ``network``,
+    else None. ``spare`` is a scratch of the lane's own (None if the schedule
+    needs none); ``run(arrays_of(arrays), 0, tag, meta)`` is the core's run
+    from the first step, on the buffers execute() would hand it (the call's
+    arrays, the scratch, the peers' windows as they are now); what it returns
+    goes to resume() when that is not the end."""
+    compiled = program.core
+    if not compiled or compiled[0] is not network:
+        compiled[:] = [network, compile(program, network)]
+    if compiled[1] is None:
+        return None
+    core, named, needs_spare, tmp, windows = compiled[1]
+    spare = engine.take_spare(program) if needs_spare else None
+    if not tmp and not windows:
+        return core.run, named, spare
+    scratch = (spare[1],) if tmp else ()
+    window, owners = network.window, [program.peers[g] for g in windows]
+
+    def arrays_of(arrays):
+        return named(arrays) + scratch + tuple(window(r) for r in owners)
+    return core.run, arrays_of, spare
+
+
+def resume(program: engine.Program, arrays: dict, network, tag: int, meta: int,
+           describe: Callable[[int], str], timeout: float, spare, step: int, locals_done: int,
+           done: int) -> None:
+    """The rest of a lane's call, from where the core stopped (``step``;
+    0, 0, 0: from the start, step by step in Python)."""
+    if step < len(program.steps):
+        core, named, _, tmp, windows = program.core[1]
+        bufs = (named(arrays) + ((spare[1],) if tmp else ())
+                + tuple(network.window(program.peers[g]) for g in windows))
+        _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare,
+                step, locals_done, done)
+
+
 def _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare,
             step: int, locals_done: int, done: int) -> None:
     """The rest of a call the core handed back at ``step``: Python finishes

@@ -3,6 +3,10 @@
 Objects are pickled to bytes and moved as uint8 arrays by the array
 collectives: first the sizes (int64, so objects over 2 GiB work), then the
 bytes, padded to the largest size where a collective needs equal sizes.
+broadcast_object_list and all_gather_object first send a fixed slot of
+SLOT bytes, the size followed by the pickle when it fits: a small object
+(the common case: a flag, a count, a small dict) costs one collective,
+and only a larger one a second, whose sizes the first round carried.
 Unpickling runs arbitrary code: only exchange objects with ranks you trust
 (set COLLIE_TOKEN on untrusted networks).
 """
@@ -14,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from .collectives import _member, _root, all_gather, broadcast, gather, scatter
+from .collectives import _member, _root, all_gather, all_gather_into_tensor, broadcast, gather, scatter
 from .group import ProcessGroup
 
 __all__ = ["broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list"]
@@ -26,6 +30,24 @@ def _dumps(obj) -> np.ndarray:
 
 def _loads(arr: np.ndarray):
     return pickle.loads(memoryview(arr))
+
+
+SLOT = 512   # bytes of the first round: an int64 size, then the pickle if it fits
+_FITS = SLOT - 8
+
+
+def _slot(payload: Optional[np.ndarray]) -> np.ndarray:
+    """The first round's bytes: ``payload``'s size, then ``payload`` if it fits."""
+    slot = np.zeros(SLOT, dtype=np.uint8)
+    if payload is not None:
+        slot[:8].view(np.int64)[0] = payload.size
+        if payload.size <= _FITS:
+            slot[8:8 + payload.size] = payload
+    return slot
+
+
+def _slot_size(slot: np.ndarray) -> int:
+    return int(slot[:8].view(np.int64)[0])
 
 
 def _sizes(g: ProcessGroup, mine: int) -> np.ndarray:
@@ -42,10 +64,14 @@ def broadcast_object_list(object_list: list, src: Optional[int] = None, group=No
     root = _root(g, src, group_src, "src", "broadcast_object_list")
     gsrc = g.ranks[root]
     payload = _dumps(list(object_list)) if g.rank == root else None
-    size = np.array([0 if payload is None else payload.size], dtype=np.int64)
-    broadcast(size, src=gsrc, group=g)
-    data = payload if payload is not None else np.empty(int(size[0]), dtype=np.uint8)
-    broadcast(data, src=gsrc, group=g)
+    slot = _slot(payload)
+    broadcast(slot, src=gsrc, group=g)
+    size = _slot_size(slot)
+    if size > _FITS:  # a second round, of the whole pickle
+        data = payload if payload is not None else np.empty(size, dtype=np.uint8)
+        broadcast(data, src=gsrc, group=g)
+    else:
+        data = slot[8:8 + size]
     if g.rank != root:
         objects = _loads(data)
         if len(objects) != len(object_list):
@@ -60,9 +86,14 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
     if not isinstance(object_list, list) or len(object_list) != g.size:
         raise ValueError(f"all_gather_object: object_list must be a list of {g.size} items (one per rank)")
     payload = _dumps(obj)
-    sizes = _sizes(g, payload.size)
-    outs = [np.empty(int(s), dtype=np.uint8) for s in sizes]
-    all_gather(outs, payload, group=g)
+    slots = np.empty((g.size, SLOT), dtype=np.uint8)
+    all_gather_into_tensor(slots.reshape(-1), _slot(payload), group=g)
+    sizes = [_slot_size(row) for row in slots]
+    if max(sizes) > _FITS:  # a second round, of every pickle at its size
+        outs = [np.empty(s, dtype=np.uint8) for s in sizes]
+        all_gather(outs, payload, group=g)
+    else:
+        outs = [row[8:8 + s] for row, s in zip(slots, sizes)]
     object_list[:] = [_loads(o) for o in outs]
 
 

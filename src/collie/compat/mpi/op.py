@@ -18,7 +18,8 @@ class Op:
     """A reduction: applies to Python objects (lowercase methods, by calling
     it) and to buffers (uppercase methods, through collie.ReduceOp)."""
 
-    __slots__ = ("name", "_py", "_ufunc", "_collie", "_logical", "_user", "_commute", "_pickles", "__weakref__")
+    __slots__ = ("name", "_py", "_ufunc", "_collie", "_logical", "_user", "_commute", "_pickles", "_lane",
+                 "__weakref__")
 
     def __init__(self, op: Optional["Op"] = None):
         """``Op()`` is OP_NULL, ``Op(op)`` the same op as ``op``."""
@@ -35,6 +36,10 @@ class Op:
         op = cls.__new__(cls)
         op.name, op._py, op._ufunc, op._collie, op._logical = name, py, ufunc, collie, logical
         op._user, op._commute, op._pickles = None, True, True
+        # The code of collie's op where a buffer reduction is collie's own,
+        # nothing before or after (not LAND/LOR/LXOR): what Allreduce's hot
+        # path keys on (Intracomm.Allreduce).
+        op._lane = collie.code if collie is not None and not logical else None
         return op
 
     @classmethod

@@ -1,0 +1,222 @@
+"""Lanes (collectives._lane): a repeated blocking call of one shape goes
+straight to the compiled core. The same calls must give the same results,
+the same errors and the same order as the full path: results against NumPy
+over many calls, messages the core hands back (tcp, several slots, windows),
+a mismatch and a dead peer met inside a lane, async calls before a blocking
+one, and collie.MPI's Allreduce, whose hot path is a lane too."""
+
+import numpy as np
+import pytest
+
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(240)
+
+CALLS = 12
+
+
+def _data(rank: int, call: int, n: int, dtype) -> np.ndarray:
+    return ((np.arange(n) * (rank + 3) + call * 7) % 97).astype(dtype)
+
+
+def _repeated_body(rank, size, sizes):
+    import collie
+    from collie import group
+    wrong = []
+    for n in sizes:
+        for dtype in (np.float32, np.int64):
+            for call in range(CALLS):
+                x = _data(rank, call, n, dtype).reshape(-1, 1) if call % 2 else _data(rank, call, n, dtype)
+                collie.all_reduce(x)
+                want = sum(_data(r, call, n, dtype) for r in range(size))
+                if not np.array_equal(x.reshape(-1), want):
+                    wrong.append(("all_reduce", n, dtype.__name__, call))
+                y = _data(rank, call, n, dtype)
+                collie.all_reduce(y, op=collie.ReduceOp.MAX)
+                if not np.array_equal(y, np.max([_data(r, call, n, dtype) for r in range(size)], axis=0)):
+                    wrong.append(("all_reduce MAX", n, dtype.__name__, call))
+                out = np.empty(n * size, dtype)
+                collie.all_gather_into_tensor(out, _data(rank, call, n, dtype))
+                if not np.array_equal(out, np.concatenate([_data(r, call, n, dtype) for r in range(size)])):
+                    wrong.append(("all_gather_into_tensor", n, dtype.__name__, call))
+                src = call % size
+                z = _data(rank, call, n, dtype)
+                collie.broadcast(z, src=src)
+                if not np.array_equal(z, _data(src, call, n, dtype)):
+                    wrong.append(("broadcast", n, dtype.__name__, call))
+    lanes = group.world().group.lanes
+    return wrong, sorted({key[0] for key, lane in lanes.items() if lane is not None})
+
+
+@pytest.mark.parametrize("size,backend,sizes", [
+    (2, "shm", (2, 300)),
+    (3, "shm", (1, 1000, 70_000)),          # 70,000 x 8 bytes: several ring slots, handed back
+    (4, "shm", (5, 300_000)),               # over 1 MiB: the windows of the shm algorithm
+    (3, "tcp", (3, 5000)),                  # every message handed back to Python
+])
+def test_repeated_calls_give_numpy_results(executor, size, backend, sizes):
+    for wrong, laned in run_ranks(_repeated_body, size, sizes, backend=backend, timeout=200):
+        assert wrong == []
+        if executor == "c":  # the calls did take lanes
+            assert laned == ["all_gather", "all_reduce", "broadcast"]
+        else:
+            assert laned == []
+
+
+def _mismatch_body(rank, size):
+    import collie
+    x = np.ones(4, np.float32)
+    for _ in range(5):
+        collie.all_reduce(x)   # a lane from the second call on
+    try:
+        collie.all_reduce(np.ones(5 if rank == 1 else 4, np.float32))
+    except collie.MismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_mismatch_inside_a_lane_is_reported_on_every_rank(executor):
+    for text in run_ranks(_mismatch_body, 2, timeout=60):
+        assert "all_reduce" in text and "4" in text and "5" in text, text
+
+
+def _death_body(rank, size):
+    import os
+
+    import collie
+    x = np.ones(8, np.float64)
+    for _ in range(5):
+        collie.all_reduce(x)
+    if rank == 1:
+        os._exit(0)
+    try:
+        for _ in range(1000):
+            collie.all_reduce(x)
+    except collie.CollieError as exc:
+        return type(exc).__name__, str(exc)
+    return "no error", ""
+
+
+def test_a_dead_peer_inside_a_lane_is_named(executor):
+    from datetime import timedelta
+    got = run_ranks(_death_body, 2, timeout=60, expect_errors=True,
+                    init_kwargs={"timeout": timedelta(seconds=20)})
+    kind, text = got[0]
+    assert kind == "PeerError" and "rank 1" in text, got[0]
+
+
+def _async_then_blocking_body(rank, size):
+    import collie
+    x = np.full(3, rank + 1.0)
+    for _ in range(3):
+        collie.all_reduce(x)  # a lane for shape 3
+    x[:] = rank + 1.0
+    a, b = np.full(1000, float(rank)), np.full(3, rank + 1.0)
+    work = collie.all_reduce(a, async_op=True)
+    collie.all_reduce(b)       # by its lane, after the async call
+    finished_first = work.is_completed()
+    work.wait()
+    return float(a[0]), float(b[0]), finished_first
+
+
+def test_a_lane_runs_after_the_async_calls_before_it(executor):
+    assert run_ranks(_async_then_blocking_body, 3, timeout=60) == [(3.0, 6.0, True)] * 3
+
+
+def _fallbacks_body(rank, size):
+    import collie
+    from collie.arrays import ReadOnlyError
+    x = np.ones((4, 6), np.float32)
+    for _ in range(3):
+        collie.all_reduce(x[:, 0].copy())  # a lane for 4 float32
+    col = x[:, 0]                          # not contiguous: the full path, copied back
+    collie.all_reduce(col)
+    frozen = np.ones(4, np.float32)
+    frozen.flags.writeable = False
+    try:
+        collie.all_reduce(frozen)
+        error = "no error"
+    except ReadOnlyError as exc:
+        error = str(exc)
+    return x[:, 0].tolist(), error
+
+
+def test_arrays_a_lane_cannot_take_go_the_full_path(executor):
+    for col, error in run_ranks(_fallbacks_body, 2, timeout=60):
+        assert col == [2.0] * 4
+        assert error == "all_reduce tensor is read-only, but collie must write into it"
+
+
+def _trace_body(rank, size, path):
+    import collie
+    x = np.ones(2, np.float32)
+    for _ in range(3):
+        collie.all_reduce(x)
+    with collie.trace(path):
+        collie.all_reduce(x)
+    return float(x[0])
+
+
+def test_a_traced_call_does_not_take_its_lane(executor, tmp_path):
+    assert run_ranks(_trace_body, 2, str(tmp_path), timeout=60) == [16.0, 16.0]
+    for rank in (0, 1):  # the fourth call, the one traced, is in each rank's trace
+        assert "all_reduce" in (tmp_path / f"rank-{rank}.json").read_text()
+
+
+def _mpi_body(rank, size):
+    from collie import MPI
+    comm = MPI.COMM_WORLD
+    wrong = []
+    for call in range(CALLS):
+        for n in (3, 200_000):
+            buf = _data(rank, call, n, np.float64)
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            if not np.array_equal(buf, sum(_data(r, call, n, np.float64) for r in range(size))):
+                wrong.append(("IN_PLACE", n, call))
+            out = np.empty(n)
+            comm.Allreduce(_data(rank, call, n, np.float64), out, op=MPI.MAX)
+            if not np.array_equal(out, np.max([_data(r, call, n, np.float64) for r in range(size)], axis=0)):
+                wrong.append(("MAX", n, call))
+            flags = np.array([rank == call % size, True, False] * (n // 3), dtype=np.int32)
+            land = np.empty_like(flags)
+            comm.Allreduce(flags, land, op=MPI.LAND)   # logical: never a lane
+            if land.tolist() != [0, 1, 0] * (n // 3):  # the first column is true on one rank only
+                wrong.append(("LAND", n, call))
+    errors = []
+    for send, recv in ((np.ones(3, np.float32), np.empty(3)), (np.ones(4), np.empty(3))):
+        try:
+            comm.Allreduce(send, recv, op=MPI.SUM)
+        except ValueError as exc:
+            errors.append(str(exc))
+    return wrong, errors
+
+
+def test_mpi_allreduce_on_its_hot_path(executor):
+    for wrong, errors in run_ranks(_mpi_body, 3, timeout=120):
+        assert wrong == []
+        assert errors == ["Allreduce: sendbuf is float32 but recvbuf is float64",
+                          "Allreduce: sendbuf has 4 elements, recvbuf 3: they do not fit"]
+
+
+def _objects_body(rank, size):
+    import collie
+    from collie.objects import SLOT
+    got = []
+    # sizes around the first round's slot: all fit, one rank's does not, none do
+    for extra in (0, SLOT - 40, SLOT, 5 * SLOT):
+        mine = "x" * (extra if rank == 1 else 3)
+        out = [None] * size
+        collie.all_gather_object(out, mine)
+        got.append([len(o) for o in out])
+        box = [("y" * extra, rank)] if rank == 2 else [None]
+        collie.broadcast_object_list(box, src=2)
+        got.append((len(box[0][0]), box[0][1]))
+    return got
+
+
+def test_objects_around_the_first_rounds_slot():
+    from collie.objects import SLOT
+    want = []
+    for extra in (0, SLOT - 40, SLOT, 5 * SLOT):
+        want += [[3, extra, 3], (extra, 2)]
+    assert run_ranks(_objects_body, 3, timeout=60) == [want] * 3
