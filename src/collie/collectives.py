@@ -29,6 +29,7 @@ every rank of a group runs its collectives in the order it called them.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from typing import NamedTuple, Optional, Sequence
@@ -348,6 +349,19 @@ def _lane(g: ProcessGroup, name: str, prepared: _Prepared):
     return lane
 
 
+def _numpy_view(obj) -> Optional[np.ndarray]:
+    """A torch tensor's NumPy view where numpy() gives one (dense, on the CPU,
+    not bfloat16, needing no grad...): how tensors reach lanes. Else None,
+    and arrays.to_numpy deals with it on the full path."""
+    torch = sys.modules.get("torch")  # never imported here: only a program that has it passes tensors
+    if torch is None or obj.__class__ is not torch.Tensor:
+        return None
+    try:
+        return obj.numpy()
+    except (TypeError, RuntimeError):
+        return None
+
+
 def _find_lane(group, key: tuple, tensor: np.ndarray):
     """The lane of a blocking call of shape ``key`` on ``tensor`` (a plain
     NumPy array), with this process's async calls done, or None: the caller
@@ -367,6 +381,25 @@ def _find_lane(group, key: tuple, tensor: np.ndarray):
     if w.background is not None:
         w.background.drain()  # as _after_async_calls
     return lane
+
+
+def _two_array_lane(name: str, group, output, input, async_op: bool, extra: Optional[tuple]):
+    """(ran, key) for a call from ``input`` into ``output``: ran by its lane
+    (True), or not (False), with the key its first full run registers a lane
+    under (None: it can't take one). ``extra``: the rest of the call's shape
+    (None: no lane for these arguments)."""
+    if async_op or extra is None:
+        return False, None
+    out = output if output.__class__ is np.ndarray else _numpy_view(output)
+    inp = input if input.__class__ is np.ndarray else _numpy_view(input)
+    if out is None or inp is None or out.dtype != inp.dtype:
+        return False, None
+    key = (name, out.dtype, inp.shape, out.shape) + extra
+    lane = _find_lane(group, key, out)
+    if lane is None or not inp.flags.c_contiguous:
+        return False, key
+    lane({"in": inp if inp.ndim == 1 else inp.reshape(-1), "out": out if out.ndim == 1 else out.reshape(-1)})
+    return True, key
 
 
 def _member(group, what: str) -> ProcessGroup:
@@ -406,11 +439,12 @@ def broadcast(tensor, src: Optional[int] = None, group=None, async_op: bool = Fa
     >>> broadcast(x, src=1)
     >>> x                              # rank 0: [10, 11] rank 1: [10, 11]
     """
-    if tensor.__class__ is np.ndarray and not async_op:
-        key = ("broadcast", tensor.dtype, tensor.size, src, group_src, algorithm)
-        lane = _find_lane(group, key, tensor)
+    arr = tensor if tensor.__class__ is np.ndarray else _numpy_view(tensor)
+    if arr is not None and not async_op:
+        key = ("broadcast", arr.dtype, arr.size, src, group_src, algorithm)
+        lane = _find_lane(group, key, arr)
         if lane is not None:
-            return lane({"out": tensor if tensor.ndim == 1 else tensor.reshape(-1)})
+            return lane({"out": arr if arr.ndim == 1 else arr.reshape(-1)})
     else:
         key = None
     g = _member(group, "broadcast")
@@ -429,11 +463,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     >>> all_reduce(x)
     >>> x                                   # rank 0: [3, 6]  rank 1: [3, 6]
     """
-    if tensor.__class__ is np.ndarray and op.__class__ is ReduceOp and not async_op:
-        key = ("all_reduce", op.code, tensor.dtype, tensor.size, algorithm)
-        lane = _find_lane(group, key, tensor)
+    arr = tensor if tensor.__class__ is np.ndarray else _numpy_view(tensor)
+    if arr is not None and op.__class__ is ReduceOp and not async_op:
+        key = ("all_reduce", op.code, arr.dtype, arr.size, algorithm)
+        lane = _find_lane(group, key, arr)
         if lane is not None:
-            return lane({"out": tensor if tensor.ndim == 1 else tensor.reshape(-1)})
+            return lane({"out": arr if arr.ndim == 1 else arr.reshape(-1)})
     else:
         key = None
     g = _member(group, "all_reduce")
@@ -536,15 +571,9 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     >>> all_gather_into_tensor(out, x)
     >>> out                                 # every rank: [0, 0, 1, 1]
     """
-    if (output_tensor.__class__ is np.ndarray and input_tensor.__class__ is np.ndarray and not async_op
-            and output_tensor.dtype == input_tensor.dtype):
-        key = ("all_gather", output_tensor.dtype, input_tensor.size, output_tensor.size, algorithm)
-        lane = _find_lane(group, key, output_tensor)
-        if lane is not None and input_tensor.flags.c_contiguous:
-            return lane({"in": input_tensor if input_tensor.ndim == 1 else input_tensor.reshape(-1),
-                         "out": output_tensor if output_tensor.ndim == 1 else output_tensor.reshape(-1)})
-    else:
-        key = None
+    ran, key = _two_array_lane("all_gather", group, output_tensor, input_tensor, async_op, (algorithm,))
+    if ran:
+        return None
     g = _member(group, "all_gather_into_tensor")
     src = Buffer(input_tensor, writable=False, what="all_gather_into_tensor input")
     out = Buffer(output_tensor, writable=True, what="all_gather_into_tensor output")
@@ -650,6 +679,11 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
     >>> reduce_scatter_tensor(out, x)
     >>> out                             # rank 0: [2.]  rank 1: [4.]
     """
+    plain = op.__class__ is ReduceOp and op.name not in ("AVG", "PREMUL_SUM")  # nothing before or after
+    ran, key = _two_array_lane("reduce_scatter", group, output, input, async_op,
+                               (op.code, algorithm) if plain else None)
+    if ran:
+        return None
     g = _member(group, "reduce_scatter_tensor")
     out = Buffer(output, writable=True, what="reduce_scatter_tensor output")
     src = Buffer(input, writable=False, what="reduce_scatter_tensor input")
@@ -657,10 +691,11 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
     if src.count != out.count * g.size:
         raise ValueError(f"reduce_scatter_tensor: input has {src.count} elements, but group size "
                          f"{g.size} x output {out.count} = {out.count * g.size}")
-    return _reduce_scatter(g, out, src.flat, (out.count,) * g.size, op, dtype_name, algorithm, async_op)
+    return _reduce_scatter(g, out, src.flat, (out.count,) * g.size, op, dtype_name, algorithm, async_op, key)
 
 
-def _reduce_scatter(g, out: Buffer, joined: np.ndarray, sizes, op, dtype_name, algorithm, async_op):
+def _reduce_scatter(g, out: Buffer, joined: np.ndarray, sizes, op, dtype_name, algorithm, async_op,
+                    lane_key=None):
     op = as_op(op)
     check_op(op, dtype_name)
     if op.name == "PREMUL_SUM":
@@ -676,7 +711,7 @@ def _reduce_scatter(g, out: Buffer, joined: np.ndarray, sizes, op, dtype_name, a
     # (the output sizes of an uneven reduce_scatter differ by rank).
     return _run(g, "reduce_scatter", {"in": joined, "out": out.flat}, {"in": sizes, "out": (out.count,)},
                 dtype_name=dtype_name, op=op, count=joined.size, nbytes=joined.nbytes, algorithm=algorithm,
-                async_op=async_op, after=after)
+                async_op=async_op, after=after, lane_key=lane_key)
 
 
 def all_to_all(output_tensor_list: list, input_tensor_list: list, group=None, async_op: bool = False,
@@ -715,6 +750,10 @@ def all_to_all_single(output, input, output_split_sizes: Optional[list] = None,
     >>> all_to_all_single(out, x)
     >>> out                                      # rank 0: [0, 2]  rank 1: [1, 3]
     """
+    even = not output_split_sizes and not input_split_sizes  # else the splits are part of the shape
+    ran, key = _two_array_lane("all_to_all", group, output, input, async_op, (algorithm,) if even else None)
+    if ran:
+        return None
     g = _member(group, "all_to_all_single")
     src = Buffer(input, writable=False, what="all_to_all_single input")
     out = Buffer(output, writable=True, what="all_to_all_single output")
@@ -722,7 +761,8 @@ def all_to_all_single(output, input, output_split_sizes: Optional[list] = None,
     in_sizes = _splits(src, input_split_sizes, g.size, "input")
     out_sizes = _splits(out, output_split_sizes, g.size, "output")
     return _run(g, "all_to_all", {"in": src.flat, "out": out.flat}, {"in": in_sizes, "out": out_sizes},
-                dtype_name=dtype_name, nbytes=0, algorithm=algorithm, async_op=async_op, after=out.finish)
+                dtype_name=dtype_name, nbytes=0, algorithm=algorithm, async_op=async_op, after=out.finish,
+                lane_key=key)
 
 
 def _splits(buf: Buffer, split_sizes, n: int, which: str) -> tuple:
