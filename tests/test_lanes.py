@@ -3,7 +3,8 @@ straight to the compiled core. The same calls must give the same results,
 the same errors and the same order as the full path: results against NumPy
 over many calls, messages the core hands back (tcp, several slots, windows),
 a mismatch and a dead peer met inside a lane, async calls before a blocking
-one, and collie.MPI's Allreduce, whose hot path is a lane too."""
+one, and collie.MPI's Allreduce, Bcast and Allgather, whose hot paths are
+lanes too."""
 
 import numpy as np
 import pytest
@@ -190,7 +191,20 @@ def _mpi_body(rank, size):
             comm.Allreduce(flags, land, op=MPI.LAND)   # logical: never a lane
             if land.tolist() != [0, 1, 0] * (n // 3):  # the first column is true on one rank only
                 wrong.append(("LAND", n, call))
+        for n in (5, 40_000):
+            buf = _data(rank, call, n, np.int32).reshape(-1, 5)
+            comm.Bcast(buf, root=call % size)
+            if not np.array_equal(buf.reshape(-1), _data(call % size, call, n, np.int32)):
+                wrong.append(("Bcast", n, call))
+            out = np.empty(n * size, np.float32)
+            comm.Allgather(_data(rank, call, n, np.float32), out)
+            if not np.array_equal(out, np.concatenate([_data(r, call, n, np.float32) for r in range(size)])):
+                wrong.append(("Allgather", n, call))
     errors = []
+    try:
+        comm.Bcast(np.ones(5, np.int32), root=size)
+    except MPI.Exception as exc:
+        errors.append(exc.Get_error_class() == MPI.ERR_ROOT)
     for send, recv in ((np.ones(3, np.float32), np.empty(3)), (np.ones(4), np.empty(3))):
         try:
             comm.Allreduce(send, recv, op=MPI.SUM)
@@ -199,10 +213,10 @@ def _mpi_body(rank, size):
     return wrong, errors
 
 
-def test_mpi_allreduce_on_its_hot_path(executor):
+def test_mpi_calls_on_their_hot_path(executor):
     for wrong, errors in run_ranks(_mpi_body, 3, timeout=120):
         assert wrong == []
-        assert errors == ["Allreduce: sendbuf is float32 but recvbuf is float64",
+        assert errors == [True, "Allreduce: sendbuf is float32 but recvbuf is float64",
                           "Allreduce: sendbuf has 4 elements, recvbuf 3: they do not fit"]
 
 

@@ -26,9 +26,10 @@ can be set next to theirs:
   pattern()), so each checks its own result locally.
 
 The same measurement loop (run()) drives collie, mpi4py (--vs mpi4py),
-torch.distributed's Gloo (--vs gloo) and collie under its pure-Python
-executor (--vs python, beside the compiled core: see collie/core.py),
-through a small Comm adapter each;
+torch.distributed's Gloo (--vs gloo), collie under its pure-Python
+executor (--vs python, beside the compiled core: see collie/core.py) and
+collie's mpi4py-style layer (--vs mpi: what `from collie import MPI` adds
+to a call), through a small Comm adapter each;
 peers run in their own processes, and their busbw appears in the collie
 table as a ratio. They take turns op by op: each op runs through every
 peer and then through collie (its ranks started anew per op) before the
@@ -61,7 +62,8 @@ __all__ = ["main", "OPS", "bus_factor", "parse_size", "memory_bandwidth", "memor
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv")
 REDOPS = ("sum", "prod", "min", "max", "avg")
-PEERS = ("mpi4py", "gloo", "python")  # python: collie itself, run by its Python executor
+PEERS = ("mpi4py", "gloo", "python", "mpi")  # python: collie run by its Python executor;
+                                            # mpi: collie's own MPI layer (from collie import MPI)
 JSON_KEYS = ("backend", "op", "nranks", "bytes", "dtype", "algorithm", "time_us", "algbw_GBps",
              "busbw_GBps", "wrong", "p50_us", "p99_us")
 HINTS = {
@@ -958,6 +960,8 @@ def run_peer(peer: str, n: int, cfg: Config) -> list:
                     sys.stderr.write(done.stderr)
             elif peer == "python":
                 bench_peers.run_collie_python(n, cfg, out)
+            elif peer == "mpi":
+                bench_peers.run_collie_mpi(n, cfg, out)
             else:
                 bench_peers.run_gloo(n, cfg, out)
         except Exception as exc:  # noqa: BLE001 - a failing peer must not sink the run
@@ -1004,7 +1008,8 @@ def _parse(argv: list) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     p.add_argument("--plot", default=None, metavar="PATH.png", help="plot busbw against size (needs matplotlib)")
     p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a terminal")
     p.add_argument("--vs", default="", metavar="LIST",
-                   help="also run the same ops through mpi4py and/or gloo (torch.distributed)")
+                   help="also run the same ops through mpi4py, gloo (torch.distributed), python "
+                        "(collie's Python executor) and/or mpi (collie's own `from collie import MPI`)")
     return p.parse_args(argv), p
 
 

@@ -1,6 +1,7 @@
 """The peers of ``collie bench --vs``: the same loop (bench.run) through
-mpi4py, through torch.distributed's Gloo backend, and through collie run by
-its Python executor (``--vs python``).
+mpi4py, through torch.distributed's Gloo backend, through collie run by
+its Python executor (``--vs python``), and through collie's own MPI layer
+(``--vs mpi``: the uppercase calls mpi4py's peer makes, on collie.MPI).
 
 mpi4py runs under the MPI launcher, each rank a fresh interpreter:
 
@@ -49,12 +50,15 @@ def _with_avg(call, recv: np.ndarray, n: int, here: bool):
 
 
 class MpiComm(Comm):
-    """mpi4py's COMM_WORLD."""
+    """mpi4py's COMM_WORLD, or (given ``MPI``, collie's) that module's."""
 
     name = "mpi4py"
 
-    def __init__(self):
-        from mpi4py import MPI
+    def __init__(self, MPI=None):  # noqa: N803 - the module's own name
+        if MPI is None:
+            from mpi4py import MPI
+        else:
+            self.name = "mpi"
         self.MPI, self.comm = MPI, MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.library = MPI.Get_library_version().split()[0] if MPI.Get_library_version() else "MPI"
@@ -189,6 +193,24 @@ def run_collie_python(n: int, cfg: Config, out: str) -> None:
     from .bench import local_start_method
     from .launch import spawn
     spawn(_collie_python_rank, args=(cfg, out), nprocs=n, start_method=local_start_method())
+
+
+def _collie_mpi_rank(rank: int, cfg: Config, out: str) -> None:
+    import collie
+    from collie import MPI
+    collie.init_process_group(backend=cfg.transport)  # MPI.COMM_WORLD is this world
+    try:
+        _run_and_write(MpiComm(MPI), cfg, out)
+    finally:
+        collie.destroy_process_group()
+
+
+def run_collie_mpi(n: int, cfg: Config, out: str) -> None:
+    """The loop on ``n`` collie ranks through collie.MPI's uppercase calls,
+    to set beside collie's own; rank 0 writes rows to ``out``."""
+    from .bench import local_start_method
+    from .launch import spawn
+    spawn(_collie_mpi_rank, args=(cfg, out), nprocs=n, start_method=local_start_method())
 
 
 def main(argv: list) -> int:

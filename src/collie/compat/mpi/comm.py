@@ -950,6 +950,14 @@ def _user_reduce(g, nb, op, src, dst, what: str):
         _store(dst, acc)
 
 
+def _flat_bytes(arr: np.ndarray):
+    """A non-empty C-contiguous array's bytes, flat (what the data-moving
+    collectives move), or None."""
+    if not arr.flags.c_contiguous or not arr.size:
+        return None
+    return (arr if arr.ndim == 1 else arr.reshape(-1)).view(np.uint8)
+
+
 def _blocking(gen, doc: str):
     def call(self, *args, **kwargs):
         for _ in gen(self, False, *args, **kwargs):
@@ -1270,7 +1278,22 @@ class Intracomm(Comm):
     def _Exscan(self, nb, sendbuf, recvbuf, op=SUM):
         return self._scan(nb, sendbuf, recvbuf, op, "Exscan", inclusive=False)
 
-    Bcast = _blocking(_Bcast, "Copy root's buffer into every rank's.")
+    _Bcast_any = _blocking(_Bcast, "")
+
+    def Bcast(self, buf, root=0) -> None:
+        """Copy root's buffer into every rank's."""
+        # The hot path of repeated calls (as Allreduce's): a plain array, moved
+        # as its bytes by the lane of the broadcast _Bcast makes.
+        group = self._group
+        if buf.__class__ is np.ndarray and group is not None and root.__class__ is int and 0 <= root < group.size:
+            data = _flat_bytes(buf)
+            if data is not None:
+                lane = _coll._find_lane(group, ("broadcast", data.dtype, data.size, group.ranks[root], None, None),
+                                        data)
+                if lane is not None:
+                    return lane({"out": data})
+        self._Bcast_any(buf, root)
+
     Ibcast = _nonblocking(_Bcast)
     Scatter = _blocking(_Scatter, "Block r of root's sendbuf into rank r's recvbuf (IN_PLACE at root: "
                                   "root keeps its block where it is).")
@@ -1284,7 +1307,19 @@ class Intracomm(Comm):
     Gatherv = _blocking(_Gatherv, "Gather with a count and displacement per rank "
                                   "([buf, (counts, displs), type] at root).")
     Igatherv = _nonblocking(_Gatherv)
-    Allgather = _blocking(_Allgather, "Every rank's sendbuf into block r of every rank's recvbuf.")
+    _Allgather_any = _blocking(_Allgather, "")
+
+    def Allgather(self, sendbuf, recvbuf) -> None:
+        """Every rank's sendbuf into block r of every rank's recvbuf."""
+        group = self._group  # the hot path, as Bcast's
+        if (recvbuf.__class__ is np.ndarray and sendbuf.__class__ is np.ndarray and group is not None
+                and sendbuf.dtype == recvbuf.dtype and recvbuf.size == sendbuf.size * group.size):
+            out, inp = _flat_bytes(recvbuf), _flat_bytes(sendbuf)
+            if out is not None and inp is not None and _coll._two_array_lane(
+                    "all_gather", group, out, inp, False, (None,))[0]:
+                return
+        self._Allgather_any(sendbuf, recvbuf)
+
     Iallgather = _nonblocking(_Allgather)
     Allgatherv = _blocking(_Allgatherv, "Allgather with a count and displacement per rank.")
     Iallgatherv = _nonblocking(_Allgatherv)
