@@ -255,6 +255,8 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
     _after_async_calls()
     _execute(g, name, prepared, arrays, seq, after, timeout)
     if lane_key is not None and lane_key not in g.lanes:
+        if len(g.lanes) >= _PREPARED_PER_GROUP:  # shapes of one size can be many: bounded too
+            g.lanes.clear()
         g.lanes[lane_key] = _lane(g, name, prepared)
     return None
 
