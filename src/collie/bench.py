@@ -938,7 +938,7 @@ def run_peer(peer: str, n: int, cfg: Config) -> list:
     """Run the benchmark through ``peer`` (installed: see peer_missing) on
     ``n`` local processes; its rows (empty, after a one-line note on stderr,
     when it fails)."""
-    from . import bench_peers
+    from . import bench_peers, binding
     with tempfile.TemporaryDirectory(prefix="collie-bench-") as tmp:
         out = os.path.join(tmp, "rows.json")
         try:
@@ -946,7 +946,8 @@ def run_peer(peer: str, n: int, cfg: Config) -> list:
                 cfg_path = os.path.join(tmp, "config.json")
                 with open(cfg_path, "w") as f:
                     json.dump(cfg._asdict(), f)
-                cmd = ["mpiexec", "-n", str(n), sys.executable, "-m", "collie.bench_peers", "mpi4py",
+                bind = ["-bind-to", "core"] if binding.mode() == "core" else []
+                cmd = ["mpiexec", *bind, "-n", str(n), sys.executable, "-m", "collie.bench_peers", "mpi4py",
                        cfg_path, out]
                 # Strip our own job's variables: the peers are a job of their own.
                 env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
@@ -1002,6 +1003,9 @@ def _parse(argv: list) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     p.add_argument("--hog", type=int, default=0, metavar="N",
                    help="run N CPU-bound processes beside the ranks (and the peers) while measuring: "
                         "how each holds up on a shared machine")
+    p.add_argument("--bind", action="store_true",
+                   help="pin each rank to its own cores, every library's alike (COLLIE_BIND=core, "
+                        "mpiexec -bind-to core; see collie/binding.py)")
     p.add_argument("--transport", default="auto", choices=("auto", "shm", "tcp"),
                    help="collie backend (default auto: shared memory on one host)")
     p.add_argument("--json", default=None, metavar="PATH", help="write one JSON object per row")
@@ -1093,6 +1097,9 @@ def main(argv: Optional[list] = None) -> int:
     mem = memory_bandwidth(cores=min(n, _cores()))
     start = local_start_method()
     where = f"started here, {start}"
+    if opts.bind:
+        os.environ["COLLIE_BIND"] = "core"  # every rank started from here, the peers' too
+        where += ", each rank pinned to its own cores"
     print(header(argv, n, where, cfg, mem, _single_copy(cfg), min(n, _cores()), opts.hog), flush=True)
     hints = {peer: peer_missing(peer) for peer in peers}
     for hint in filter(None, hints.values()):

@@ -16,11 +16,13 @@ place where collie is in place; torch's *_tensor / *_single calls.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Optional
 
 import numpy as np
 
+from . import binding
 from .bench import Comm, Config, DistComm, Unsupported, run
 
 # Datatypes the MPI library maps from NumPy. MPICH 4.0 aborts the whole
@@ -159,6 +161,8 @@ def _gloo_rank(rank: int, cfg: Config, out: str) -> None:
     # still work, and collie keeps torch's established names.
     warnings.filterwarnings("ignore", category=FutureWarning)
     torch.set_num_threads(1)  # one core per rank, as collie and MPI get
+    if binding.mode() == "core":  # --bind: pinned as collie's ranks are
+        binding.bind(rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     dist.init_process_group("gloo", init_method="env://")
     try:
         _run_and_write(GlooComm(), cfg, out)

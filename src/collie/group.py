@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Optional, Sequence
 
+from . import binding
 from .errors import CollieError
 from .rendezvous import timeout_seconds
 
@@ -430,6 +431,7 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         raise CollieError("init_process_group was already called; call destroy_process_group() first")
     transport = _transports_for(backend)
     seconds = timeout_seconds(timeout, "init_process_group")
+    binding.mode()  # a bad COLLIE_BIND fails here, before the rendezvous
     tok = token_from_env(token)
     if token_required() and tok is None and not (store is None and rdv.meets_through_pmi(init_method)):
         raise AuthError(NO_TOKEN_REFUSED)
@@ -465,6 +467,7 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         if store is None:
             info.store.close()
         raise
+    binding.bind_rank(info.rank, network.hosts)  # COLLIE_BIND=core
     # Every rank is done with the store before anyone may leave and close it.
     rdv.store_barrier(info.store, f"collie/{info.job_id}/connected", info.world_size, seconds)
     group = ProcessGroup(network, range(info.world_size), 0, seconds, group_name or "WORLD")
