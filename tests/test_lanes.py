@@ -201,6 +201,20 @@ def _mpi_body(rank, size):
             if not np.array_equal(out, np.concatenate([_data(r, call, n, np.float32) for r in range(size)])):
                 wrong.append(("Allgather", n, call))
     errors = []
+    dup = comm.Dup()  # a freed communicator's hot path must not fall back on the world
+    x = np.ones(3)
+    for _ in range(3):
+        dup.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+        dup.Bcast(x, root=0)
+        dup.Allgather(x, np.empty(3 * size))
+    dup.Free()
+    for call in (lambda: dup.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM), lambda: dup.Bcast(x, root=0),
+                 lambda: dup.Allgather(x, np.empty(3 * size))):
+        try:
+            call()
+            errors.append("no error on a freed communicator")
+        except MPI.Exception as exc:
+            errors.append(exc.Get_error_class() == MPI.ERR_COMM)
     try:
         comm.Bcast(np.ones(5, np.int32), root=size)
     except MPI.Exception as exc:
@@ -216,7 +230,7 @@ def _mpi_body(rank, size):
 def test_mpi_calls_on_their_hot_path(executor):
     for wrong, errors in run_ranks(_mpi_body, 3, timeout=120):
         assert wrong == []
-        assert errors == [True, "Allreduce: sendbuf is float32 but recvbuf is float64",
+        assert errors == [True, True, True, True, "Allreduce: sendbuf is float32 but recvbuf is float64",
                           "Allreduce: sendbuf has 4 elements, recvbuf 3: they do not fit"]
 
 

@@ -1336,9 +1336,9 @@ class Intracomm(Comm):
         # The hot path of repeated calls: plain NumPy arrays, a predefined op,
         # a shape this communicator ran before: the lane of collie.all_reduce
         # (collectives._lane), after copying sendbuf in unless IN_PLACE.
-        if recvbuf.__class__ is np.ndarray and op.__class__ is Op and op._lane is not None:
-            lane = _coll._find_lane(self._group, ("all_reduce", op._lane, recvbuf.dtype, recvbuf.size, None),
-                                    recvbuf)
+        group = self._group  # None once freed: the full path says so
+        if recvbuf.__class__ is np.ndarray and op.__class__ is Op and op._lane is not None and group is not None:
+            lane = _coll._find_lane(group, ("all_reduce", op._lane, recvbuf.dtype, recvbuf.size, None), recvbuf)
             if lane is not None:
                 flat = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
                 if sendbuf is IN_PLACE or sendbuf is None:
