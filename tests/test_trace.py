@@ -93,6 +93,37 @@ def test_collie_trace_environment_writes_at_exit(tmp_path):
     assert len(mine) == 2 * 3 and {e["pid"] for e in mine} == {0, 1}
     # the rest are collie's own calls (setup and leaving), traced as well
     assert all(e["args"]["group"] != "WORLD" or e["name"] == "barrier" for e in calls if e not in mine), calls
+    for rank in (0, 1):  # every rank traced: the offsets were estimated at setup
+        assert json.loads((tmp_path / "env" / f"rank-{rank}.json").read_text())["clock_offset_estimated"]
+
+
+SOME_SCRIPT = """
+import os, sys
+import numpy as np
+import collie
+from collie import tracing
+if os.environ["RANK"] == "0":  # only rank 0 traces: nobody may wait for the others
+    tracing.install(tracing.from_environment({"COLLIE_TRACE": sys.argv[1]}))
+collie.init_process_group()
+x = np.ones(4, np.float32)
+collie.all_reduce(x)
+collie.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_job_traced_on_some_ranks_sets_up_without_aligning(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(SOME_SCRIPT)
+    folder = tmp_path / "some"
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = {k: v for k, v in os.environ.items() if k != "COLLIE_TRACE"}
+    env["PYTHONPATH"] = src
+    done = subprocess.run([sys.executable, "-m", "collie", "run", "-n", "2", str(script), str(folder)],
+                          env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(folder)) == ["rank-0.json"]
+    assert not json.loads((folder / "rank-0.json").read_text())["clock_offset_estimated"]
 
 
 def test_off_by_default_and_merge_errors(tmp_path):

@@ -468,11 +468,15 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
             info.store.close()
         raise
     binding.bind_rank(info.rank, network.hosts)  # COLLIE_BIND=core
+    from . import tracing
+    traced = tracing.count_in(info.store, info.job_id)  # before the barrier: every count is in after it
     # Every rank is done with the store before anyone may leave and close it.
     rdv.store_barrier(info.store, f"collie/{info.job_id}/connected", info.world_size, seconds)
     group = ProcessGroup(network, range(info.world_size), 0, seconds, group_name or "WORLD")
     _world = _World(network=network, store=info.store, group=group, owns_store=store is None,
                     backend="auto" if backend is None else backend.lower())
+    if traced:
+        tracing.align_at_setup(info.store, info.job_id, info.world_size)
     import atexit
     atexit.register(_close_at_exit)
 

@@ -36,9 +36,11 @@ traced, in runs whose null check (neither arm traced) read -6% to 0%.
 Clocks: timestamps are time.time() (microseconds since the epoch), which
 ranks on one host share. trace() with a process group estimates each rank's
 offset from rank 0 with a few ping-pongs (the one with the shortest round
-trip, as NTP does); `merge` subtracts it. With COLLIE_TRACE alone no
-offsets are estimated (no call can be added to a program's own), so ranks
-on different hosts are as aligned as their system clocks.
+trip, as NTP does); `merge` subtracts it. Under COLLIE_TRACE the ranks do
+the same at the end of init_process_group when every rank traces (each
+counts itself in the store before setup's last barrier, so all know after
+it whether the others will answer); when only some do, nobody waits for the
+others and ranks on different hosts are as aligned as their system clocks.
 """
 
 from __future__ import annotations
@@ -204,6 +206,28 @@ def _flow_id(tag: int, group: int, src: int, dst: int, j: int) -> int:
     """The same number on both ranks of a message (a tuple of ints hashes
     alike in every process; ``group`` is the crc32 of the group's name)."""
     return hash((group, tag, src, dst, j)) & ((1 << 53) - 1)
+
+
+def _traced_key(job_id: str) -> str:
+    return f"collie/{job_id}/traced"
+
+
+def count_in(store, job_id: str) -> bool:
+    """At setup: whether this rank traces; if so, count it in the store."""
+    from . import collectives
+    if collectives.TRACE is None:
+        return False
+    store.add(_traced_key(job_id), 1)
+    return True
+
+
+def align_at_setup(store, job_id: str, world_size: int) -> None:
+    """At the end of setup, on a rank that traces: estimate the clock offsets
+    when every rank traces (each counted itself in before setup's last
+    barrier, so the count is whole now)."""
+    from . import collectives
+    if store.add(_traced_key(job_id), 0) == world_size and collectives.TRACE is not None:
+        collectives.TRACE.estimate_offset()
 
 
 def install(tracer: Optional[Tracer]) -> Optional[Tracer]:
