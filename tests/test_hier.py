@@ -1,7 +1,8 @@
-"""The hierarchical all_reduce on real ranks placed on faked hosts
-(COLLIE_HOST_ID): even, uneven and interleaved layouts, against NumPy; the
-tuner picks it for large calls across hosts; its schedules are proved for
-every layout the verifier tries."""
+"""The hierarchical algorithms on real ranks placed on faked hosts
+(COLLIE_HOST_ID): all_reduce, broadcast, all_gather and barrier, on even,
+uneven and interleaved layouts, against NumPy; the tuner picks all_reduce's
+for large calls across hosts; their schedules are proved for every layout
+the verifier tries."""
 
 from __future__ import annotations
 
@@ -58,6 +59,50 @@ def test_forced_hier_is_right(hosts, count, dtype, op):
             assert route == ("self" if peer == rank else "shm" if same else "tcp"), routes
 
 
+def _others_body(rank, size, hosts, count):
+    import os
+    import time
+
+    import collie
+    os.environ["COLLIE_HOST_ID"] = f"host{hosts[rank]}"
+    collie.init_process_group()
+    try:
+        got = {}
+        for root in range(size):  # every root: leaders differ with the root's host
+            x = np.arange(count, dtype=np.float64) * (rank + 1)
+            collie.broadcast(x, src=root, algorithm="hier")
+            got[f"broadcast {root}"] = x.tolist() == (np.arange(count) * (root + 1.0)).tolist()
+        out = np.empty(count * size, np.int32)
+        collie.all_gather_into_tensor(out, np.full(count, rank, np.int32), algorithm="hier")
+        got["all_gather_into_tensor"] = out.tolist() == [r for r in range(size) for _ in range(count)]
+        outs = [np.empty(r + 1, np.int64) for r in range(size)]  # uneven blocks
+        collie.all_gather(outs, np.full(rank + 1, 10 * rank, np.int64), algorithm="hier")
+        got["all_gather uneven"] = [o.tolist() for o in outs] == [[10 * r] * (r + 1) for r in range(size)]
+        # barrier: the last rank arrives late; nobody may leave before it
+        if rank == size - 1:
+            time.sleep(0.3)
+        start = time.time()
+        collie.barrier(algorithm="hier")
+        left = time.time()
+        stamps = np.array([start, left])
+        every = np.empty(2 * size)
+        collie.all_gather_into_tensor(every, stamps)
+        got["barrier"] = every[1::2].min() >= every[0::2].max()
+        chosen = {p.choice.algorithm for p in collie.group.world().group.prepared.values()}
+        return got, chosen
+    finally:
+        collie.destroy_process_group()
+
+
+@pytest.mark.parametrize("hosts", [(0, 0, 1, 1), (0, 0, 0, 1, 1), (0, 1, 0, 1, 2), (0, 1, 2)],
+                         ids=["2x2", "3+2", "interleaved", "1x3"])
+def test_forced_hier_broadcast_all_gather_and_barrier_are_right(hosts):
+    res = run_ranks(_others_body, len(hosts), hosts, 1001, timeout=90, env={"COLLIE_TOKEN": ""}, init=False)
+    for got, chosen in res:
+        assert all(got.values()), got
+        assert "hier" in chosen
+
+
 def test_the_tuner_picks_hier_across_hosts_for_large_calls():
     res = run_ranks(_body, 4, (0, 0, 1, 1), (4 << 20) // 8 + 3, "float64", "SUM", None, timeout=90,
                     env={"COLLIE_TOKEN": ""}, init=False)
@@ -69,9 +114,31 @@ def test_the_tuner_picks_hier_across_hosts_for_large_calls():
     assert default_choice("all_reduce", 1 << 20, 4, "shm", (0, 0, 0, 0)).algorithm != "hier"  # one host
 
 
-def test_hier_schedules_are_proved_for_every_layout():
-    assert verify.verify_algorithm("all_reduce", "hier", nranks=range(1, 13)) == sum(
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "barrier"])
+def test_hier_schedules_are_proved_for_every_layout(collective):
+    assert verify.verify_algorithm(collective, "hier", nranks=range(1, 13)) == sum(
         len(verify.host_layouts(n)) for n in range(1, 13))
+
+
+def test_hier_broadcast_is_proved_for_every_layout_and_root():
+    assert verify.verify_algorithm("broadcast", "hier", nranks=range(1, 13), roots=lambda n: range(n)) == sum(
+        n * len(verify.host_layouts(n)) for n in range(1, 13))
+
+
+def test_hier_sends_each_byte_across_hosts_once_per_host():
+    # 3 hosts x 3 ranks: a flat broadcast tree crosses hosts up to 8 times
+    # with the buffer; hier exactly twice (once into each other host).
+    hosts = (0, 0, 0, 1, 1, 1, 2, 2, 2)
+    for root in range(9):
+        crossing = sum(1 for r in range(9) for step in algorithms.build("broadcast", "hier", 9, r, root,
+                                                                      hosts=hosts).steps
+                       for op in step if type(op).__name__ == "Send" and hosts[op.peer] != hosts[r])
+        assert crossing == 2
+    # all_gather: each rank's block enters each other host once
+    crossing = sum(len(op.chunks) for r in range(9) for step in algorithms.build(
+        "all_gather", "hier", 9, r, 0, hosts=hosts).steps
+        for op in step if type(op).__name__ == "Send" and hosts[op.peer] != hosts[r])
+    assert crossing == 9 * 2
     # Fewer rounds than a flat ring when hosts hold several ranks.
     assert verify.rounds("all_reduce", "hier", 8, hosts=(0,) * 4 + (1,) * 4) < verify.rounds("all_reduce", "ring", 8)
 

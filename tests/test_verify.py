@@ -314,7 +314,7 @@ def test_verify_all_and_main(capsys):
     assert all(r.error is None and r.runs == 5 for r in results)
     assert main(["-n", "4", "-c", "barrier"]) == 0
     out = capsys.readouterr().out
-    assert "barrier ring" in out and "4/4 algorithms verified" in out
+    assert "barrier ring" in out and "barrier hier" in out and "5/5 algorithms verified" in out
 
 
 def test_main_reports_failure(monkeypatch, capsys):

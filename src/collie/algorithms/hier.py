@@ -1,5 +1,11 @@
 """Hierarchical: shared memory inside each host, the network only between hosts.
 
+all_reduce, broadcast, all_gather and barrier here; each crosses the
+slow links with the least data a flat algorithm would send over them
+(every byte once per host that needs it), and the verifier proves each
+for every layout of hosts (verify.host_layouts: uneven hosts, a host's
+ranks not consecutive).
+
 A flat ring over ranks on K hosts sends 2(n-1)/n of the buffer across the
 slow links; this sends each byte across them only once each way, from the
 one rank per host that owns it. all_reduce, for a layout ``hosts`` (the host
@@ -31,8 +37,8 @@ all-gather; one rank per host is a ring.
 
 from __future__ import annotations
 
-from ..schedule import Recv, Schedule, Send
-from . import block, register
+from ..schedule import Chunk, Copy, Recv, Schedule, Send
+from . import block, blocks, log2_ceil, make_schedule, register
 
 NAME = "hier"
 
@@ -89,3 +95,106 @@ def all_reduce(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -
         steps.append((Send(to, chunks(mine)), Recv(frm, chunks(parts_of((j - s) % m)))))
     return Schedule(collective="all_reduce", algorithm=NAME, nranks=nranks, rank=rank,
                     steps=tuple(steps), parts=M * K)
+
+
+def _place(hosts: tuple, rank: int) -> tuple[list[list[int]], int, list[int]]:
+    """(every host's ranks, this rank's host, this host's ranks)."""
+    members = layout(hosts)
+    h = next(i for i, m in enumerate(members) if rank in m)
+    return members, h, members[h]
+
+
+@register("broadcast", NAME, topology=True)
+def broadcast(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -> Schedule:
+    """A binomial tree across hosts among one leader each (the root on its
+    own host, the first rank elsewhere), then each leader to its host's
+    other ranks: the buffer enters every other host once.
+
+        hosts A(r0 r1) B(r2 r3) C(r4), root r0
+        0.  r0 -> r2                 (hosts 0 -> 1 of the tree)
+        1.  r0 -> r4                 (0 -> 2)
+        2.  r0 -> r1, r2 -> r3       (inside the hosts)
+    """
+    members, h, local = _place(hosts, rank)
+    K = len(members)
+    first = next(i for i, m in enumerate(members) if root in m)
+    leaders = [root if i == first else m[0] for i, m in enumerate(members)]
+    rounds = log2_ceil(K)
+    whole = block("out", 0)
+    events = []
+    if rank == leaders[h]:
+        v = (h - first) % K  # this host's place in the tree, the root's host at 0
+        for t in range(rounds):
+            if v < 1 << t and v + (1 << t) < K:
+                events.append((t, Send(leaders[(first + v + (1 << t)) % K], whole)))
+            elif 1 << t <= v < 2 << t:
+                events.append((t, Recv(leaders[(first + v - (1 << t)) % K], whole)))
+        events += [(rounds, Send(q, whole)) for q in local if q != rank]
+    else:
+        events.append((rounds, Recv(leaders[h], whole)))
+    return make_schedule("broadcast", NAME, nranks, rank, root, events)
+
+
+@register("all_gather", NAME, topology=True)
+def all_gather(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -> Schedule:
+    """Inside each host, then across, then inside again: every rank's block
+    crosses to each other host once, to the rank there at its local index
+    (modulo that host's size), which passes it on inside its host.
+
+        hosts A(r0 r1) B(r2 r3)
+        0.  r0 <-> r1, r2 <-> r3     (each host's blocks on all its ranks)
+        1.  r0 <-> r2, r1 <-> r3     (each rank's own block to its counterpart)
+        2.  r0 <-> r1, r2 <-> r3     (what came from the other host)
+    """
+    members, h, local = _place(hosts, rank)
+
+    def counterpart(host: int, b: int) -> int:  # where block b enters ``host``
+        there = members[host]
+        return there[next(m.index(b) for m in members if b in m) % len(there)]
+
+    def entering(q: int) -> list[int]:  # the blocks rank q (of host h) takes from other hosts
+        return [b for g, m in enumerate(members) if g != h for b in m if counterpart(h, b) == q]
+
+    events = [(0, Copy(block("in", 0), block("out", rank)))]
+    for q in local:  # 0: this host's blocks
+        if q != rank:
+            events += [(0, Send(q, block("in", 0))), (0, Recv(q, block("out", q)))]
+    for g, m in enumerate(members):  # 1: across hosts, each block to its counterpart
+        if g != h:
+            events.append((1, Send(counterpart(g, rank), block("in", 0))))
+    events += [(1, Recv(b, block("out", b))) for b in entering(rank)]
+    mine = entering(rank)  # 2: passed on inside the host
+    for q in local:
+        if q != rank:
+            if mine:
+                events.append((2, Send(q, blocks("out", mine))))
+            theirs = entering(q)
+            if theirs:
+                events.append((2, Recv(q, blocks("out", theirs))))
+    return make_schedule("all_gather", NAME, nranks, rank, root, events)
+
+
+@register("barrier", NAME, topology=True)
+def barrier(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -> Schedule:
+    """Each host's ranks check in with their leader (its first rank), the
+    leaders with each other, then each leader lets its host go: one message
+    per leader pair across hosts, not per rank pair. "out" has no elements;
+    a part per rank is each rank's (empty) mark, and a message carries every
+    mark its sender holds, so that the verifier can see who heard from whom."""
+    members, h, local = _place(hosts, rank)
+    leader = local[0]
+
+    def marks(ranks) -> tuple:
+        return tuple(Chunk("out", 0, q) for q in ranks)
+
+    events = []
+    if rank == leader:
+        events += [(0, Recv(q, marks([q]))) for q in local[1:]]
+        for m in members:
+            if m[0] != rank:
+                events += [(1, Send(m[0], marks(local))), (1, Recv(m[0], marks(m)))]
+        events += [(2, Send(q, marks(p for p in range(nranks) if p != q))) for q in local[1:]]
+    else:
+        events += [(0, Send(leader, marks([rank]))),
+                   (2, Recv(leader, marks(p for p in range(nranks) if p != rank)))]
+    return make_schedule("barrier", NAME, nranks, rank, root, events, parts=nranks)
