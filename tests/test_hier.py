@@ -1,8 +1,8 @@
 """The hierarchical algorithms on real ranks placed on faked hosts
 (COLLIE_HOST_ID): all_reduce, broadcast, all_gather and barrier, on even,
-uneven and interleaved layouts, against NumPy; the tuner picks all_reduce's
-for large calls across hosts; their schedules are proved for every layout
-the verifier tries."""
+uneven and interleaved layouts, against NumPy; the tuner picks them (but
+barrier's) for large calls across hosts; their schedules are proved for
+every layout the verifier tries."""
 
 from __future__ import annotations
 
@@ -112,6 +112,12 @@ def test_the_tuner_picks_hier_across_hosts_for_large_calls():
     assert default_choice("all_reduce", 1 << 20, 4, "tcp", (0, 0, 1, 1)).algorithm != "hier"  # flat wins there
     assert default_choice("all_reduce", 1 << 20, 4, "tcp", (0, 1, 2, 3)).algorithm != "hier"  # a host each
     assert default_choice("all_reduce", 1 << 20, 4, "shm", (0, 0, 0, 0)).algorithm != "hier"  # one host
+    # broadcast from 4 MiB and all_gather from 16 MiB, across hosts with several ranks each
+    for collective, least in (("broadcast", 4 << 20), ("all_gather", 16 << 20)):
+        assert default_choice(collective, least, 4, "tcp", (0, 0, 1, 1)).algorithm == "hier"
+        assert default_choice(collective, least // 2, 4, "tcp", (0, 0, 1, 1)).algorithm != "hier"
+        assert default_choice(collective, least, 4, "tcp", (0, 1, 2, 3)).algorithm != "hier"
+        assert default_choice(collective, least, 4, "shm", (0, 0, 0, 0)).algorithm != "hier"
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "barrier"])
