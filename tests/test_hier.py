@@ -1,5 +1,5 @@
 """The hierarchical algorithms on real ranks placed on faked hosts
-(COLLIE_HOST_ID): all_reduce, broadcast, all_gather and barrier, on even,
+(COLLIE_HOST_ID): all_reduce, broadcast, reduce, all_gather and barrier, on even,
 uneven and interleaved layouts, against NumPy; the tuner picks them (but
 barrier's) for large calls across hosts; their schedules are proved for
 every layout the verifier tries."""
@@ -72,6 +72,11 @@ def _others_body(rank, size, hosts, count):
             x = np.arange(count, dtype=np.float64) * (rank + 1)
             collie.broadcast(x, src=root, algorithm="hier")
             got[f"broadcast {root}"] = x.tolist() == (np.arange(count) * (root + 1.0)).tolist()
+            y = np.arange(count, dtype=np.int64) * (rank + 1)
+            collie.reduce(y, dst=root, op=collie.ReduceOp.MAX if root % 2 else collie.ReduceOp.SUM,
+                          algorithm="hier")
+            factor = size if root % 2 else size * (size + 1) // 2  # the root's result; the others keep theirs
+            got[f"reduce {root}"] = y.tolist() == (np.arange(count) * (factor if rank == root else rank + 1)).tolist()
         out = np.empty(count * size, np.int32)
         collie.all_gather_into_tensor(out, np.full(count, rank, np.int32), algorithm="hier")
         got["all_gather_into_tensor"] = out.tolist() == [r for r in range(size) for _ in range(count)]
@@ -113,7 +118,7 @@ def test_the_tuner_picks_hier_across_hosts_for_large_calls():
     assert default_choice("all_reduce", 1 << 20, 4, "tcp", (0, 1, 2, 3)).algorithm != "hier"  # a host each
     assert default_choice("all_reduce", 1 << 20, 4, "shm", (0, 0, 0, 0)).algorithm != "hier"  # one host
     # broadcast from 4 MiB and all_gather from 16 MiB, across hosts with several ranks each
-    for collective, least in (("broadcast", 4 << 20), ("all_gather", 16 << 20)):
+    for collective, least in (("broadcast", 4 << 20), ("reduce", 4 << 20), ("all_gather", 16 << 20)):
         assert default_choice(collective, least, 4, "tcp", (0, 0, 1, 1)).algorithm == "hier"
         assert default_choice(collective, least // 2, 4, "tcp", (0, 0, 1, 1)).algorithm != "hier"
         assert default_choice(collective, least, 4, "tcp", (0, 1, 2, 3)).algorithm != "hier"
@@ -126,8 +131,9 @@ def test_hier_schedules_are_proved_for_every_layout(collective):
         len(verify.host_layouts(n)) for n in range(1, 13))
 
 
-def test_hier_broadcast_is_proved_for_every_layout_and_root():
-    assert verify.verify_algorithm("broadcast", "hier", nranks=range(1, 13), roots=lambda n: range(n)) == sum(
+@pytest.mark.parametrize("collective", ["broadcast", "reduce"])
+def test_hier_rooted_schedules_are_proved_for_every_layout_and_root(collective):
+    assert verify.verify_algorithm(collective, "hier", nranks=range(1, 13), roots=lambda n: range(n)) == sum(
         n * len(verify.host_layouts(n)) for n in range(1, 13))
 
 

@@ -116,12 +116,13 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str, ho
     # ranks (shm.py) does better; below, one message in the rings does.
     halves = few and shm and 256 * KiB <= nbytes < 512 * KiB
     # Across hosts (test bed, 2 hosts x 2 ranks, docs/multihost.md): hier
-    # broadcast matched the best flat one from 4 MiB at 1 Gbit/s and
-    # unshaped, and beat direct (the default for 4 ranks) 2x on the slow
-    # link; hier all_gather won from 16 MiB on both (1.3x, 1.2x) but lost
-    # unshaped at 4 MiB.
-    if collective == "broadcast" and _hierarchical(hosts) and nbytes >= 4 * MiB:
-        return Choice("hier", 1, "several hosts with several ranks each: the buffer enters each host once")
+    # broadcast and reduce matched the best flat ones from 4 MiB at 1 Gbit/s
+    # (and beat direct, the default for 4 ranks, 2x) and unshaped; hier
+    # all_gather won from 16 MiB on both (1.3x, 1.2x) but lost unshaped at
+    # 4 MiB.
+    if collective in ("broadcast", "reduce") and _hierarchical(hosts) and nbytes >= 4 * MiB:
+        return Choice("hier", 1, "several hosts with several ranks each: the buffer crosses into "
+                                 "(or out of) each host once")
     if collective == "all_gather" and _hierarchical(hosts) and nbytes >= 16 * MiB:
         return Choice("hier", 1, "several hosts with several ranks each: each block enters each host once")
     if collective == "broadcast":

@@ -1,6 +1,6 @@
 """Hierarchical: shared memory inside each host, the network only between hosts.
 
-all_reduce, broadcast, all_gather and barrier here; each crosses the
+all_reduce, broadcast, reduce, all_gather and barrier here; each crosses the
 slow links with the least data a flat algorithm would send over them
 (every byte once per host that needs it), and the verifier proves each
 for every layout of hosts (verify.host_layouts: uneven hosts, a host's
@@ -133,6 +133,33 @@ def broadcast(nranks: int, rank: int, root: int, segments: int, hosts: tuple) ->
     else:
         events.append((rounds, Recv(leaders[h], whole)))
     return make_schedule("broadcast", NAME, nranks, rank, root, events)
+
+
+@register("reduce", NAME, topology=True)
+def reduce(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -> Schedule:
+    """broadcast's mirror: each host's ranks send to their leader, which adds
+    them up (in a copy of its buffer unless it is the root: the others'
+    buffers stay as they were), then a binomial reduce across hosts among
+    the leaders toward the root: each host's sum leaves it once."""
+    members, h, local = _place(hosts, rank)
+    K = len(members)
+    first = next(i for i, m in enumerate(members) if root in m)
+    leaders = [root if i == first else m[0] for i, m in enumerate(members)]
+    if rank != leaders[h]:
+        return make_schedule("reduce", NAME, nranks, rank, root, [(0, Send(leaders[h], block("out", 0)))])
+    acc = "out" if rank == root else "tmp"
+    events = [] if acc == "out" else [(0, Copy(block("out", 0), block("tmp", 0)))]
+    others = [q for q in local if q != rank]
+    events += [(i, Recv(q, block(acc, 0), reduce=True)) for i, q in enumerate(others)]  # one a step
+    v = (h - first) % K  # this host's place in the tree, the root's host at 0
+    for t in range(log2_ceil(K)):
+        step = 1 << t
+        if v % (2 * step) == step:
+            events.append((len(others) + t, Send(leaders[(first + v - step) % K], block(acc, 0))))
+            break
+        if v % (2 * step) == 0 and v + step < K:
+            events.append((len(others) + t, Recv(leaders[(first + v + step) % K], block(acc, 0), reduce=True)))
+    return make_schedule("reduce", NAME, nranks, rank, root, events, tmp_like="out" if acc == "tmp" else None)
 
 
 @register("all_gather", NAME, topology=True)
