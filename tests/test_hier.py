@@ -1,5 +1,6 @@
 """The hierarchical algorithms on real ranks placed on faked hosts
-(COLLIE_HOST_ID): all_reduce, broadcast, reduce, all_gather and barrier, on even,
+(COLLIE_HOST_ID): all_reduce, broadcast, reduce, all_gather, reduce_scatter
+and barrier, on even,
 uneven and interleaved layouts, against NumPy; the tuner picks them (but
 barrier's) for large calls across hosts; their schedules are proved for
 every layout the verifier tries."""
@@ -77,6 +78,13 @@ def _others_body(rank, size, hosts, count):
                           algorithm="hier")
             factor = size if root % 2 else size * (size + 1) // 2  # the root's result; the others keep theirs
             got[f"reduce {root}"] = y.tolist() == (np.arange(count) * (factor if rank == root else rank + 1)).tolist()
+        rs = np.empty(count, np.float64)
+        collie.reduce_scatter_tensor(rs, np.arange(count * size, dtype=np.float64) * (rank + 1), algorithm="hier")
+        got["reduce_scatter_tensor"] = rs.tolist() == (np.arange(count * size)[rank * count:(rank + 1) * count]
+                                                       * (size * (size + 1) // 2)).tolist()
+        mine = np.empty(rank + 2, np.int64)  # uneven blocks
+        collie.reduce_scatter(mine, [np.full(q + 2, rank + q, np.int64) for q in range(size)], algorithm="hier")
+        got["reduce_scatter uneven"] = mine.tolist() == [sum(r + rank for r in range(size))] * (rank + 2)
         out = np.empty(count * size, np.int32)
         collie.all_gather_into_tensor(out, np.full(count, rank, np.int32), algorithm="hier")
         got["all_gather_into_tensor"] = out.tolist() == [r for r in range(size) for _ in range(count)]
@@ -118,14 +126,15 @@ def test_the_tuner_picks_hier_across_hosts_for_large_calls():
     assert default_choice("all_reduce", 1 << 20, 4, "tcp", (0, 1, 2, 3)).algorithm != "hier"  # a host each
     assert default_choice("all_reduce", 1 << 20, 4, "shm", (0, 0, 0, 0)).algorithm != "hier"  # one host
     # broadcast from 4 MiB and all_gather from 16 MiB, across hosts with several ranks each
-    for collective, least in (("broadcast", 4 << 20), ("reduce", 4 << 20), ("all_gather", 16 << 20)):
+    for collective, least in (("broadcast", 4 << 20), ("reduce", 4 << 20), ("all_gather", 16 << 20),
+                              ("reduce_scatter", 1 << 20)):
         assert default_choice(collective, least, 4, "tcp", (0, 0, 1, 1)).algorithm == "hier"
         assert default_choice(collective, least // 2, 4, "tcp", (0, 0, 1, 1)).algorithm != "hier"
         assert default_choice(collective, least, 4, "tcp", (0, 1, 2, 3)).algorithm != "hier"
         assert default_choice(collective, least, 4, "shm", (0, 0, 0, 0)).algorithm != "hier"
 
 
-@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "barrier"])
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "reduce_scatter", "barrier"])
 def test_hier_schedules_are_proved_for_every_layout(collective):
     assert verify.verify_algorithm(collective, "hier", nranks=range(1, 13)) == sum(
         len(verify.host_layouts(n)) for n in range(1, 13))

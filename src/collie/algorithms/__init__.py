@@ -23,9 +23,9 @@ implements (docs/algorithms.md gives their steps and bytes on the wire):
   pairwise            all_to_all
   shm                 every collective but barrier, among ranks of one host:
                       one-sided reads from the peers' shared windows
-  hier                all_reduce broadcast all_gather barrier over several
-                      hosts: shared memory inside each, the least data
-                      between them
+  hier                all_reduce broadcast reduce all_gather reduce_scatter
+                      barrier over several hosts: shared memory inside
+                      each, the least data between them
 
 The helpers below are shared by the builders: they write an algorithm as a
 list of (time, op) events, where a send and its matching receive carry the

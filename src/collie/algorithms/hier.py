@@ -1,10 +1,10 @@
 """Hierarchical: shared memory inside each host, the network only between hosts.
 
-all_reduce, broadcast, reduce, all_gather and barrier here; each crosses the
-slow links with the least data a flat algorithm would send over them
-(every byte once per host that needs it), and the verifier proves each
-for every layout of hosts (verify.host_layouts: uneven hosts, a host's
-ranks not consecutive).
+all_reduce, broadcast, reduce, all_gather, reduce_scatter and barrier
+here; each crosses the slow links with the least data a flat algorithm
+would send over them (every byte once per host that needs it), and the
+verifier proves each for every layout of hosts (verify.host_layouts:
+uneven hosts, a host's ranks not consecutive).
 
 A flat ring over ranks on K hosts sends 2(n-1)/n of the buffer across the
 slow links; this sends each byte across them only once each way, from the
@@ -176,8 +176,7 @@ def all_gather(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -
     members, h, local = _place(hosts, rank)
 
     def counterpart(host: int, b: int) -> int:  # where block b enters ``host``
-        there = members[host]
-        return there[next(m.index(b) for m in members if b in m) % len(there)]
+        return _counterpart(members, host, b)
 
     def entering(q: int) -> list[int]:  # the blocks rank q (of host h) takes from other hosts
         return [b for g, m in enumerate(members) if g != h for b in m if counterpart(h, b) == q]
@@ -199,6 +198,50 @@ def all_gather(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -
             if theirs:
                 events.append((2, Recv(q, blocks("out", theirs))))
     return make_schedule("all_gather", NAME, nranks, rank, root, events)
+
+
+def _counterpart(members: list, host: int, b: int) -> int:
+    """The rank of ``host`` at rank b's local index (modulo the host's size):
+    where block b enters that host (all_gather), or is summed there before
+    it leaves (reduce_scatter)."""
+    there = members[host]
+    return there[next(m.index(b) for m in members if b in m) % len(there)]
+
+
+@register("reduce_scatter", NAME, topology=True)
+def reduce_scatter(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -> Schedule:
+    """all_gather's mirror: inside each host the ranks sum every block at
+    the rank that will send it on (a block of this host at its own rank, a
+    block of another host at its counterpart here), then each such sum
+    crosses once to the block's rank, which adds the other hosts' in.
+
+        hosts A(r0 r1) B(r2 r3)
+        1.  r0 <-> r1, r2 <-> r3     (r0 gets r1's blocks 0 and 2...)
+        2.  r0 <-> r2, r1 <-> r3     (host A's sum of block 2 to r2...)
+
+    Round 2 has K-1 steps: in step i each host sends to host h+i.
+    """
+    members, h, local = _place(hosts, rank)
+    m, j = len(local), local.index(rank)
+
+    def foreign(q: int) -> list[int]:  # the other hosts' blocks rank q (of this host) sums
+        return [b for g, ms in enumerate(members) if g != h for b in ms if _counterpart(members, h, b) == q]
+
+    mine = foreign(rank)
+    events = [(0, Copy(block("in", rank), block("out", 0)))]
+    events += [(0, Copy(block("in", b), block("tmp", b))) for b in mine]
+    for s in range(1, m):  # 1: inside the host, one peer a step (as hier all_reduce)
+        to, frm = local[(j + s) % m], local[(j - s) % m]
+        events.append((s, Send(to, block("in", to) + blocks("in", foreign(to)))))
+        events.append((s, Recv(frm, block("out", 0) + blocks("tmp", mine), reduce=True)))
+    # 2: each sum to its block's rank, host h to host h+i in round i, so
+    # that every rank adds one message a round into its block
+    K = len(members)
+    for i in range(1, K):
+        events += [(m + i, Send(b, block("tmp", b))) for b in mine if b in members[(h + i) % K]]
+        events.append((m + i, Recv(_counterpart(members, (h - i) % K, rank), block("out", 0), reduce=True)))
+    return make_schedule("reduce_scatter", NAME, nranks, rank, root, events,
+                         tmp_like="in" if mine else None)
 
 
 @register("barrier", NAME, topology=True)
