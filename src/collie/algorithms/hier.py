@@ -104,6 +104,21 @@ def _place(hosts: tuple, rank: int) -> tuple[list[list[int]], int, list[int]]:
     return members, h, members[h]
 
 
+def _leaders(members: list, root: int) -> tuple[int, list[int]]:
+    """(the root's host, each host's leader: the root on its own host, the
+    first rank elsewhere), for the rooted collectives' trees across hosts."""
+    first = next(i for i, m in enumerate(members) if root in m)
+    return first, [root if i == first else m[0] for i, m in enumerate(members)]
+
+
+def _counterpart(members: list, host: int, b: int) -> int:
+    """The rank of ``host`` at rank b's local index (modulo the host's size):
+    where block b enters that host (all_gather), or is summed there before
+    it leaves (reduce_scatter)."""
+    there = members[host]
+    return there[next(m.index(b) for m in members if b in m) % len(there)]
+
+
 @register("broadcast", NAME, topology=True)
 def broadcast(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -> Schedule:
     """A binomial tree across hosts among one leader each (the root on its
@@ -117,8 +132,7 @@ def broadcast(nranks: int, rank: int, root: int, segments: int, hosts: tuple) ->
     """
     members, h, local = _place(hosts, rank)
     K = len(members)
-    first = next(i for i, m in enumerate(members) if root in m)
-    leaders = [root if i == first else m[0] for i, m in enumerate(members)]
+    first, leaders = _leaders(members, root)
     rounds = log2_ceil(K)
     whole = block("out", 0)
     events = []
@@ -143,8 +157,7 @@ def reduce(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -> Sc
     the leaders toward the root: each host's sum leaves it once."""
     members, h, local = _place(hosts, rank)
     K = len(members)
-    first = next(i for i, m in enumerate(members) if root in m)
-    leaders = [root if i == first else m[0] for i, m in enumerate(members)]
+    first, leaders = _leaders(members, root)
     if rank != leaders[h]:
         return make_schedule("reduce", NAME, nranks, rank, root, [(0, Send(leaders[h], block("out", 0)))])
     acc = "out" if rank == root else "tmp"
@@ -175,11 +188,8 @@ def all_gather(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -
     """
     members, h, local = _place(hosts, rank)
 
-    def counterpart(host: int, b: int) -> int:  # where block b enters ``host``
-        return _counterpart(members, host, b)
-
     def entering(q: int) -> list[int]:  # the blocks rank q (of host h) takes from other hosts
-        return [b for g, m in enumerate(members) if g != h for b in m if counterpart(h, b) == q]
+        return [b for g, m in enumerate(members) if g != h for b in m if _counterpart(members, h, b) == q]
 
     events = [(0, Copy(block("in", 0), block("out", rank)))]
     for q in local:  # 0: this host's blocks
@@ -187,7 +197,7 @@ def all_gather(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -
             events += [(0, Send(q, block("in", 0))), (0, Recv(q, block("out", q)))]
     for g, m in enumerate(members):  # 1: across hosts, each block to its counterpart
         if g != h:
-            events.append((1, Send(counterpart(g, rank), block("in", 0))))
+            events.append((1, Send(_counterpart(members, g, rank), block("in", 0))))
     events += [(1, Recv(b, block("out", b))) for b in entering(rank)]
     mine = entering(rank)  # 2: passed on inside the host
     for q in local:
@@ -198,14 +208,6 @@ def all_gather(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -
             if theirs:
                 events.append((2, Recv(q, blocks("out", theirs))))
     return make_schedule("all_gather", NAME, nranks, rank, root, events)
-
-
-def _counterpart(members: list, host: int, b: int) -> int:
-    """The rank of ``host`` at rank b's local index (modulo the host's size):
-    where block b enters that host (all_gather), or is summed there before
-    it leaves (reduce_scatter)."""
-    there = members[host]
-    return there[next(m.index(b) for m in members if b in m) % len(there)]
 
 
 @register("reduce_scatter", NAME, topology=True)
