@@ -214,6 +214,8 @@ typedef struct {
     int64_t *sleepers;      /* its sleepers word */
     PyObject *out_obj, *in_obj;  /* ring.Out and ring.In: the Python ends' books */
     int64_t head0, tail0;   /* positions when a run began (to update the books) */
+    int64_t behind;         /* the last pass of a receive loop (CoreProgram.passes)
+                               in which an earlier receive from it stayed open */
 } peer_t;
 
 /* Wake a peer that may sleep: Dekker's pattern of doorbell.py. */
@@ -280,6 +282,7 @@ typedef struct {
     step_t *steps;
     peer_t *peers;
     PyObject *transport;    /* the ShmTransport (None without shm peers) */
+    int64_t passes;         /* passes of the receive loops so far (see peer_t.behind) */
 } CoreProgram;
 
 static void program_dealloc(CoreProgram *self) {
@@ -536,15 +539,22 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
         int spun = 0;
         while (open) {
             int moved = 0;
+            int64_t pass = ++self->passes;
             for (int j = 0; j < s->nrecv; j++) {
                 uint64_t bit = 1ull << (s->nsend + j);
                 msg_t *m = &s->recv[j];
                 peer_t *p = &self->peers[m->peer];
                 if (!p->shm || (*mask & bit)) continue;
+                /* A peer's messages come in the order it sent them, the order of
+                 * these receives: while an earlier one from it is open, a later
+                 * one must not take the message meant for the earlier (two
+                 * halves of one size would land swapped). */
+                if (p->behind == pass) continue;
                 char *dst = m->buf < 0 ? NULL : (char *)bufs[m->buf].buf + m->off;
                 int got = take(p, tag, meta, dst, m->nbytes, m->reduce ? kernel : NULL, self->op, self->itemsize);
                 if (got == TAKEN) { *mask |= bit; open--; moved = 1; }
                 else if (got == FOREIGN) return i;  /* Python sorts it out */
+                else p->behind = pass;
             }
             if (!open || handback) break;  /* a handback: Python waits on everything left */
             if (moved) { spun = 0; continue; }
