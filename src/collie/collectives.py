@@ -364,6 +364,13 @@ def _numpy_view(obj) -> Optional[np.ndarray]:
         return None
 
 
+def _lane_key(name: str, arr: np.ndarray, *shape) -> tuple:
+    """What a one-array call's lane is found by: the collective, the array's
+    dtype and size, and the rest of the call's shape (the MPI layer's hot
+    paths look up the lanes of the calls they make with it too)."""
+    return (name, arr.dtype, arr.size) + shape
+
+
 def _find_lane(group, key: tuple, tensor: np.ndarray):
     """The lane of a blocking call of shape ``key`` on ``tensor`` (a plain
     NumPy array), with this process's async calls done, or None: the caller
@@ -443,7 +450,7 @@ def broadcast(tensor, src: Optional[int] = None, group=None, async_op: bool = Fa
     """
     arr = tensor if tensor.__class__ is np.ndarray else _numpy_view(tensor)
     if arr is not None and not async_op:
-        key = ("broadcast", arr.dtype, arr.size, src, group_src, algorithm)
+        key = _lane_key("broadcast", arr, src, group_src, algorithm)
         lane = _find_lane(group, key, arr)
         if lane is not None:
             return lane({"out": arr if arr.ndim == 1 else arr.reshape(-1)})
@@ -467,7 +474,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     """
     arr = tensor if tensor.__class__ is np.ndarray else _numpy_view(tensor)
     if arr is not None and op.__class__ is ReduceOp and not async_op:
-        key = ("all_reduce", op.code, arr.dtype, arr.size, algorithm)
+        key = _lane_key("all_reduce", arr, op.code, algorithm)
         lane = _find_lane(group, key, arr)
         if lane is not None:
             return lane({"out": arr if arr.ndim == 1 else arr.reshape(-1)})

@@ -180,24 +180,35 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
     return core, arrays_of, schedule.tmp_like is not None, tmp, windows
 
 
-def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
-            describe: Callable[[int], str], timeout: float) -> None:
-    """engine.execute's contract, run by the compiled core where it can."""
+def _compiled(program: engine.Program, network) -> Optional[tuple]:
+    """compile()'s form of ``program`` on ``network``, made on first use."""
     compiled = program.core
     if not compiled or compiled[0] is not network:
         compiled[:] = [network, compile(program, network)]
-    core = compiled[1]
-    if core is None:
-        return engine.execute(program, arrays, network, tag, meta, describe, timeout)
-    core, arrays_of, needs_spare, tmp, windows = core
-    bufs = arrays_of(arrays)
-    spare = None
-    if needs_spare:
-        spare = engine.take_spare(program)
-        if tmp:
-            bufs += (spare[1],)
+    return compiled[1]
+
+
+def _buffers(program: engine.Program, compiled: tuple, arrays: dict, network, spare) -> tuple:
+    """What a run of the core takes, in compile()'s order: the call's arrays,
+    the scratch (where the core uses it), the peers' windows as they are now."""
+    _, named, _, tmp, windows = compiled
+    bufs = named(arrays)
+    if tmp:
+        bufs += (spare[1],)
     if windows:
         bufs += tuple(network.window(program.peers[g]) for g in windows)
+    return bufs
+
+
+def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
+            describe: Callable[[int], str], timeout: float) -> None:
+    """engine.execute's contract, run by the compiled core where it can."""
+    compiled = _compiled(program, network)
+    if compiled is None:
+        return engine.execute(program, arrays, network, tag, meta, describe, timeout)
+    core = compiled[0]
+    spare = engine.take_spare(program) if compiled[2] else None
+    bufs = _buffers(program, compiled, arrays, network, spare)
     if network._abort is None and not network._lost:
         with network.lock:
             step, locals_done, done = core.run(bufs, 0, tag, meta)
@@ -213,24 +224,16 @@ def lane(program: engine.Program, network):
     """(run, arrays_of, spare) for a program the core runs on ``network``,
     else None. ``spare`` is a scratch of the lane's own (None if the schedule
     needs none); ``run(arrays_of(arrays), 0, tag, meta)`` is the core's run
-    from the first step, on the buffers execute() would hand it (the call's
-    arrays, the scratch, the peers' windows as they are now); what it returns
-    goes to resume() when that is not the end."""
-    compiled = program.core
-    if not compiled or compiled[0] is not network:
-        compiled[:] = [network, compile(program, network)]
-    if compiled[1] is None:
+    from the first step, on the buffers execute() would hand it; what it
+    returns goes to resume() when that is not the end."""
+    compiled = _compiled(program, network)
+    if compiled is None:
         return None
-    core, named, needs_spare, tmp, windows = compiled[1]
+    core, named, needs_spare, tmp, windows = compiled
     spare = engine.take_spare(program) if needs_spare else None
     if not tmp and not windows:
-        return core.run, named, spare
-    scratch = (spare[1],) if tmp else ()
-    window, owners = network.window, [program.peers[g] for g in windows]
-
-    def arrays_of(arrays):
-        return named(arrays) + scratch + tuple(window(r) for r in owners)
-    return core.run, arrays_of, spare
+        return core.run, named, spare  # the common case: one itemgetter
+    return core.run, lambda arrays: _buffers(program, compiled, arrays, network, spare), spare
 
 
 def resume(program: engine.Program, arrays: dict, network, tag: int, meta: int,
@@ -239,11 +242,9 @@ def resume(program: engine.Program, arrays: dict, network, tag: int, meta: int,
     """The rest of a lane's call, from where the core stopped (``step``;
     0, 0, 0: from the start, step by step in Python)."""
     if step < len(program.steps):
-        core, named, _, tmp, windows = program.core[1]
-        bufs = (named(arrays) + ((spare[1],) if tmp else ())
-                + tuple(network.window(program.peers[g]) for g in windows))
-        _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare,
-                step, locals_done, done)
+        compiled = program.core[1]
+        _finish(program, compiled[0], _buffers(program, compiled, arrays, network, spare), arrays, network,
+                tag, meta, describe, timeout, spare, step, locals_done, done)
 
 
 def _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare,

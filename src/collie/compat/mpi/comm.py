@@ -1288,7 +1288,7 @@ class Intracomm(Comm):
         if buf.__class__ is np.ndarray and group is not None and root.__class__ is int and 0 <= root < group.size:
             data = _flat_bytes(buf)
             if data is not None:
-                lane = _coll._find_lane(group, ("broadcast", data.dtype, data.size, group.ranks[root], None, None),
+                lane = _coll._find_lane(group, _coll._lane_key("broadcast", data, group.ranks[root], None, None),
                                         data)
                 if lane is not None:
                     return lane({"out": data})
@@ -1338,7 +1338,7 @@ class Intracomm(Comm):
         # (collectives._lane), after copying sendbuf in unless IN_PLACE.
         group = self._group  # None once freed: the full path says so
         if recvbuf.__class__ is np.ndarray and op.__class__ is Op and op._lane is not None and group is not None:
-            lane = _coll._find_lane(group, ("all_reduce", op._lane, recvbuf.dtype, recvbuf.size, None), recvbuf)
+            lane = _coll._find_lane(group, _coll._lane_key("all_reduce", recvbuf, op._lane, None), recvbuf)
             if lane is not None:
                 flat = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
                 if sendbuf is IN_PLACE or sendbuf is None:
