@@ -436,38 +436,47 @@ fail:
     return NULL;
 }
 
-/* Whether the Python end of every shm ring has nothing in flight, so that
- * this core may use the rings directly: -1 on error, 0 no, 1 yes. */
-static int attr_is(PyObject *obj, const char *name, PyObject *value) {
-    PyObject *v = PyObject_GetAttrString(obj, name);
+/* The Python ends' attribute names, interned once at import: the checks
+ * below run on every call, and a name made from a C string each time cost
+ * a good part of a small call. */
+enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN,
+       N_UNEXPECTED, N_HEAD, N_TAIL, NNAMES };
+static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "nposted",
+                                           "claims", "shared", "stash", "unexpected", "head", "tail"};
+static PyObject *names[NNAMES];
+
+static int attr_is(PyObject *obj, int name, PyObject *value) {
+    PyObject *v = PyObject_GetAttr(obj, names[name]);
     if (!v) return -1;
     int same = v == value;
     Py_DECREF(v);
     return same;
 }
 
-static int attr_empty(PyObject *obj, const char *name) {
-    PyObject *v = PyObject_GetAttrString(obj, name);
+static int attr_empty(PyObject *obj, int name) {
+    PyObject *v = PyObject_GetAttr(obj, names[name]);
     if (!v) return -1;
     int empty = !PyObject_IsTrue(v);
     Py_DECREF(v);
     return empty;
 }
 
+/* Whether the Python end of every shm ring has nothing in flight, so that
+ * this core may use the rings directly: -1 on error, 0 no, 1 yes. */
 static int rings_free(CoreProgram *self) {
     if (self->transport == Py_None) return 1;
-    int ok = attr_is(self->transport, "_closed", Py_False);
-    if (ok == 1) ok = attr_is(self->transport, "_stash", Py_False);
+    int ok = attr_is(self->transport, N_CLOSED, Py_False);
+    if (ok == 1) ok = attr_is(self->transport, N_STASH, Py_False);
     for (int i = 0; ok == 1 && i < self->npeers; i++) {
         peer_t *p = &self->peers[i];
         if (!p->shm) continue;
-        static const char *out_empty[] = {"queue", NULL};
-        static const char *in_empty[] = {"nposted", "claims", "shared", "stash", "unexpected", NULL};
-        ok = attr_is(p->out_obj, "error", Py_None);
-        if (ok == 1) ok = attr_is(p->in_obj, "error", Py_None);
-        if (ok == 1) ok = attr_is(p->in_obj, "current", Py_None);
-        for (int j = 0; ok == 1 && out_empty[j]; j++) ok = attr_empty(p->out_obj, out_empty[j]);
-        for (int j = 0; ok == 1 && in_empty[j]; j++) ok = attr_empty(p->in_obj, in_empty[j]);
+        static const int out_empty[] = {N_QUEUE, -1};
+        static const int in_empty[] = {N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN, N_UNEXPECTED, -1};
+        ok = attr_is(p->out_obj, N_ERROR, Py_None);
+        if (ok == 1) ok = attr_is(p->in_obj, N_ERROR, Py_None);
+        if (ok == 1) ok = attr_is(p->in_obj, N_CURRENT, Py_None);
+        for (int j = 0; ok == 1 && out_empty[j] >= 0; j++) ok = attr_empty(p->out_obj, out_empty[j]);
+        for (int j = 0; ok == 1 && in_empty[j] >= 0; j++) ok = attr_empty(p->in_obj, in_empty[j]);
     }
     return ok;
 }
@@ -481,15 +490,15 @@ static int update_books(CoreProgram *self) {
         if (head != p->head0) {
             PyObject *v = PyLong_FromLongLong(head);
             PyObject *seen = PyLong_FromLongLong(__atomic_load_n(p->out.tail, __ATOMIC_ACQUIRE));
-            int bad = !v || !seen || PyObject_SetAttrString(p->out_obj, "head", v)
-                      || PyObject_SetAttrString(p->out_obj, "tail", seen);
+            int bad = !v || !seen || PyObject_SetAttr(p->out_obj, names[N_HEAD], v)
+                      || PyObject_SetAttr(p->out_obj, names[N_TAIL], seen);
             Py_XDECREF(v);
             Py_XDECREF(seen);
             if (bad) return -1;
         }
         if (tail != p->tail0) {
             PyObject *v = PyLong_FromLongLong(tail);
-            int bad = !v || PyObject_SetAttrString(p->in_obj, "tail", v);
+            int bad = !v || PyObject_SetAttr(p->in_obj, names[N_TAIL], v);
             Py_XDECREF(v);
             if (bad) return -1;
         }
@@ -641,6 +650,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "collie._core", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__core(void) {
+    for (int i = 0; i < NNAMES; i++)
+        if (!names[i] && !(names[i] = PyUnicode_InternFromString(name_strings[i]))) return NULL;
     if (PyType_Ready(&ProgramType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
