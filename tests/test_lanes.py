@@ -9,6 +9,7 @@ lanes too."""
 import numpy as np
 import pytest
 
+from collie.objects import SLOT
 from harness import run_ranks
 
 pytestmark = pytest.mark.timeout(240)
@@ -234,12 +235,16 @@ def test_mpi_calls_on_their_hot_path(executor):
                           "Allreduce: sendbuf has 4 elements, recvbuf 3: they do not fit"]
 
 
+EXTRAS = (0, SLOT - 40, SLOT, 5 * SLOT, SLOT - 40, 0)
+
+
 def _objects_body(rank, size):
     import collie
-    from collie.objects import SLOT
     got = []
-    # sizes around the first round's slot: all fit, one rank's does not, none do
-    for extra in (0, SLOT - 40, SLOT, 5 * SLOT):
+    pair = collie.new_group([0, 2])  # a group of its own reuses its own first-round buffers
+    # sizes around the first round's slot: all fit, one rank's does not, none
+    # do; then back down, so that a small object follows a large one
+    for extra in EXTRAS:
         mine = "x" * (extra if rank == 1 else 3)
         out = [None] * size
         collie.all_gather_object(out, mine)
@@ -247,15 +252,21 @@ def _objects_body(rank, size):
         box = [("y" * extra, rank)] if rank == 2 else [None]
         collie.broadcast_object_list(box, src=2)
         got.append((len(box[0][0]), box[0][1]))
+        if rank != 1:
+            two = [None, None]
+            collie.all_gather_object(two, (rank, "z" * (extra // 2 if rank else 1)), group=pair)
+            got.append(two)
     return got
 
 
 def test_objects_around_the_first_rounds_slot():
-    from collie.objects import SLOT
-    want = []
-    for extra in (0, SLOT - 40, SLOT, 5 * SLOT):
-        want += [[3, extra, 3], (extra, 2)]
-    assert run_ranks(_objects_body, 3, timeout=60) == [want] * 3
+    want = [[], [], []]
+    for extra in EXTRAS:
+        for rank in range(3):
+            want[rank] += [[3, extra, 3], (extra, 2)]
+            if rank != 1:
+                want[rank].append([(0, "z"), (2, "z" * (extra // 2))])
+    assert run_ranks(_objects_body, 3, timeout=60) == want
 
 
 def _torch_body(rank, size):

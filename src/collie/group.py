@@ -54,6 +54,7 @@ class ProcessGroup:
         self.seq = 0       # collectives run so far: the same on every member
         self.prepared: dict = {}  # call shape -> algorithm, plan, meta (collectives._prepare)
         self.lanes: dict = {}     # call shape -> its lane to the compiled core (collectives._lane)
+        self.object_slots = None  # the object collectives' first-round buffers (objects._slots)
         self.p2p_ops = 0   # point-to-point calls so far (this rank only, for messages)
         network.groups[context] = (self.ranks, name)  # for errors that come in by tag
 

@@ -14,6 +14,7 @@ Unpickling runs arbitrary code: only exchange objects with ranks you trust
 from __future__ import annotations
 
 import pickle
+import struct
 from typing import Optional
 
 import numpy as np
@@ -24,30 +25,40 @@ from .group import ProcessGroup
 __all__ = ["broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list"]
 
 
-def _dumps(obj) -> np.ndarray:
-    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+def _dumps(obj) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _loads(arr: np.ndarray):
-    return pickle.loads(memoryview(arr))
+def _loads(data):
+    return pickle.loads(memoryview(data))
 
 
-SLOT = 512   # bytes of the first round: an int64 size, then the pickle if it fits
+SLOT = 512   # bytes of the first round: a little-endian int64 size, then the pickle if it fits
 _FITS = SLOT - 8
+_SIZE = struct.Struct("<q")
 
 
-def _slot(payload: Optional[np.ndarray]) -> np.ndarray:
-    """The first round's bytes: ``payload``'s size, then ``payload`` if it fits."""
-    slot = np.zeros(SLOT, dtype=np.uint8)
-    if payload is not None:
-        slot[:8].view(np.int64)[0] = payload.size
-        if payload.size <= _FITS:
-            slot[8:8 + payload.size] = payload
-    return slot
+def _slots(g: ProcessGroup) -> tuple:
+    """``g``'s first-round buffers, made once (a small object's call is
+    mostly bookkeeping, and making them each time was a third of it): this
+    rank's slot and every rank's, each with its memoryview. Blocking calls
+    on a group run one at a time, and every use ends within its call."""
+    if g.object_slots is None:
+        mine, every = np.zeros(SLOT, dtype=np.uint8), np.zeros(g.size * SLOT, dtype=np.uint8)
+        g.object_slots = (mine, mine.data, every, every.data)
+    return g.object_slots
 
 
-def _slot_size(slot: np.ndarray) -> int:
-    return int(slot[:8].view(np.int64)[0])
+def _fill(slot: memoryview, payload: bytes) -> None:
+    """Write the first round into ``slot``: ``payload``'s size, then ``payload`` if it fits."""
+    n = len(payload)
+    _SIZE.pack_into(slot, 0, n)
+    if n <= _FITS:
+        slot[8:8 + n] = payload
+
+
+def _slot_size(slots: memoryview, at: int = 0) -> int:
+    return _SIZE.unpack_from(slots, at)[0]
 
 
 def _sizes(g: ProcessGroup, mine: int) -> np.ndarray:
@@ -63,15 +74,18 @@ def broadcast_object_list(object_list: list, src: Optional[int] = None, group=No
     g = _member(group, "broadcast_object_list")
     root = _root(g, src, group_src, "src", "broadcast_object_list")
     gsrc = g.ranks[root]
-    payload = _dumps(list(object_list)) if g.rank == root else None
-    slot = _slot(payload)
+    slot, view, _, _ = _slots(g)
+    payload = None
+    if g.rank == root:
+        payload = _dumps(list(object_list))
+        _fill(view, payload)
     broadcast(slot, src=gsrc, group=g)
-    size = _slot_size(slot)
+    size = _slot_size(view)
     if size > _FITS:  # a second round, of the whole pickle
-        data = payload if payload is not None else np.empty(size, dtype=np.uint8)
+        data = np.frombuffer(payload, dtype=np.uint8) if payload is not None else np.empty(size, dtype=np.uint8)
         broadcast(data, src=gsrc, group=g)
     else:
-        data = slot[8:8 + size]
+        data = view[8:8 + size]
     if g.rank != root:
         objects = _loads(data)
         if len(objects) != len(object_list):
@@ -86,14 +100,15 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
     if not isinstance(object_list, list) or len(object_list) != g.size:
         raise ValueError(f"all_gather_object: object_list must be a list of {g.size} items (one per rank)")
     payload = _dumps(obj)
-    slots = np.empty((g.size, SLOT), dtype=np.uint8)
-    all_gather_into_tensor(slots.reshape(-1), _slot(payload), group=g)
-    sizes = [_slot_size(row) for row in slots]
+    slot, mine, slots, view = _slots(g)
+    _fill(mine, payload)
+    all_gather_into_tensor(slots, slot, group=g)
+    sizes = [_slot_size(view, r * SLOT) for r in range(g.size)]
     if max(sizes) > _FITS:  # a second round, of every pickle at its size
         outs = [np.empty(s, dtype=np.uint8) for s in sizes]
-        all_gather(outs, payload, group=g)
+        all_gather(outs, np.frombuffer(payload, dtype=np.uint8), group=g)
     else:
-        outs = [row[8:8 + s] for row, s in zip(slots, sizes)]
+        outs = [view[r * SLOT + 8:r * SLOT + 8 + s] for r, s in enumerate(sizes)]
     object_list[:] = [_loads(o) for o in outs]
 
 
@@ -105,10 +120,10 @@ def gather_object(obj, object_gather_list: Optional[list] = None, dst: Optional[
     if g.rank == root and (not isinstance(object_gather_list, list) or len(object_gather_list) != g.size):
         raise ValueError(f"gather_object: object_gather_list on dst must be a list of {g.size} items")
     payload = _dumps(obj)
-    sizes = _sizes(g, payload.size)
+    sizes = _sizes(g, len(payload))
     width = int(sizes.max())
     padded = np.zeros(width, dtype=np.uint8)
-    padded[:payload.size] = payload
+    padded[:len(payload)] = np.frombuffer(payload, dtype=np.uint8)
     outs = [np.empty(width, dtype=np.uint8) for _ in range(g.size)] if g.rank == root else None
     gather(padded, outs, dst=g.ranks[root], group=g)
     if g.rank == root:
@@ -129,7 +144,7 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
         if not isinstance(scatter_object_input_list, (list, tuple)) or len(scatter_object_input_list) != g.size:
             raise ValueError(f"scatter_object_list: scatter_object_input_list on src must hold {g.size} objects")
         payloads = [_dumps(o) for o in scatter_object_input_list]
-        sizes[:] = [p.size for p in payloads]
+        sizes[:] = [len(p) for p in payloads]
     broadcast(sizes, src=g.ranks[root], group=g)
     width = int(sizes.max())
     pieces = None
@@ -137,7 +152,7 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
         pieces = []
         for p in payloads:
             padded = np.zeros(width, dtype=np.uint8)
-            padded[:p.size] = p
+            padded[:len(p)] = np.frombuffer(p, dtype=np.uint8)
             pieces.append(padded)
     out = np.empty(width, dtype=np.uint8)
     scatter(out, pieces, src=g.ranks[root], group=g)

@@ -38,15 +38,21 @@ class _Context:
 def _comm_lock_table(comm) -> dict:
     """The locks of ``comm``, by key (mpi4py's internal lock table)."""
     g = comm._g("_comm_lock_table")
-    with _guard:
-        return _locks.setdefault(g, {})
+    table = _locks.get(g)  # made once: object bcasts take this on every call
+    if table is None:
+        with _guard:
+            table = _locks.setdefault(g, {})
+    return table
 
 
 def _comm_lock(comm, key: Hashable = None) -> threading.Lock:
     """The lock of ``comm`` for ``key``, made on first use."""
     table = _comm_lock_table(comm)
-    with _guard:
-        return table.setdefault(key, threading.Lock())
+    lock = table.get(key)
+    if lock is None:
+        with _guard:
+            lock = table.setdefault(key, threading.Lock())
+    return lock
 
 
 def _context(comm) -> _Context:
