@@ -352,3 +352,22 @@ def test_percentiles_and_a_hog(tmp_path):
 def test_hog_must_not_be_negative():
     done = _bench("-n", "2", "--hog", "-1")
     assert done.returncode == 2 and "--hog must not be negative" in done.stderr
+
+
+@pytest.mark.parametrize("hosts,op,crossing", [
+    # 2 hosts x 2 ranks: an all_reduce's two host sums cross once each way
+    # (S); all_gather brings the other host's 2 blocks of S/4 in (S/2); an
+    # all_to_all's 2 ranks send 2 blocks of S/4 each across (S).
+    ("aabb", "all_reduce", 1.0), ("aabb", "all_gather", 0.5), ("aabb", "reduce_scatter", 0.5),
+    ("aabb", "all_to_all", 1.0), ("aabb", "broadcast", 1.0), ("aabb", "reduce", 1.0),
+    ("aabb", "sendrecv", 1.0),
+    # 3 hosts x 1 rank: 2(K-1)/K = 4/3 for all_reduce; 2 of 3 blocks come in.
+    ("abc", "all_reduce", 4 / 3), ("abc", "all_gather", 2 / 3), ("abc", "all_to_all", 2 / 3),
+    # Uneven, 3 + 1 ranks: host a's 3 blocks go out (3S/4); 3 x 1 blocks of
+    # S/4 cross in all_to_all; ranks interleaved over the hosts: every
+    # sendrecv neighbour is elsewhere, 2 per host each way.
+    ("aaab", "all_gather", 0.75), ("aaab", "all_to_all", 0.75), ("abab", "sendrecv", 2.0),
+    ("aaaa", "all_reduce", 0.0), ("a", "broadcast", 0.0),
+])
+def test_link_bytes(hosts, op, crossing):
+    assert bench.link_bytes(op, tuple(hosts), 1 << 20) == pytest.approx(crossing * (1 << 20))

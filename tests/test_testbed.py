@@ -169,3 +169,25 @@ def test_bad_input():
     with pytest.raises(ValueError, match="cannot shape"):
         testbed.TestBed(1, rate="fast")
     _no_beds_left()
+
+
+def test_the_bench_measures_the_link_and_prints_each_ops_bound(tmp_path):
+    """collie bench across 2 hosts: the link rate it measures at start is the
+    shaper's (50 Mbit/s), and each op's table says what must cross it."""
+    script = tmp_path / "bench.py"
+    script.write_text("import sys\nfrom collie.bench import main\nsys.exit(main(sys.argv[1:]))\n")
+    with testbed.TestBed(2, rate="50mbit") as bed:
+        results = bed.run([str(script), "--op", "all_reduce,all_gather,all_to_all", "--sizes", "64K",
+                           "--iters", "2", "--warmup", "1", "--repeats", "1"], ranks_per_host=1, timeout=120)
+    _no_beds_left()
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    out = results[0].stdout
+    link = [line for line in out.splitlines() if line.startswith("# link: ")]
+    assert len(link) == 1, out
+    rate = float(link[0].split()[2]) * 1e6  # "# link: 6.1 MB/s ..."
+    assert 0.5 * 50e6 / 8 < rate < 1.2 * 50e6 / 8, link[0]
+    # 2 hosts x 1 rank: S crosses for all_reduce, S/2 for all_gather and all_to_all
+    for op, crossing in (("all_reduce", "1.00"), ("all_gather", "0.50"), ("all_to_all", "0.50")):
+        block = out.split(f"# {op}\n")[1]
+        assert block.startswith(f"# (bound across hosts: crosses >= {crossing} S on the busiest host's link"), block
+    assert "# memory:" not in out  # one host's memory bound says nothing across hosts

@@ -54,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Iterable, NamedTuple, Optional
+from typing import Callable, Iterable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -487,12 +487,14 @@ class CollieComm(DistComm):
         if algorithm:
             return algorithm
         # What the tuner picks for this call; collectives pass the tuner the
-        # bytes below (all_to_all passes 0).
+        # bytes below (all_to_all passes 0), and each rank's host.
         try:
             from . import collectives
-            g = self.dist.group.WORLD
+            from .group import resolve
+            g = resolve(None)
             nbytes = 0 if op == "all_to_all" else lay.nbytes
-            return collectives.tuner().choose(op, nbytes, self.size, collectives._transport(g)).algorithm
+            return collectives.tuner().choose(op, nbytes, self.size, collectives._transport(g),
+                                              hosts=g.hosts).algorithm
         except Exception:  # noqa: BLE001 - only a label
             return "auto"
 
@@ -615,6 +617,110 @@ def memory_bound(op: str, n: int, cores: int, copy_bw: float, add_bw: float, rea
     return algbw, algbw * bus_factor(op, n)
 
 
+# ---- across hosts: the links' rate, and the bytes that must cross them ------
+
+def link_bytes(op: str, hosts: Sequence, nbytes: int) -> float:
+    """The bytes ``op`` of size ``nbytes`` (as the tables count it) must move
+    through the busiest host's link in one direction, whatever the
+    algorithm, for ranks on ``hosts`` (each rank's host; 0 on one host).
+
+    A host's ranks share its link to the others, and what they exchange
+    among themselves costs it nothing. With n ranks, m_h of them on host h
+    and K hosts:
+
+    - all_reduce 2(K-1)/K S: the hosts' sums must be all-reduced among K
+      nodes, which sends and receives that much per node (Patarasuk and
+      Yuan's bound; S each way for two hosts);
+    - broadcast and reduce S: the buffer must enter every host but the
+      root's (leave each, summed, for reduce);
+    - all_gather and reduce_scatter max(m_h, n - m_h)/n S: the other hosts'
+      blocks must come in and its own go out (for reduce_scatter, the
+      partial sums of the blocks that other hosts own go out);
+    - all_to_all m_h (n - m_h)/n S: every block from a rank of h to a rank
+      elsewhere, and as much back;
+    - sendrecv S per rank whose neighbour (rank + 1, rank - 1) is elsewhere.
+    """
+    n = len(hosts)
+    ranks_on: dict = {}
+    for h in hosts:
+        ranks_on[h] = ranks_on.get(h, 0) + 1
+    k = len(ranks_on)
+    if k < 2:
+        return 0.0
+    if op == "all_reduce":
+        return 2 * (k - 1) / k * nbytes
+    if op in ("broadcast", "reduce"):
+        return float(nbytes)
+    if op in ("all_gather", "reduce_scatter"):
+        return max(max(m, n - m) for m in ranks_on.values()) / n * nbytes
+    if op == "all_to_all":
+        return max(m * (n - m) for m in ranks_on.values()) / n * nbytes
+    if op == "sendrecv":
+        out = [sum(hosts[r] == h != hosts[(r + 1) % n] for r in range(n)) for h in ranks_on]
+        into = [sum(hosts[r] == h != hosts[(r - 1) % n] for r in range(n)) for h in ranks_on]
+        return max(out + into) * float(nbytes)
+    raise ValueError(op)
+
+
+def link_rate(seconds: float = 0.25, most: int = 64 << 20) -> Optional[tuple[float, int]]:
+    """(bytes/s each way, bytes per round) of the slowest link between this
+    world's hosts, measured now; None on one host. Collective: every rank
+    calls it. Rank 0 and the first rank of each other host in turn send
+    each other a buffer at once (both directions loaded, as the
+    collectives load them), doubling it until a round takes ``seconds``;
+    the fastest of three rounds of that size counts."""
+    import collie
+    hosts = _network().hosts
+    first: dict = {}
+    for r, h in enumerate(hosts):
+        first.setdefault(h, r)
+    if len(first) < 2:
+        return None
+    me = collie.get_rank()
+
+    def exchange(mine: np.ndarray, theirs: np.ndarray, peer: int) -> None:
+        work = collie.isend(mine, peer)
+        collie.recv(theirs, peer)
+        work.wait()
+
+    slowest = (float("inf"), 0)
+    for other in list(first.values())[1:]:
+        if me not in (0, other):
+            continue
+        peer = other if me == 0 else 0
+        nbytes, rounds = 1 << 20, []
+        while len(rounds) < 3:  # the size found, then two more rounds of it
+            out, into, took = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8), np.zeros(2)
+            exchange(took[:1], took[1:], peer)  # both ready: the round starts together
+            start = time.perf_counter()
+            exchange(out, into, peer)
+            took[0] = time.perf_counter() - start
+            exchange(took[:1], took[1:], peer)  # the pair agrees on the longer round
+            if rounds or took.max() >= seconds or nbytes >= most:
+                rounds.append(float(took.max()))
+            else:
+                nbytes *= 2
+        # The fastest round: a bound the collectives must not beat by luck.
+        slowest = min(slowest, (nbytes / min(rounds), nbytes))
+    found = np.array(slowest if me == 0 else (0.0, 0.0))
+    collie.broadcast(found, src=0)
+    return float(found[0]), int(found[1])
+
+
+def link_lines(hosts: Sequence, rate: float) -> dict:
+    """op -> what the table says of its bound across hosts."""
+    lines = {}
+    unit = 64 << 20
+    for op in OPS:
+        crossing = link_bytes(op, hosts, unit) / unit
+        if crossing:
+            algbw = rate / crossing
+            lines[op] = (f"across hosts: crosses >= {crossing:.2f} S on the busiest host's link, "
+                         f"algbw <= {algbw / 1e9:.3f} GB/s, busbw <= "
+                         f"{algbw * bus_factor(op, len(hosts)) / 1e9:.3f} GB/s, see header")
+    return lines
+
+
 def _network():
     """This rank's Network (the world's)."""
     from .group import resolve
@@ -701,12 +807,13 @@ def bound_lines(n: int, mem: Optional[tuple], single_copy: bool) -> dict:
         bound = memory_bound(op, n, _cores(), *mem, single_copy=single_copy)
         if bound is not None:
             text = traffic_factor(op, n, single_copy)[0]
-            lines[op] = f"moves >= {text}, busbw <= {bound[1] / 1e9:.2f} GB/s"
+            lines[op] = f"for 64 MiB buffers: moves >= {text}, busbw <= {bound[1] / 1e9:.2f} GB/s, see header"
     return lines
 
 
 def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple],
-           single_copy: bool = False, mem_cores: int = 1, hogs: int = 0) -> str:
+           single_copy: bool = False, mem_cores: int = 1, hogs: int = 0,
+           link: Optional[tuple] = None, hosts: Sequence = ()) -> str:
     """The lines above the tables: command, world, machine, date, method."""
     import collie
     from . import core
@@ -737,6 +844,13 @@ def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple
             lines.append(f"# bound: the least memory traffic of each op on one host ({how}), at the "
                          f"fastest rate above on {min(nranks, _cores())} cores; above each table for "
                          f"64 MiB buffers (see collie.bench.memory_bound)")
+    if link is not None:
+        rate, nbytes = link
+        lines.append(f"# link: {rate / 1e6:.1f} MB/s ({rate * 8 / 1e9:.3f} Gbit/s) each way on the slowest "
+                     f"link between the {len(set(hosts))} hosts, measured at start (rank 0 and each other "
+                     f"host's first rank sending each other {format_size(nbytes)} at once)")
+        lines.append("# bound: the bytes each op must move through the busiest host's link, at that rate; "
+                     "above each table (see collie.bench.link_bytes)")
     return "\n".join(lines)
 
 
@@ -780,7 +894,7 @@ class Table:
         ratios = "".join(f"{'vs ' + p:>11}" for p in self.peers)
         self._say(f"#\n# {op}")
         if op in self.bounds:
-            self._say(f"# (bound for 64 MiB buffers: {self.bounds[op]}, see header)")
+            self._say(f"# (bound {self.bounds[op]})")
         self._say(f"#{names[1:]}   {'algorithm':<18}{ratios}".rstrip())
 
     def add(self, row: dict) -> None:
@@ -876,12 +990,17 @@ def rank_main(cfg: Config, argv: list, where: str, mem: Optional[tuple], peer_ro
     comm = CollieComm()
     rows: list = []
     is_root = comm.rank == 0
-    shm = _network().shm
-    single_copy = bool(shm is not None and shm.single_copy_peers())  # what the transport found
+    network = _network()
+    single_copy = bool(network.shm is not None and network.shm.single_copy_peers())  # what the transport found
+    link = link_rate()
+    if link is None:
+        bounds = bound_lines(comm.size, mem, single_copy)
+    else:  # across hosts the links bind, not one host's memory
+        mem, bounds = None, link_lines(network.hosts, link[0])
     progress = Progress(cfg.progress and is_root, cfg.tty)
-    table = Table(peer_rows, bound_lines(comm.size, mem, single_copy), progress, banner=banner)
+    table = Table(peer_rows, bounds, progress, banner=banner)
     if is_root and print_header:
-        print(header(argv, comm.size, where, cfg, mem, single_copy), flush=True)
+        print(header(argv, comm.size, where, cfg, mem, single_copy, link=link, hosts=network.hosts), flush=True)
 
     def emit(row: dict) -> None:
         rows.append(row)
