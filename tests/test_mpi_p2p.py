@@ -405,3 +405,65 @@ def _cai_body(rank, size):
 
 def test_cuda_array_interface_moves_host_memory_and_refuses_the_rest():
     assert run(_cai_body, 1) == [True]
+
+
+# ---- waiting: the Network's one loop ----
+
+def _recv_timeout_body(rank, size):
+    import time
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    if rank == 1:
+        time.sleep(6)  # alive, but never sends
+        return None
+    start = time.monotonic()
+    try:
+        comm.recv(source=1, tag=7)
+    except MPI.Exception as exc:  # an MPI error, as mpi4py's would be, not collie's own
+        return str(exc), time.monotonic() - start
+    raise AssertionError("a receive nobody sends to completed")
+
+
+def test_a_receive_that_times_out_is_an_mpi_error_naming_the_rank_it_waits_for():
+    from datetime import timedelta
+    out = run_ranks(_recv_timeout_body, 2, timeout=90, init_kwargs={"timeout": timedelta(seconds=2)})
+    text, took = out[0]
+    assert "timed out after 2s waiting for rank(s) [1]" in text, text
+    assert "recv from rank 1 (tag 7)" in text, text
+    assert took < 30, took
+
+
+def _aborted_wait_body(rank, size):
+    import time
+    from datetime import timedelta
+
+    import numpy as np
+
+    import collie
+    MPI = mpi()
+    short = collie.new_group([0, 1], timeout=timedelta(seconds=2))
+    if rank == 1:  # a collective rank 0 never joins: it times out here, and rank 1 tells everyone
+        try:
+            collie.all_reduce(np.ones(4), group=short)
+        except collie.CollieTimeout:
+            time.sleep(10)  # and stays: rank 0 must not need its leaving to stop
+            return "timed out"
+        raise AssertionError("a collective without rank 0 completed")
+    start = time.monotonic()
+    try:
+        MPI.COMM_WORLD.recv(source=1, tag=7)  # the world's timeout is 60 s
+    except MPI.Exception as exc:
+        return str(exc), time.monotonic() - start
+    raise AssertionError("a receive nobody sends to completed")
+
+
+def test_an_mpi_wait_stops_when_another_call_breaks_the_job():
+    """The Network's abort reaches MPI's waits too: rank 0, blocked in a
+    receive, hears that rank 1's collective timed out long before its own
+    timeout."""
+    from datetime import timedelta
+    out = run_ranks(_aborted_wait_body, 2, timeout=90, init_kwargs={"timeout": timedelta(seconds=60)})
+    assert out[1] == "timed out"
+    text, took = out[0]
+    assert "because rank 1 reported" in text and "timed out" in text, text
+    assert took < 8, took  # rank 1 leaves only after 12 s or more

@@ -469,16 +469,40 @@ class Network:
                 return
         self._wait(requests, self.timeout if timeout is None else timeout, describe, call)
 
-    def _wait(self, requests, timeout: float, describe: Callable[[], str], call) -> None:
+    def wait_until(self, ready: Callable[[], bool], requests: Callable[[], list], *, timeout: float,
+                   describe: Callable[[], str], progress: Callable[[], bool],
+                   departed: Optional[Callable[[], list]] = None) -> None:
+        """Block until ``ready()``: how a layer above with books of its own
+        (the MPI layer's requests, probes and envelopes) waits, in the loop
+        collectives wait in: its spinning and sleeping, an abort raised, a
+        timeout that names the ranks at fault. ``requests()``: the transport
+        requests ready() depends on (their errors are the layer's to
+        report); ``progress()``: a pass over the transports and the layer's
+        books; ``departed()``: every request it waits on, directly or not
+        (default: requests()): failed once their peer is lost, and named
+        when it times out. A dead peer fails only what waits on it
+        there (as MPI's fault tolerance has it: the survivors talk on); an
+        abort of another kind (a mismatch, a timeout) raises, as in any wait."""
+        self._wait(requests, timeout, describe, None, (ready, progress, departed or requests))
+
+    def _wait(self, requests, timeout: float, describe: Callable[[], str], call, until=None) -> None:
         """wait()'s loop: progress, spin a little, then sleep on the doorbell."""
-        self._waiting = requests  # for the queries of a rank that times out
+        self._waiting = until[2]() if until is not None else requests  # for the queries of a rank that times out
         try:
-            self._wait_loop(requests, timeout, describe, call)
+            self._wait_loop(requests, timeout, describe, call, until)
         finally:
             self._waiting = []
 
-    def _wait_loop(self, requests, timeout: float, describe: Callable[[], str], call) -> None:
-        every = requests = list(requests)
+    def _wait_loop(self, requests, timeout: float, describe: Callable[[], str], call, until) -> None:
+        """The one waiting loop. ``until``: None to wait for ``requests``
+        (raising the first error), or (ready, progress, departed) of wait_until."""
+        ready = progress = departed = None
+        if until is not None:
+            ready, progress, departed = until
+            every = requests = list(requests())
+        else:
+            progress = self.progress
+            every = requests = list(requests)
         anys = [r for r in requests if isinstance(r, AnySourceRequest)]
         start = time.monotonic()
         spin_until = start + self._spin
@@ -489,27 +513,30 @@ class Network:
         while True:
             # Taken before the progress pass: a peer's "leaving" follows all it
             # sent, so after this pass what waits on such a peer never comes.
-            leaving = set(self._leaving) if self._leaving and not leave else None
-            moved = self.progress()
+            leaving = set(self._leaving) if self._leaving and not leave and ready is None else None
+            moved = progress()
             for req in anys:
                 if self._step_any(req):
                     moved = True  # a receive was just posted: give it a pass of progress
-            open_ = []
-            for req in requests:
-                if req.error is not None:
-                    self.check(describe, tag)  # the root cause, if a peer told us one
-                    error = self._explain(req, describe, call is not None)
-                    if isinstance(error, PeerError) and not getattr(req.error, "left", False):
-                        # A death seen in any wait (point to point too) is news for
-                        # every rank, before this one leaves and they hear only that.
-                        self.fail(range(self.size), "PeerError", (error.peer,), str(error))
-                    raise error from req.error
-                if not req.done:
-                    open_.append(req)
-            if not open_:
+            if ready is None:
+                open_ = []
+                for req in requests:
+                    if req.error is not None:
+                        self.check(describe, tag)  # the root cause, if a peer told us one
+                        error = self._explain(req, describe, call is not None)
+                        if isinstance(error, PeerError) and not getattr(req.error, "left", False):
+                            # A death seen in any wait (point to point too) is news for
+                            # every rank, before this one leaves and they hear only that.
+                            self.fail(range(self.size), "PeerError", (error.peer,), str(error))
+                        raise error from req.error
+                    if not req.done:
+                        open_.append(req)
+                if not open_:
+                    return
+                requests = open_
+            elif ready():
                 return
-            requests = open_
-            if self._abort is not None:
+            if self._abort is not None and (ready is None or self._abort[1] != "PeerError"):
                 self.check(describe, tag)
             if leaving:
                 self._fail_left(requests, leaving, describe)
@@ -525,9 +552,11 @@ class Network:
                 spin_until = now + self._spin
                 continue
             if self._lost:
-                self._fail_departed(requests)
+                self._fail_departed(departed() if departed is not None else requests)
+                if ready is not None and (progress() or ready()):
+                    continue
             if now >= start + timeout:
-                raise self._timed_out(requests, timeout, describe, call)
+                raise self._timed_out(departed() if ready is not None else requests, timeout, describe, call)
             if spin is None:
                 spin = self.polls(every)
             if spin and now < spin_until:
@@ -536,10 +565,13 @@ class Network:
             # Look once more as a sleeper: a peer that announces anything
             # from now on wakes us (see doorbell.py).
             nleaving = len(self._leaving)
-            self.doorbell.sleep(min(SLEEP_SLICE, start + timeout - now),
-                                lambda: self.progress() or (self._abort is not None and not leave)
-                                or len(self._leaving) != nleaving
-                                or any(r.finished for r in open_))
+            if ready is None:
+                woken = (lambda: progress() or (self._abort is not None and not leave)
+                         or len(self._leaving) != nleaving or any(r.finished for r in requests))
+            else:
+                woken = lambda: (progress() or ready()  # noqa: E731
+                                 or self._abort is not None and self._abort[1] != "PeerError")
+            self.doorbell.sleep(min(SLEEP_SLICE, start + timeout - now), woken)
 
     def _fail_left(self, requests, leaving: set, describe) -> None:
         """Raise PeerError if a request waits on a peer that has left."""

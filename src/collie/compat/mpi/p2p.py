@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import time
 import weakref
 from typing import Callable, Optional
 
 import numpy as np
 
 from ...arrays import byte_view
-from ...errors import CollieError, CollieTimeout
+from ...errors import CollieError
 from ...group import ProcessGroup
 from .constants import ANY_SOURCE, ANY_TAG, _ACK_TAG, _ENVELOPE_TAG, _PAYLOAD_TAG
+from .exceptions import _as_mpi_error
 
 __all__ = []
 
@@ -260,38 +260,24 @@ def _progress(network) -> bool:
     return moved
 
 
-def _fail_departed(network, requests: list) -> None:
-    """Once nothing moves, requests on peers that left (destroy_process_group)
-    can no longer complete: fail them, as Network.wait does."""
+def _departed(network, requests: list) -> list:
+    """What fails once a peer is lost: ``requests``, and every
+    communicator's envelope receives on ``network``."""
     for m in list(_matchers):
         if m.network is network:
             requests = requests + [req for _, req in m.envelopes.values()]
-    network.poll(requests)
+    return requests
 
 
 def _wait_until(ready: Callable[[], bool], network, timeout: float, describe: Callable[[], str],
                 requests: Callable[[], list] = list) -> None:
-    """Make progress until ready(); when idle, poll a while as the Network's
-    own waits do (see Network.polls), then sleep on the rank's doorbell.
-    ``requests()`` are the transport requests ready() depends on."""
-    start = time.monotonic()
-    spin = network.spin_seconds if network.polls(requests()) else 0.0
-    spin_until = start + spin
-    while True:
-        moved = _progress(network)
-        if ready():
-            return
-        now = time.monotonic()
-        if moved:
-            spin_until = now + spin
-            continue
-        if now < spin_until:
-            network.pause()
-            continue
-        _fail_departed(network, requests())
-        if _progress(network) or ready():
-            continue
-        waited = time.monotonic() - start
-        if waited >= timeout:
-            raise CollieTimeout(f"rank {network.rank}: {describe()} timed out after {timeout:g}s")
-        network.doorbell.sleep(min(0.1, timeout - waited), lambda: _progress(network) or ready())
+    """Wait until ready(), in the Network's one waiting loop (its spinning
+    and sleeping, aborts, lost peers and timeouts), with a progress pass
+    that moves the communicators' envelopes too. ``requests()`` are the
+    transport requests ready() depends on. Its errors (a timeout, an
+    abort) are MPI.Exceptions, as the requests' own are."""
+    try:
+        network.wait_until(ready, requests, timeout=timeout, describe=describe,
+                           progress=lambda: _progress(network), departed=lambda: _departed(network, requests()))
+    except CollieError as exc:
+        raise _as_mpi_error(exc) from exc
