@@ -167,7 +167,7 @@ def _trace_body(rank, size, path):
     return float(x[0])
 
 
-def test_a_traced_call_does_not_take_its_lane(executor, tmp_path):
+def test_a_call_in_its_lane_is_traced(executor, tmp_path):
     assert run_ranks(_trace_body, 2, str(tmp_path), timeout=60) == [16.0, 16.0]
     for rank in (0, 1):  # the fourth call, the one traced, is in each rank's trace
         assert "all_reduce" in (tmp_path / f"rank-{rank}.json").read_text()

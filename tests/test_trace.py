@@ -23,7 +23,7 @@ def _traced_calls(rank, size, folder):
 
 
 @pytest.mark.timeout(90)
-def test_trace_context_merge_and_draw(tmp_path):
+def test_trace_context_merge_and_draw(tmp_path, executor):
     folder = str(tmp_path / "tr")
     n = 3
     results = run_ranks(_traced_calls, n, folder, timeout=60)
@@ -62,6 +62,44 @@ def test_trace_context_merge_and_draw(tmp_path):
     from collie.draw import main as draw
     assert draw(["--trace", str(out), "-o", str(tmp_path / "run.svg")]) == 0
     assert (tmp_path / "run.svg").read_text().count("<rect") > 2 * n
+
+
+def _steps_traced(rank, size, folder):
+    import collie
+    small = np.full(1000, rank + 1.0, np.float32)
+    large = np.full(100_000, rank + 1.0)  # 800 KB: several ring slots, which the core hands to Python
+    with collie.trace(folder):
+        for _ in range(2):  # the second: through the lane's program, run step by step too
+            collie.all_reduce(small, algorithm="recursive_doubling")
+        collie.broadcast(large, src=1, algorithm="ring")
+    return float(small[0]), float(large[0])
+
+
+@pytest.mark.timeout(120)
+def test_each_executor_traces_every_step_and_message(tmp_path, executor):
+    """A traced call runs on the executor an untraced one would (the core,
+    step by step, or engine.execute), and its trace says the same: every
+    step with messages, each message's peer and bytes."""
+    folder = str(tmp_path / "tr")
+    n = 4
+    assert run_ranks(_steps_traced, n, folder, timeout=90) == [(40.0, 2.0)] * n
+    from collie.tracing import merge
+    events = merge(folder)["traceEvents"]
+    steps = [e for e in events if e.get("cat") == "step"]
+    by_op: dict = {}
+    for e in steps:
+        by_op.setdefault((e["name"].split(" step")[0], e["pid"]), []).append(e["args"]["messages"])
+    for r in range(n):
+        doubling = by_op[("all_reduce", r)]
+        assert len(doubling) == 2 * 2  # log2(4) exchanges per call, two calls
+        for msgs in doubling:
+            assert sorted((m["dir"], m["bytes"]) for m in msgs) == [("recv", 4000), ("send", 4000)]
+            assert {m["peer"] for m in msgs} <= {r ^ 1, r ^ 2}
+        chain = [m for msgs in by_op.get(("broadcast", r), []) for m in msgs]
+        sent = sum(m["bytes"] for m in chain if m["dir"] == "send")
+        got = sum(m["bytes"] for m in chain if m["dir"] == "recv")
+        assert got == (0 if r == 1 else 800_000) and sent == (0 if r == 0 else 800_000), (r, chain)
+        assert all(m["completed"] >= m["posted"] for m in chain)
 
 
 SCRIPT = """

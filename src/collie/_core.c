@@ -512,11 +512,19 @@ static double now_seconds(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* Run steps from ``start`` until one needs Python. Returns the step it
  * stopped at (nsteps: all done), and sets *locals_done and *mask (bit j:
- * send j done, bit nsend + j: receive j done). */
+ * send j done, bit nsend + j: receive j done). With ``times``, step i's
+ * start and end (seconds since the epoch, as time.time()) go to
+ * times[2i] and times[2i + 1]: what a trace records. */
 static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag, uint64_t meta,
-                     int *locals_done, uint64_t *mask) {
+                     int *locals_done, uint64_t *mask, double *times) {
     double spin = self->spin;
     int crowded = self->crowded;
     kernel_t kernel = self->op >= 0 ? kernels[self->dtype] : NULL;
@@ -524,6 +532,7 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
         step_t *s = &self->steps[i];
         *locals_done = 0;
         *mask = 0;
+        if (times) times[2 * i] = wall_seconds();
         if (s->python) return i;
         for (int j = 0; j < s->nlocal; j++) {
             local_t *l = &s->local[j];
@@ -574,18 +583,21 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
             else __builtin_ia32_pause();
         }
         if (handback || open) return i;
+        if (times) times[2 * i + 1] = wall_seconds();
     }
     return self->nsteps;
 }
 
-/* run(buffers, start, tag, meta) -> (step, locals_done, mask):
- * the step it stopped at (len(steps): the call is done). */
+/* run(buffers, start, tag, meta[, times]) -> (step, locals_done, mask):
+ * the step it stopped at (len(steps): the call is done). ``times``: a
+ * writable float64 buffer of 2 x len(steps) for each step's start and end. */
 static PyObject *program_run(CoreProgram *self, PyObject *args) {
     PyObject *buffers;
     int start;
     long long tag;
     unsigned long long meta;
-    if (!PyArg_ParseTuple(args, "OiLK", &buffers, &start, &tag, &meta)) return NULL;
+    PyObject *times_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OiLK|O", &buffers, &start, &tag, &meta, &times_obj)) return NULL;
     if (!PyTuple_Check(buffers) || PyTuple_GET_SIZE(buffers) != self->nbufs) {
         PyErr_Format(PyExc_ValueError, "run() needs a tuple of %d buffers", self->nbufs);
         return NULL;
@@ -597,9 +609,16 @@ static PyObject *program_run(CoreProgram *self, PyObject *args) {
     int free_ = rings_free(self);
     if (free_ < 0) return NULL;
     if (!free_) return Py_BuildValue("iiK", start, 0, 0ull);
-    Py_buffer bufs[self->nbufs + 1];
+    Py_buffer bufs[self->nbufs + 1], times = {0};
     int got = 0;
     PyObject *result = NULL;
+    if (times_obj != Py_None) {
+        if (PyObject_GetBuffer(times_obj, &times, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+        if (times.len < (Py_ssize_t)(2 * self->nsteps * sizeof(double))) {
+            PyErr_Format(PyExc_ValueError, "run(): times needs %d float64s", 2 * self->nsteps);
+            goto done;
+        }
+    }
     for (; got < self->nbufs; got++) {
         PyObject *b = PyTuple_GET_ITEM(buffers, got);
         if (PyObject_GetBuffer(b, &bufs[got], self->writes[got] ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS
@@ -618,11 +637,12 @@ static PyObject *program_run(CoreProgram *self, PyObject *args) {
     int locals_done = 0, step;
     uint64_t mask = 0;
     Py_BEGIN_ALLOW_THREADS  /* the caller holds the network's lock: no Python end moves meanwhile */
-    step = run_steps(self, bufs, start, tag, (uint64_t)meta, &locals_done, &mask);
+    step = run_steps(self, bufs, start, tag, (uint64_t)meta, &locals_done, &mask, times.buf);
     Py_END_ALLOW_THREADS
     if (update_books(self) == 0) result = Py_BuildValue("iiK", step, locals_done, (unsigned long long)mask);
 done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
+    if (times.obj) PyBuffer_Release(&times);
     return result;
 }
 

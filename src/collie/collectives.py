@@ -320,7 +320,7 @@ def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq:
 
 def _lane(g: ProcessGroup, name: str, prepared: _Prepared):
     """The lane of ``prepared`` on ``g``, or None where the call can't take one."""
-    if TRACE is not None or core.EXECUTE is not core.execute:
+    if core.EXECUTE is not core.execute:
         return None
     found = core.lane(prepared.program, g.network)
     if found is None:
@@ -334,6 +334,8 @@ def _lane(g: ProcessGroup, name: str, prepared: _Prepared):
     def lane(arrays: dict) -> None:
         seq = g.seq
         g.seq = seq + 1
+        if TRACE is not None:  # traced: the tracer runs it (on the core, step by step)
+            return _execute(g, name, prepared, arrays, seq, None, g.timeout)
         tag = fixed | (seq & MAX_TAG)
         network.current = tag
         resume = None
@@ -376,7 +378,7 @@ def _find_lane(group, key: tuple, tensor: np.ndarray):
     NumPy array), with this process's async calls done, or None: the caller
     takes the full path."""
     w = _group._world
-    if w is None or TRACE is not None:
+    if w is None:
         return None
     g = w.group if group is None else group
     if g.__class__ is not ProcessGroup or g.network is not w.network:

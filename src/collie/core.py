@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 from operator import itemgetter
 from typing import Callable, Optional
 
@@ -180,6 +181,11 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
     return core, arrays_of, schedule.tmp_like is not None, tmp, windows
 
 
+def runs(program: engine.Program, network) -> bool:
+    """Whether execute() runs ``program`` on the core (else engine.execute does)."""
+    return EXECUTE is execute and _compiled(program, network) is not None
+
+
 def _compiled(program: engine.Program, network) -> Optional[tuple]:
     """compile()'s form of ``program`` on ``network``, made on first use."""
     compiled = program.core
@@ -201,21 +207,27 @@ def _buffers(program: engine.Program, compiled: tuple, arrays: dict, network, sp
 
 
 def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
-            describe: Callable[[int], str], timeout: float) -> None:
-    """engine.execute's contract, run by the compiled core where it can."""
+            describe: Callable[[int], str], timeout: float, times=None) -> None:
+    """engine.execute's contract, run by the compiled core where it can.
+    ``times`` (a float64 array of 2 x len(program.steps), for a trace, and
+    only where runs() says the core runs the program): each step's start
+    and end, as time.time(), whichever executor ran the step."""
     compiled = _compiled(program, network)
     if compiled is None:
         return engine.execute(program, arrays, network, tag, meta, describe, timeout)
     core = compiled[0]
     spare = engine.take_spare(program) if compiled[2] else None
     bufs = _buffers(program, compiled, arrays, network, spare)
+    if times is not None:
+        times[0] = time.time()  # the core's clock replaces it if the core starts the step
     if network._abort is None and not network._lost:
         with network.lock:
-            step, locals_done, done = core.run(bufs, 0, tag, meta)
+            step, locals_done, done = core.run(bufs, 0, tag, meta, times)
     else:  # something broke: Python's checks, step by step
         step, locals_done, done = 0, 0, 0
     if step < len(program.steps):
-        _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare, step, locals_done, done)
+        _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare, step, locals_done, done,
+                times)
     if spare is not None:
         engine.give_spare(program, spare)
 
@@ -248,7 +260,7 @@ def resume(program: engine.Program, arrays: dict, network, tag: int, meta: int,
 
 
 def _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare,
-            step: int, locals_done: int, done: int) -> None:
+            step: int, locals_done: int, done: int, times=None) -> None:
     """The rest of a call the core handed back at ``step``: Python finishes
     that step, the core runs on from the next, until the last."""
     steps = program.steps
@@ -256,11 +268,15 @@ def _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, 
     while True:
         engine.run_step(program, steps[step], state, network, tag, meta, describe, timeout, locals_done, done)
         start = step + 1
+        if times is not None:
+            times[2 * step + 1] = time.time()
+            if start < len(steps):
+                times[2 * start] = time.time()
         if start == len(steps):
             return
         if network._abort is None and not network._lost:
             with network.lock:
-                step, locals_done, done = core.run(bufs, start, tag, meta)
+                step, locals_done, done = core.run(bufs, start, tag, meta, times)
             if step == len(steps):
                 return
         else:  # something broke: Python's checks, step by step

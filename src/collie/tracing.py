@@ -20,18 +20,22 @@ clock's offset from rank 0's. Per collective call:
   as the transports match them: the j-th message of the call between two
   ranks.
 
-A step's messages are posted together and waited for together (the engine
-hands a whole step to Network.exchange), so a message's completion is
-when its step's wait ended: the trace times steps, and messages to the
-step. Local copies and reductions fall between steps.
+A traced call runs on the executor an untraced one would, lanes included.
+On the compiled core, the core stamps each step's start and end itself
+(two clock reads per step, in C); a step it hands to Python ends when
+Python finished it. Under engine.execute, a step's messages are posted
+together and waited for together (Network.exchange), so a message's
+completion is when its step's wait ended. Either way the trace times
+steps, and messages to the step; on the core a step's span includes its
+local copies and reductions, under engine.execute they fall between steps.
 
-Overhead: off, one test of a module global per call (collectives._execute:
-3 bytecodes of its 66, about 30 ns); on, two clock reads and a tuple per
-step while the program runs (about 7 us per 3-step call), and the JSON
-made and written when tracing ends (or at exit, for COLLIE_TRACE).
-docs/perf/trace_overhead.py measures it end to end: on the shared 2-core
-machine of this work, 1 MiB all_reduce on 2 ranks ran 5% to 25% slower
-traced, in runs whose null check (neither arm traced) read -6% to 0%.
+Overhead: off, one test of a module global per call (collectives._execute,
+and the lane of a repeated call); on, a tuple and the step times per call
+while the program runs; the JSON is made and written when tracing ends (or
+at exit, for COLLIE_TRACE). docs/perf/trace_overhead.py measures it end to
+end: 1 MiB all_reduce on 2 ranks of the shared 2-core machine of this work
+ran 3.8%, 7.5% and 9.0% slower traced, in runs whose null check (neither
+arm traced) read -0.3% (docs/scale.md).
 
 Clocks: timestamps are time.time() (microseconds since the epoch), which
 ranks on one host share. trace() with a process group estimates each rank's
@@ -57,13 +61,40 @@ import time
 import zlib
 from typing import Optional
 
-from . import engine
+import numpy as np
+
+from . import core, engine
 
 __all__ = ["Tracer", "trace", "merge", "main"]
 
 
 def _now_us() -> float:
     return time.time() * 1e6
+
+
+def _described(call: dict) -> dict:
+    """A traced call's fields, from what Tracer.execute kept of it."""
+    name, prepared, group, seq, tag, rank = call["what"]
+    plan = prepared.program.plan
+    info = dict(op=name, algorithm=prepared.choice.algorithm, segments=prepared.choice.segments,
+                bytes=prepared.program.dtype.itemsize * max(plan.counts.get("out", 0), plan.counts.get("in", 0)),
+                group=group, seq=seq, steps=prepared.nsteps, tag=tag, rank=rank)
+    if "error" in call:
+        info["error"] = call["error"]
+    return info
+
+
+def _messages(program, step) -> tuple[list, list]:
+    """A bound step's sends [(peer, bytes)] and receives [(peer, bytes,
+    whether it reduces)], as _TracedNetwork records an exchange's."""
+    itemsize, counts = program.dtype.itemsize, program.plan.counts
+
+    def nbytes(m) -> int:
+        if m.buf is None:
+            return 0 if m.staged is None else m.staged.count * itemsize
+        return (counts[m.buf] * itemsize if m.hi is None else m.hi) - m.lo
+    return ([(m.peer, nbytes(m)) for m in step.sends],
+            [(m.peer, nbytes(m), m.combine is not None) for m in step.recvs])
 
 
 class _TracedNetwork:
@@ -98,7 +129,8 @@ class Tracer:
     def __init__(self, folder: str):
         self.folder = folder
         self.calls: list = []    # (call dict, start, end), the call dict filled in as the call ends
-        self.raw: list = []      # steps: (call dict, step, posted, done, sends, recvs), times in s
+        self.raw: list = []      # steps Python ran: (call dict, step, posted, done, sends, recvs), times in s
+        self.timed: list = []    # calls the core ran: (call dict, program, each step's start and end)
         self.rank: Optional[int] = None
         self.offset_us = 0.0   # this rank's clock minus rank 0's
         self.offset_estimated = False
@@ -108,36 +140,47 @@ class Tracer:
     def execute(self, g, name: str, seq: int, prepared, arrays: dict, network, tag: int, describe,
                 timeout: float) -> None:
         call: dict = {}
+        program = prepared.program
         start = time.time()
         try:
-            engine.execute(prepared.program, arrays, _TracedNetwork(network, self.raw, call), tag,
-                     prepared.meta, describe, timeout)
+            if core.runs(program, network):  # on the core, as untraced calls run: it times the steps
+                times = np.zeros(2 * len(program.steps))
+                try:
+                    core.execute(program, arrays, network, tag, prepared.meta, describe, timeout, times)
+                finally:
+                    self.timed.append((call, program, times))
+            else:
+                engine.execute(program, arrays, _TracedNetwork(network, self.raw, call), tag,
+                               prepared.meta, describe, timeout)
         except BaseException as exc:
             call["error"] = f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            end = time.time()
-            plan = prepared.program.plan
-            call.update(op=name, algorithm=prepared.choice.algorithm, segments=prepared.choice.segments,
-                        bytes=prepared.program.dtype.itemsize * max(plan.counts.get("out", 0),
-                                                                    plan.counts.get("in", 0)),
-                        group=g.name, seq=seq, steps=prepared.nsteps, tag=tag, rank=network.rank)
+            # The least work while the ranks run: events() makes the rest.
+            call["what"] = (name, prepared, g.name, seq, tag, network.rank)
             if self.rank is None:
                 self.rank = network.rank
-            self.calls.append((call, start, end))
+            self.calls.append((call, start, time.time()))
 
     def events(self) -> list:
         """Every event so far, as Chrome Trace Event objects (times in us)."""
         with self.lock:
-            calls, raw = list(self.calls), list(self.raw)
+            calls, raw, timed = list(self.calls), list(self.raw), list(self.timed)
+        for call, program, times in timed:  # the steps the core timed, with their messages
+            t = times.tolist()
+            raw += [(call, step.index, t[2 * k], t[2 * k + 1]) + _messages(program, step)
+                    for k, step in enumerate(program.steps) if (step.sends or step.recvs) and t[2 * k + 1]]
+        described = {id(call): _described(call) for call, _, _ in calls}
         events = []
         for call, start, end in calls:
-            args = {k: v for k, v in call.items() if k not in ("tag", "rank")}
-            events.append({"ph": "X", "cat": "call", "name": call["op"], "pid": call["rank"], "tid": 0,
+            info = described[id(call)]
+            args = {k: v for k, v in info.items() if k not in ("tag", "rank")}
+            events.append({"ph": "X", "cat": "call", "name": info["op"], "pid": info["rank"], "tid": 0,
                            "ts": start * 1e6, "dur": (end - start) * 1e6, "args": args})
         counts: dict = {}  # (id of the call, src, dst) -> messages so far: the flows' ids
         for call, step, posted, done, sends, recvs in raw:
-            if "op" not in call:
+            call = described.get(id(call))
+            if call is None:
                 continue  # a call still running (in another thread) when the trace was written
             me, tag, crc = call["rank"], call["tag"], zlib.crc32(call["group"].encode())
             posted, done = posted * 1e6, done * 1e6
