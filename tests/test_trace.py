@@ -100,6 +100,14 @@ def test_each_executor_traces_every_step_and_message(tmp_path, executor):
         got = sum(m["bytes"] for m in chain if m["dir"] == "recv")
         assert got == (0 if r == 1 else 800_000) and sent == (0 if r == 0 else 800_000), (r, chain)
         assert all(m["completed"] >= m["posted"] for m in chain)
+    # every step lies inside its call, on its rank's clock, and steps follow one another
+    calls = {(e["pid"], e["args"]["seq"]): e for e in events if e.get("cat") == "call"}
+    last: dict = {}
+    for e in sorted(steps, key=lambda e: (e["pid"], e["ts"])):
+        call = calls[(e["pid"], e["args"]["seq"])]
+        assert call["ts"] - 1 <= e["ts"] and e["ts"] + e["dur"] <= call["ts"] + call["dur"] + 1, (e, call)
+        assert e["ts"] + 1 >= last.get(e["pid"], 0), e
+        last[e["pid"]] = e["ts"] + e["dur"]
 
 
 SCRIPT = """
