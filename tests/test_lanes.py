@@ -6,6 +6,8 @@ a mismatch and a dead peer met inside a lane, async calls before a blocking
 one, and collie.MPI's Allreduce, Bcast and Allgather, whose hot paths are
 lanes too."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -88,6 +90,57 @@ def _mismatch_body(rank, size):
 def test_a_mismatch_inside_a_lane_is_reported_on_every_rank(executor):
     for text in run_ranks(_mismatch_body, 2, timeout=60):
         assert "all_reduce" in text and "4" in text and "5" in text, text
+
+
+def _roots_body(rank, size):
+    import collie
+    x = np.ones(16, np.float32)
+    failed = []
+    for i in range(45):
+        try:  # 6 calls that agree, each rank the root of two (a lane each for
+            # every root), then every rank thinks it is the root: each only
+            # sends, in its lane, and nobody receives anything
+            collie.broadcast(x, src=i % size if i < 6 else rank)
+        except collie.MismatchError:
+            failed.append(i)
+    return failed
+
+
+def _glance_body(rank, size):
+    import collie
+    from collie.wire import COLLECTIVE_BIT, CONTEXT_SHIFT
+    net = collie.group.world().network
+    shm = net.shm
+
+    def tag(context, seq):
+        return context << CONTEXT_SHIFT | COLLECTIVE_BIT | seq
+
+    seen = []
+    if rank == 1:  # a message nobody posted a receive for; then quiet while rank 0 looks
+        net.wait([net.isend(0, tag(7, 5), memoryview(b"late"))])
+        time.sleep(1.0)
+    else:
+        time.sleep(0.3)  # no receive posted meanwhile: the message stays at the ring's head
+        seen += [shm.nothing_stale([1], tag(7, 4)),   # the next call's data: nothing to sweep
+                 shm.nothing_stale([1], tag(7, 5)),   # data of the call just finished: stale
+                 shm.nothing_stale([1], tag(7, 6)),   # of an earlier call: stale
+                 shm.nothing_stale([1], tag(8, 4))]   # another group's: a closer look
+        got = bytearray(4)
+        net.wait([net.irecv(1, tag(7, 5), memoryview(got))])
+        seen += [bytes(got), shm.nothing_stale([1], tag(7, 5))]  # taken: the ring is empty
+    collie.barrier()
+    return seen
+
+
+def test_a_lanes_look_at_the_rings_heads():
+    assert run_ranks(_glance_body, 2, timeout=60)[0] == [True, False, False, False, b"late", True]
+
+
+def test_roots_that_differ_are_found_at_a_lanes_end(executor):
+    """A root in its lane only sends; the peer's data left for the same call
+    is what shows the mismatch, found by the lane's look at the rings."""
+    for failed in run_ranks(_roots_body, 3, timeout=60):
+        assert failed and failed[0] < 20 and failed == list(range(failed[0], 45)), failed
 
 
 def _death_body(rank, size):
