@@ -243,8 +243,8 @@ def lane(program: engine.Program, network):
         return None
     core, named, needs_spare, tmp, windows = compiled
     spare = engine.take_spare(program) if needs_spare else None
-    if not tmp and not windows:
-        return core.run, named, spare  # the common case: one itemgetter
+    if not windows:  # the common cases: one itemgetter, and the scratch after it
+        return core.run, (lambda arrays, tail=(spare[1],): named(arrays) + tail) if tmp else named, spare
     return core.run, lambda arrays: _buffers(program, compiled, arrays, network, spare), spare
 
 
