@@ -91,6 +91,9 @@ def _others_body(rank, size, hosts, count):
         outs = [np.empty(r + 1, np.int64) for r in range(size)]  # uneven blocks
         collie.all_gather(outs, np.full(rank + 1, 10 * rank, np.int64), algorithm="hier")
         got["all_gather uneven"] = [o.tolist() for o in outs] == [[10 * r] * (r + 1) for r in range(size)]
+        a2a = np.empty(count * size, np.float64)  # item q of rank r: 1000 r + q, count elements each
+        collie.all_to_all_single(a2a, np.repeat(1000.0 * rank + np.arange(size), count), algorithm="hier")
+        got["all_to_all_single"] = a2a.tolist() == np.repeat(1000.0 * np.arange(size) + rank, count).tolist()
         # barrier: the last rank arrives late; nobody may leave before it
         if rank == size - 1:
             time.sleep(0.3)
@@ -109,7 +112,7 @@ def _others_body(rank, size, hosts, count):
 
 @pytest.mark.parametrize("hosts", [(0, 0, 1, 1), (0, 0, 0, 1, 1), (0, 1, 0, 1, 2), (0, 1, 2)],
                          ids=["2x2", "3+2", "interleaved", "1x3"])
-def test_forced_hier_broadcast_all_gather_and_barrier_are_right(hosts):
+def test_forced_hier_broadcast_all_gather_all_to_all_and_barrier_are_right(hosts):
     res = run_ranks(_others_body, len(hosts), hosts, 1001, timeout=90, env={"COLLIE_TOKEN": ""}, init=False)
     for got, chosen in res:
         assert all(got.values()), got
@@ -134,7 +137,7 @@ def test_the_tuner_picks_hier_across_hosts_for_large_calls():
         assert default_choice(collective, least, 4, "shm", (0, 0, 0, 0)).algorithm != "hier"
 
 
-@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "reduce_scatter", "barrier"])
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"])
 def test_hier_schedules_are_proved_for_every_layout(collective):
     assert verify.verify_algorithm(collective, "hier", nranks=range(1, 13)) == sum(
         len(verify.host_layouts(n)) for n in range(1, 13))
@@ -160,6 +163,13 @@ def test_hier_sends_each_byte_across_hosts_once_per_host():
         "all_gather", "hier", 9, r, 0, hosts=hosts).steps
         for op in step if type(op).__name__ == "Send" and hosts[op.peer] != hosts[r])
     assert crossing == 9 * 2
+    # all_to_all: each rank gets one message from each other host (pairwise: one per
+    # rank of it), carrying every item of that host for it: 6 items in 2 messages
+    for r in range(9):
+        into = [(step_ops.peer, len(step_ops.chunks)) for other in range(9) for step in algorithms.build(
+            "all_to_all", "hier", 9, other, 0, hosts=hosts).steps for step_ops in step
+            if type(step_ops).__name__ == "Send" and step_ops.peer == r and hosts[other] != hosts[r]]
+        assert sorted(n for _, n in into) == [3, 3], (r, into)
     # Fewer rounds than a flat ring when hosts hold several ranks.
     assert verify.rounds("all_reduce", "hier", 8, hosts=(0,) * 4 + (1,) * 4) < verify.rounds("all_reduce", "ring", 8)
 

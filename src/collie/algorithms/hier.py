@@ -1,7 +1,7 @@
 """Hierarchical: shared memory inside each host, the network only between hosts.
 
-all_reduce, broadcast, reduce, all_gather, reduce_scatter and barrier
-here; each crosses the slow links with the least data a flat algorithm
+all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all
+and barrier here; each crosses the slow links with the least data a flat algorithm
 would send over them (every byte once per host that needs it), and the
 verifier proves each for every layout of hosts (verify.host_layouts:
 uneven hosts, a host's ranks not consecutive).
@@ -244,6 +244,53 @@ def reduce_scatter(nranks: int, rank: int, root: int, segments: int, hosts: tupl
         events.append((m + i, Recv(_counterpart(members, (h - i) % K, rank), block("out", 0), reduce=True)))
     return make_schedule("reduce_scatter", NAME, nranks, rank, root, events,
                          tmp_like="in" if mine else None)
+
+
+@register("all_to_all", NAME, uniform_blocks=True, topology=True)
+def all_to_all(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -> Schedule:
+    """Aggregated per host pair: every item for a rank d on another host
+    first gathers, inside its sender's host, at that host's gateway to d,
+    which sends d all of its host's items for it in one message. Across
+    hosts, rank d gets one message per other host (instead of one per rank
+    of it); inside a host, items for the host's own ranks go straight, in
+    the same messages. The gateways of a host to the rest are its ranks in
+    turn, so each handles about (n - m)/m destinations.
+
+        hosts A(r0 r1) B(r2 r3)      gateways of A: r0 for r2, r1 for r3
+        0.  r0 -> r1: item for r1 + item for r3;   r1 -> r0: item for r0 + item for r2
+        1.  r0 -> r2: r0's and r1's items for r2;  r1 -> r3: r0's and r1's for r3
+
+    Items of other ranks wait in "tmp" (a block each, as "in"): every block
+    must have one size (uniform_blocks). n ranks, m on this host: 2 rounds;
+    inside the host (m - 1) messages per rank, across n - m items in
+    (n - m)/m messages per rank.
+    """
+    members, h, local = _place(hosts, rank)
+
+    def gateway(host: int, d: int) -> int:  # the rank of ``host`` that sends d its host's items
+        outside = [q for q in range(nranks) if q not in members[host]]
+        there = members[host]
+        return there[outside.index(d) % len(there)]
+
+    def handled(q: int) -> list[int]:  # the destinations elsewhere local rank q is the gateway to
+        return [d for d in range(nranks) if d not in local and gateway(h, d) == q]
+
+    mine = handled(rank)
+    others = [q for q in local if q != rank]
+    slot = {(q, d): k for k, (q, d) in enumerate((q, d) for d in mine for q in others)}  # their items, in tmp
+
+    events = [(0, Copy(block("in", rank), block("out", rank)))]
+    for q in others:  # 0: inside the host, items for q and for q's destinations elsewhere
+        events.append((0, Send(q, block("in", q) + blocks("in", handled(q)))))
+        events.append((0, Recv(q, block("out", q) + tuple(Chunk("tmp", slot[(q, d)], 0) for d in mine))))
+    for d in mine:  # 1: to each destination elsewhere, every item of this host for it
+        events.append((1, Send(d, tuple(block("in", d)[0] if s == rank else Chunk("tmp", slot[(s, d)], 0)
+                                        for s in local))))
+    for g, ms in enumerate(members):  # 1: from each other host, all its items for this rank
+        if g != h:
+            events.append((1, Recv(gateway(g, rank), blocks("out", ms))))
+    return make_schedule("all_to_all", NAME, nranks, rank, root, events,
+                         tmp_like="in" if slot else None)
 
 
 @register("barrier", NAME, topology=True)
