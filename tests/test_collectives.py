@@ -112,8 +112,8 @@ def _run_cases(group, ranks, failures, label=""):
                 recv = [rows(q, me) for q in range(n)]
                 x = _data(case, me, 2 * sum(send), dtype).reshape(-1, 2)
                 out = np.zeros((sum(recv), 2), dtype)
-                if algo in ("bruck", "shm") and n > 1:
-                    try:  # both need block sizes every rank knows
+                if algorithms.uniform_blocks_only("all_to_all", algo) and n > 1:
+                    try:  # bruck, shm, hier: they need block sizes every rank knows
                         collie.all_to_all_single(out, x, recv, send, group=group, algorithm=algo)
                         failures.append(f"{case}: {algo} accepted uneven splits")
                     except ValueError:
