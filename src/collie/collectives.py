@@ -340,7 +340,7 @@ def _lane(g: ProcessGroup, name: str, prepared: _Prepared):
     def lane(arrays: dict) -> None:
         seq = g.seq
         g.seq = seq + 1
-        if TRACE is not None:  # traced: the tracer runs it (on the core, step by step)
+        if TRACE is not None:  # traced: the tracer runs it (on the core, which times its steps)
             return _execute(g, name, prepared, arrays, seq, None, g.timeout)
         tag = fixed | (seq & MAX_TAG)
         network.current = tag
