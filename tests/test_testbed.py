@@ -185,7 +185,7 @@ def test_the_bench_measures_the_link_and_prints_each_ops_bound(tmp_path):
     link = [line for line in out.splitlines() if line.startswith("# link: ")]
     assert len(link) == 1, out
     rate = float(link[0].split()[2]) * 1e6  # "# link: 6.1 MB/s ..."
-    assert 0.5 * 50e6 / 8 < rate < 1.2 * 50e6 / 8, link[0]
+    assert 0.5 * 50e6 / 8 < rate < 1.3 * 50e6 / 8, link[0]  # tbf lets a 256 KB burst through at once
     # 2 hosts x 1 rank: S crosses for all_reduce, S/2 for all_gather and all_to_all
     for op, crossing in (("all_reduce", "1.00"), ("all_gather", "0.50"), ("all_to_all", "0.50")):
         block = out.split(f"# {op}\n")[1]
