@@ -280,4 +280,7 @@ def _wait_until(ready: Callable[[], bool], network, timeout: float, describe: Ca
         network.wait_until(ready, requests, timeout=timeout, describe=describe,
                            progress=lambda: _progress(network), departed=lambda: _departed(network, requests()))
     except CollieError as exc:
-        raise _as_mpi_error(exc) from exc
+        error = _as_mpi_error(exc)  # collie's error as its cause; an MPI.Exception as it is
+        if error is exc:
+            raise
+        raise error
