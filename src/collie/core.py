@@ -243,9 +243,12 @@ def lane(program: engine.Program, network):
         return None
     core, named, needs_spare, tmp, windows = compiled
     spare = engine.take_spare(program) if needs_spare else None
-    if not windows:  # the common cases: one itemgetter, and the scratch after it
-        return core.run, (lambda arrays, tail=(spare[1],): named(arrays) + tail) if tmp else named, spare
-    return core.run, lambda arrays: _buffers(program, compiled, arrays, network, spare), spare
+    if windows:
+        return core.run, lambda arrays: _buffers(program, compiled, arrays, network, spare), spare
+    if not tmp:
+        return core.run, named, spare  # the common case: one itemgetter
+    scratch = (spare[1],)
+    return core.run, lambda arrays: named(arrays) + scratch, spare
 
 
 def resume(program: engine.Program, arrays: dict, network, tag: int, meta: int,
@@ -268,10 +271,11 @@ def _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, 
     while True:
         engine.run_step(program, steps[step], state, network, tag, meta, describe, timeout, locals_done, done)
         start = step + 1
-        if times is not None:
-            times[2 * step + 1] = time.time()
+        if times is not None:  # this step's end, and the next one's start (the core restamps it)
+            now = time.time()
+            times[2 * step + 1] = now
             if start < len(steps):
-                times[2 * start] = time.time()
+                times[2 * start] = now
         if start == len(steps):
             return
         if network._abort is None and not network._lost:

@@ -266,11 +266,11 @@ def all_to_all(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -
     (n - m)/m messages per rank.
     """
     members, h, local = _place(hosts, rank)
+    outside = [[q for q in range(nranks) if q not in m] for m in members]  # each host's others, in order
 
     def gateway(host: int, d: int) -> int:  # the rank of ``host`` that sends d its host's items
-        outside = [q for q in range(nranks) if q not in members[host]]
         there = members[host]
-        return there[outside.index(d) % len(there)]
+        return there[outside[host].index(d) % len(there)]
 
     def handled(q: int) -> list[int]:  # the destinations elsewhere local rank q is the gateway to
         return [d for d in range(nranks) if d not in local and gateway(h, d) == q]
