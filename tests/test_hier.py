@@ -177,3 +177,47 @@ def test_hier_sends_each_byte_across_hosts_once_per_host():
 def test_bad_layouts():
     with pytest.raises(ValueError, match="hosts gives 3 ranks' hosts, not 4"):
         algorithms.build("all_reduce", "hier", 4, 0, hosts=(0, 0, 1))
+
+
+def _striped_body(rank, size, hosts, count):
+    import os
+
+    import collie
+    os.environ["COLLIE_HOST_ID"] = f"host{hosts[rank]}"
+    collie.init_process_group()
+    try:
+        network = collie.group.world().network
+        links = {p: len(network.tcp._peers[p].links) for p in range(size) if p != rank}
+        rng = np.random.default_rng(99)
+        everyone = [rng.standard_normal(count).astype(np.float32) for _ in range(size)]
+        got = {}
+        for algorithm in ("ring", "hier", "direct" if size <= 8 else "ring"):
+            x = everyone[rank].copy()
+            collie.all_reduce(x, algorithm=algorithm)
+            got[f"all_reduce {algorithm}"] = bool(np.allclose(x, np.sum(everyone, axis=0), rtol=1e-4, atol=1e-4))
+        out = np.empty(count * size, np.float32)
+        collie.all_gather_into_tensor(out, everyone[rank])
+        got["all_gather"] = bool(np.array_equal(out, np.concatenate(everyone)))
+        x = everyone[rank].copy() if rank == 1 else np.zeros(count, np.float32)
+        collie.broadcast(x, src=1)
+        got["broadcast"] = bool(np.array_equal(x, everyone[1]))
+        per = count // size  # the rest of count is not sent: items of per elements
+        out = np.empty(per * size, np.float32)
+        collie.all_to_all_single(out, everyone[rank][:per * size])
+        got["all_to_all"] = bool(np.array_equal(out, np.concatenate([e[rank * per:(rank + 1) * per]
+                                                                     for e in everyone])))
+        return links, got
+    finally:
+        collie.destroy_process_group()
+
+
+@pytest.mark.parametrize("hosts", [(0, 0, 1, 1), (0, 1, 2)], ids=["2x2", "1x3"])
+def test_ranks_on_other_hosts_stripe_big_messages_across_connections(hosts):
+    """Three connections to each rank on another host (one to those on the
+    same host, which talk through shared memory); every message from 64 KiB
+    on is striped across them, and the collectives stay right."""
+    env = {"COLLIE_TOKEN": "", "COLLIE_TCP_STREAMS": "3", "COLLIE_TCP_STRIPE_MIN": str(64 << 10)}
+    res = run_ranks(_striped_body, len(hosts), hosts, 300_007, timeout=90, env=env, init=False)
+    for rank, (links, got) in enumerate(res):
+        assert links == {p: 3 if hosts[p] != hosts[rank] else 1 for p in links}, (rank, links)
+        assert all(got.values()), (rank, got)

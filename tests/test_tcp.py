@@ -31,6 +31,9 @@ from collie.transports.doorbell import Doorbell
 from collie.transports.tcp import HEADER, TcpTransport
 
 MiB = 1 << 20
+#: Extra TcpTransport arguments for the ranks of the next run_ranks (the
+#: ``links`` fixture sets them: striped runs cut every message from 4 KiB on).
+OPTIONS: dict = {}
 
 
 def DirStore(path: str):
@@ -50,7 +53,8 @@ class Rank:
         self.controls: list = []  # (peer, payload)
         self.t = TcpTransport(rank, size, store, "job", self.bell, timeout, token,
                               lambda peer, exc: self.lost.append((peer, type(exc).__name__, str(exc))),
-                              lambda peer, payload: self.controls.append((peer, payload)), master_addr)
+                              lambda peer, payload: self.controls.append((peer, payload)), master_addr,
+                              **OPTIONS)
 
     def wait(self, *requests, timeout: float = 20.0) -> None:
         """Wait until every request finishes; raise the first error."""
@@ -226,9 +230,9 @@ def _combine(r: Rank):
     for i, d in enumerate(dsts):
         mine = [p for p in pieces if d.ctypes.data <= p[0] < d.ctypes.data + d.nbytes]
         assert sum(p[2] for p in mine) == d.nbytes
+        assert len(mine) >= -(-d.nbytes // tcp.PIECE)  # big ones came in pieces
         for dst_addr, src_addr, n in mine:
             assert (dst_addr - d.ctypes.data) % 16 == 0 and src_addr % 16 == 0 and n <= tcp.PIECE
-    assert len([p for p in pieces if p[2] == tcp.PIECE]) >= 5  # big ones came in pieces
     r.sync()  # message 9 has arrived unexpected: combine then gets it whole
     d = np.ones(counts[1])
     r.wait(r.t.irecv(0, 9, memoryview(d).cast("B"), combine=add))
@@ -455,66 +459,122 @@ def _huge(r: Rank, nbytes: int):
     return True
 
 
+def _leave_right_after_sending(r: Rank):
+    """Rank 1 sends and closes at once: close() lets the message go out (on
+    every connection) before it hangs up, and rank 0 receives it after the
+    leave."""
+    if r.rank == 1:
+        r.sync()
+        r.send(0, 6, _payload(1, 0, 24 * MiB + 5))
+        r.t.close()
+        return None
+    r.sync()
+    r.wait_for(lambda: r.lost, what="on_peer_lost")
+    assert "left (destroy_process_group)" in r.lost[0][2], r.lost
+    req, dst = r.recv(1, 6, 24 * MiB + 5)
+    r.wait(req)
+    assert np.array_equal(dst, _payload(1, 0, 24 * MiB + 5))
+    return True
+
+
+def _killed_while_sending(r: Rank):
+    """Rank 1 dies with a big message to rank 0 on the way: rank 0's receive
+    fails (its stripes never all come), and nothing of rank 0 is left waiting."""
+    if r.rank == 1:
+        r.sync()
+        r.send(0, 2, _payload(1, 0, 128 * MiB))
+        time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+    req, dst = r.recv(1, 2, 128 * MiB)
+    r.sync()
+    r.wait_for(lambda: req.finished, what="the receive from the dead rank to finish")
+    if req.error is None:  # it all came before the death: allowed, and whole
+        assert np.array_equal(dst, _payload(1, 0, 128 * MiB))
+        return "whole"
+    assert isinstance(req.error, PeerError) and "rank 1 died" in str(req.error), req.error
+    return "failed"
+
+
 # ----------------------------------------------------------------- tests
+
+@pytest.fixture(params=["one", "striped"])
+def links(request):
+    """One connection per pair, or three with every message from 4 KiB on
+    striped across them."""
+    OPTIONS.update({"one": {}, "striped": {"streams": 3, "stripe_min": 4096}}[request.param])
+    yield request.param
+    OPTIONS.clear()
+
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("size", [2, 3, 4])
-def test_message_sizes(tmp_path, size):
+def test_message_sizes(tmp_path, links, size):
     assert run_ranks(tmp_path, size, _all_sizes) == [len(SIZES) * (size - 1)] * size
 
 
 @pytest.mark.timeout(30)
-def test_fifo_per_tag_and_tags_in_any_order(tmp_path):
+def test_fifo_per_tag_and_tags_in_any_order(tmp_path, links):
     run_ranks(tmp_path, 2, _order)
 
 
 @pytest.mark.timeout(30)
-def test_combine_gets_aligned_pieces(tmp_path):
+def test_combine_gets_aligned_pieces(tmp_path, links):
     run_ranks(tmp_path, 2, _combine)
 
 
 @pytest.mark.timeout(30)
-def test_combine_that_raises_fails_only_its_receive(tmp_path):
+def test_combine_that_raises_fails_only_its_receive(tmp_path, links):
     run_ranks(tmp_path, 2, _combine_raises)
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("posted", [True, False], ids=["posted", "unexpected"])
-def test_mismatch_consumes_the_message(tmp_path, posted):
+def test_mismatch_consumes_the_message(tmp_path, links, posted):
     _, outcome = run_ranks(tmp_path, 2, _mismatch, posted)
     assert outcome == ["mismatch", "ok", "mismatch", "ok", "mismatch", "ok"]
 
 
 @pytest.mark.timeout(30)
-def test_probe(tmp_path):
+def test_probe(tmp_path, links):
     run_ranks(tmp_path, 2, _probe)
 
 
 @pytest.mark.timeout(60)
-def test_big_sends_both_ways_before_receives(tmp_path):
+def test_big_sends_both_ways_before_receives(tmp_path, links):
     isend_seconds = run_ranks(tmp_path, 2, _both_ways, 128 * MiB, timeout=60)
     assert max(isend_seconds) < 1.0  # isend hands big messages to a thread
 
 
 @pytest.mark.timeout(30)
-def test_receive_posted_while_the_message_arrives(tmp_path):
+def test_receive_posted_while_the_message_arrives(tmp_path, links):
     run_ranks(tmp_path, 2, _take_while_arriving)
 
 
 @pytest.mark.timeout(30)
-def test_control_messages_between_data(tmp_path):
+def test_control_messages_between_data(tmp_path, links):
     run_ranks(tmp_path, 3, _control)
 
 
 @pytest.mark.timeout(30)
-def test_killed_peer_fails_pending_requests(tmp_path):
+def test_killed_peer_fails_pending_requests(tmp_path, links):
     latencies = run_ranks(tmp_path, 3, _killed, dies=(1,))
     assert max(latencies[0], latencies[2]) < 1.0
 
 
 @pytest.mark.timeout(30)
-def test_clean_leave_reports_destroy(tmp_path):
+def test_clean_leave_reports_destroy(tmp_path, links):
     run_ranks(tmp_path, 2, _clean_leave)
+
+
+@pytest.mark.timeout(30)
+def test_leaving_right_after_a_send_delivers_it(tmp_path, links):
+    run_ranks(tmp_path, 2, _leave_right_after_sending)
+
+
+@pytest.mark.timeout(30)
+def test_a_sender_killed_mid_message_fails_the_receive(tmp_path, links):
+    outcome, _ = run_ranks(tmp_path, 2, _killed_while_sending, dies=(1,))
+    assert outcome in ("whole", "failed")
 
 
 @pytest.mark.timeout(30)
@@ -607,3 +667,11 @@ def test_message_over_4_gib(tmp_path):
     # The sender's buffer is mostly untouched zero pages, so only the
     # receiver's 4.5 GiB are real memory.
     run_ranks(tmp_path, 2, _huge, (4 << 30) + (512 << 20) + 13, timeout=170)
+
+
+def test_striping_settings_come_from_the_environment():
+    assert tcp.striping({}) == (tcp.STREAMS, tcp.STRIPE_MIN)
+    assert tcp.striping({"COLLIE_TCP_STREAMS": "4", "COLLIE_TCP_STRIPE_MIN": "65536"}) == (4, 65536)
+    for name, bad in (("COLLIE_TCP_STREAMS", "0"), ("COLLIE_TCP_STRIPE_MIN", "1M")):
+        with pytest.raises(ValueError, match=f"{name}='{bad}' must be a whole number"):
+            tcp.striping({name: bad})

@@ -86,13 +86,13 @@ def shm_pair():
     return a, b, close
 
 
-def tcp_pair():
+def tcp_pair(**options):
     from collie.transports.tcp import TcpTransport
     store, job = DictStore(), uuid.uuid4().hex[:12]
     bells = [Doorbell.private(), Doorbell.private()]
     a, b = _side_by_side(lambda rank: TcpTransport(rank, 2, store, job, bells[rank], 30.0, None,
                                                    on_peer_lost=lambda peer, error: None,
-                                                   on_control=lambda peer, payload: None))
+                                                   on_control=lambda peer, payload: None, **options))
 
     def close():
         a.close()
@@ -102,7 +102,12 @@ def tcp_pair():
     return a, b, close
 
 
-PAIRS = {"loopback": loopback_pair, "shm": shm_pair, "tcp": tcp_pair}
+def tcp_striped_pair():
+    """Three connections, and every message of 1 KiB or more striped across them."""
+    return tcp_pair(streams=3, stripe_min=1024)
+
+
+PAIRS = {"loopback": loopback_pair, "shm": shm_pair, "tcp": tcp_pair, "tcp-striped": tcp_striped_pair}
 
 
 @pytest.mark.parametrize("check", conformance.CHECKS, ids=lambda c: c.__name__)

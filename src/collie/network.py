@@ -142,6 +142,8 @@ class Network:
         if backend == "shm" and not _SHM_OK:
             raise ValueError(f"backend='shm' needs x86-64 Linux (its memory ordering), not {platform.machine()}")
         shm_peers = local if backend in ("auto", "shm") and _SHM_OK else []
+        from .transports.tcp import TcpTransport, striping
+        streams, stripe_min = striping(os.environ)  # a bad value fails before anything is made
         self.local_world_size = local_world_size or (len(local) + 1)
         # More ranks than cores on this host: spin less, and yield while
         # spinning, so that the peers we wait for get the CPU.
@@ -155,11 +157,12 @@ class Network:
             self.doorbell = self.shm.doorbell
         else:
             self.doorbell = Doorbell.private()
-        from .transports.tcp import TcpTransport
         try:
+            # Several connections to each rank on another host: one does not fill a fast link.
             self.tcp = TcpTransport(rank, size, store, job_id, self.doorbell, timeout, token,
                                     on_peer_lost=self._peer_lost, on_control=self._control,
-                                    master_addr=master_addr)
+                                    master_addr=master_addr, streams=streams, striped=remote,
+                                    stripe_min=stripe_min)
         except BaseException:
             if self.shm is not None:
                 self.shm.close()

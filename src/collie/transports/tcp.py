@@ -1,4 +1,5 @@
-"""The TCP transport: one connection between every pair of ranks.
+"""The TCP transport: a connection between every pair of ranks, and
+several between ranks on different hosts.
 
 Every rank keeps this mesh, even with peers whose data goes over shared
 memory, because the Network also uses it for liveness (a dead process closes
@@ -7,10 +8,11 @@ its sockets, so its peers learn of the death at once) and control messages.
 Setup. Each rank listens on an ephemeral port (127.0.0.1 when MASTER_ADDR is
 a loopback address, else the local address that routes toward MASTER_ADDR),
 publishes "host:port" in the store under ``tcp/{job_id}/{rank}``, connects to
-every lower rank and accepts a connection from every higher one. Each
-connection starts with collie.auth.handshake, then the connecting rank says
-who it is (rank, world size, job id). The listener runs the handshakes of
-all incoming connections side by side and drops any that fails, claims a
+every lower rank and accepts a connection from every higher one (``streams``
+of them with each peer in ``striped``). Each connection starts with
+collie.auth.handshake, then the connecting rank says who it is (rank, world
+size, which of its connections to this peer, job id). The listener runs
+the handshakes of all incoming connections side by side and drops any that fails, claims a
 rank it should not, or stays silent, so a stray connection (a port scanner,
 junk, a stranger) never stops setup. While a rank waits for connections it
 also watches those it already has, so one rank's failure during setup (a
@@ -19,10 +21,32 @@ for a wrong token says so in the store, which ends the others' wait too.
 
 Wire format. A frame is a 25-byte header, ``HEADER`` = (kind u8, tag i64,
 meta i64, nbytes u64), then nbytes of payload. Kinds: DATA (a message),
-CONTROL (a payload for the Network's on_control callback) and BYE (the sender
-is closing cleanly; it shuts its side down right after).
+CONTROL (a payload for the Network's on_control callback), BYE (the sender
+is closing cleanly; it shuts its side down right after), and STRIPED and
+STRIPE below.
 
-Receiving. One daemon thread per peer reads frames. A DATA message goes
+Striping. One connection does not fill a fast link: its bytes are copied
+by one core on each side (between two network namespaces here, plain
+sockets moved 0.7-0.9 GB/s over one connection and 1.6-1.7 GB/s over two).
+So ranks on different hosts keep ``streams`` connections (COLLIE_TCP_STREAMS,
+default 2), and a message of ``stripe_min`` bytes or more (COLLIE_TCP_STRIPE_MIN,
+default 4 MiB; below it the second thread costs more than it gains) is cut
+into one stripe per connection (_stripes: equal parts at 64-byte offsets),
+each written by its connection's own thread. The first connection carries
+the head, STRIPED (tag, meta and size of the whole message), with the first
+stripe; every other frame but later stripes goes there too, so matching
+and order stay that connection's. Each later connection carries STRIPE
+frames (the message's number among the striped ones to this peer, the
+stripe's offset and length), in the same order. Its receiver waits until
+the first connection's receiver has read that message's head and decided
+where it goes (a posted receive, an unexpected buffer, or nowhere), then
+reads its stripe straight there; the last stripe in completes the receive.
+The send completes when every stripe is written. BYE goes on every
+connection, after what was queued there, and the first connection's
+receiver, at the end of a clean leave, lets the others read what they still
+carry before it fails what waits.
+
+Receiving. One daemon thread per connection reads frames. A DATA message goes
 straight into the destination of the receive posted for its tag (recv_into,
 no copy), or through a reusable aligned bounce buffer, one PIECE at a time,
 when the receive has a combine function. A message that nobody waits for yet
@@ -37,10 +61,10 @@ thread hand-off: on loopback (2 busy cores), sending every message from a
 thread made the 8-byte round trip 2-3 times slower (250-300 us instead of
 90-150 us; a bare socket pair takes about 20 us). What does not
 fit (a large message, or any message while earlier ones still wait) goes to a
-per-peer sender thread, started on first use, which writes it with blocking
+per-connection sender thread, started on first use, which writes it with blocking
 sendall. isend therefore returns at once whatever the size, and frames never
-interleave: a per-peer lock guards the socket's write side and the queue, and
-nothing is written inline while the queue is not empty.
+interleave: a per-connection lock guards the socket's write side and the
+queue, and nothing is written inline while the queue is not empty.
 
 Failure. When a connection ends, the receiver thread fails every pending
 request with that peer with PeerError: "rank P died (connection lost: ...)",
@@ -50,7 +74,7 @@ are complete); then it calls on_peer_lost(peer, error) (unless this rank is clos
 told of the failure through fail_peer) and rings the doorbell. Messages that
 arrived in full before the end can still be received.
 
-Closing. close() sends BYE to every live peer (after what is queued for it,
+Closing. close() sends BYE on every connection (after what is queued there,
 waiting at most LINGER seconds), shuts its write side, waits (same bound) for
 each peer to close its side, which a peer's receiver does as soon as it reads
 BYE and end of stream, so nothing unread is ever reset away, then closes
@@ -76,7 +100,7 @@ import struct
 import threading
 import time
 from collections import deque
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional
 
 import numpy as np
 
@@ -88,15 +112,21 @@ __all__ = ["TcpTransport", "HEADER", "DATA", "CONTROL", "BYE"]
 
 _log = logging.getLogger(__name__)
 
-DATA, CONTROL, BYE = 1, 2, 3
+DATA, CONTROL, BYE, STRIPED, STRIPE = 1, 2, 3, 4, 5
 HEADER = struct.Struct("<BqqQ")  # kind, tag, meta, nbytes
-_HELLO = struct.Struct("<qqH")  # rank, world size, length of the job id that follows
+_HELLO = struct.Struct("<qqHH")  # rank, world size, connection index, length of the job id that follows
 
 PIECE = 2 << 20  # bytes per combine call: a multiple of 16 (256 KiB..4 MiB measured alike)
 LINGER = 5.0  # seconds close() waits for queued sends and for peers to hang up
 LOOK = 0.5  # seconds between looks in the store for a rank refused during setup
 _READ_BUFFER = 1 << 16  # headers and small payloads are read through this buffer
 _SMALL_COPY = 1 << 16  # larger copies go through NumPy, which releases the GIL
+STRIPE_ALIGN = 64  # stripes start at multiples of this: whole elements of any dtype, for combine
+#: Connections per pair of ranks on different hosts, and the size from which
+#: a message to such a peer is striped across them: $COLLIE_TCP_STREAMS and
+#: $COLLIE_TCP_STRIPE_MIN (bytes) override them (see striping()).
+STREAMS = 2
+STRIPE_MIN = 4 << 20
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
@@ -116,11 +146,47 @@ class _Recv(Request):
 
 
 class _Send(Request):
-    __slots__ = ("views",)
+    __slots__ = ("views", "whole")
 
-    def __init__(self, kind: str, peer: int, tag: int, nbytes: int):
+    def __init__(self, kind: str, peer: int, tag: int, nbytes: int, whole: Optional["_Striping"] = None):
         super().__init__(kind, peer, tag, nbytes)
         self.views: list = []  # what is left to write
+        self.whole = whole  # for one stripe of a striped message: that message's send
+
+    def settle(self, error: Optional[BaseException] = None) -> None:
+        """Done, or failed with ``error``; a stripe also counts down its message."""
+        if error is None:
+            self.done = True
+        else:
+            self.error = error
+        if self.whole is not None:
+            self.whole.stripe_settled(error)
+
+
+class _Striping(Request):
+    """The send of a striped message: done once every stripe is sent. It
+    fails only then too (with the first stripe's error), since until then
+    a connection may still be reading the caller's buffer."""
+
+    __slots__ = ("left", "failure", "lock")
+
+    def __init__(self, peer: int, tag: int, nbytes: int, stripes: int):
+        super().__init__("send", peer, tag, nbytes)
+        self.left = stripes
+        self.failure: Optional[BaseException] = None
+        self.lock = threading.Lock()
+
+    def stripe_settled(self, error: Optional[BaseException]) -> None:
+        with self.lock:
+            self.left -= 1
+            if error is not None and self.failure is None:
+                self.failure = error
+            if self.left:
+                return
+        if self.failure is None:
+            self.done = True
+        else:
+            self.error = self.failure
 
 
 class _Message:
@@ -135,16 +201,50 @@ class _Message:
         self.taker: Optional[_Recv] = None  # a receive that took it while it was arriving
 
 
+class _Arrival:
+    """A striped message on its way in: where its stripes go (None: read and
+    dropped), and how many are still to come. Guarded by its peer's lock."""
+
+    __slots__ = ("dst", "combine", "request", "message", "left", "error")
+
+    def __init__(self, stripes: int):
+        self.dst: Optional[memoryview] = None
+        self.combine: Optional[Combine] = None
+        self.request: Optional[_Recv] = None  # the posted receive it fills
+        self.message: Optional[_Message] = None  # or the unexpected message it becomes
+        self.left = stripes
+        self.error: Optional[BaseException] = None
+
+
+class _Link:
+    """One TCP connection with a peer, and its write side: ``send_cv``
+    guards the socket's writes and the send queue."""
+
+    def __init__(self, sock: socket.socket, index: int):
+        self.sock = sock
+        self.index = index  # 0: the first connection, which carries all but later stripes
+        self.send_cv = threading.Condition(threading.Lock())
+        self.send_queue: deque[_Send] = deque()
+        self.sending: Optional[_Send] = None  # taken off the queue by the sender thread
+        self.stop_sender = False
+        self.receiver: Optional[threading.Thread] = None
+        self.sender: Optional[threading.Thread] = None
+        self.bye = False  # the peer said BYE on this connection
+        self.bounce: Optional[memoryview] = None  # for combine and skipping; receiver thread only
+
+
 class _Peer:
-    """Everything about the connection with one peer.
+    """Everything about the connections with one peer.
 
     ``lock`` guards the receive side (posted, unexpected, arriving, active,
-    error); ``send_cv`` guards the write side of the socket and the send queue.
+    arrivals, error). ``links`` are the connections: the first carries
+    every frame but the later stripes of a striped message, which go one
+    per further connection.
     """
 
-    def __init__(self, rank: int, sock: socket.socket):
+    def __init__(self, rank: int, nlinks: int):
         self.rank = rank
-        self.sock = sock
+        self.links: list[Optional[_Link]] = [None] * nlinks
         self.lock = threading.Lock()
         self.posted: dict[int, deque[_Recv]] = {}
         self.unexpected: dict[int, deque[_Message]] = {}
@@ -152,13 +252,17 @@ class _Peer:
         self.active: Optional[_Recv] = None  # receive the receiver thread is filling now
         self.error: Optional[BaseException] = None  # set once the peer is gone
         self.bye = False
-        self.send_cv = threading.Condition(threading.Lock())
-        self.send_queue: deque[_Send] = deque()
-        self.sending: Optional[_Send] = None  # taken off the queue by the sender thread
-        self.stop_sender = False
-        self.receiver: Optional[threading.Thread] = None
-        self.sender: Optional[threading.Thread] = None
-        self.bounce: Optional[memoryview] = None  # for combine; receiver thread only
+        self.striped_out = 0  # striped messages sent (isend's caller only)
+        self.striped_in = 0  # striped messages whose head arrived (first receiver only)
+        self.arrivals: dict[int, _Arrival] = {}  # by number, until their last stripe is in
+        self.arrived = threading.Condition(self.lock)  # a new entry in arrivals, or an error
+
+    @property
+    def first(self) -> _Link:
+        return self.links[0]
+
+    def connections(self) -> list[_Link]:
+        return [link for link in self.links if link is not None]
 
 
 class _Incoming:
@@ -176,8 +280,8 @@ class _Incoming:
         self.hello: Optional[tuple] = None  # (rank, world size, job id length) once read
 
     def advance(self) -> Optional[tuple]:
-        """Read what has arrived, without blocking; return (rank, world size,
-        job id) once all of it is here, else None. Raises AuthError if the
+        """Read what has arrived, without blocking; return (rank, connection
+        index, world size, job id) once all of it is here, else None. Raises AuthError if the
         handshake fails, ConnectionError if the other end hangs up."""
         try:
             while True:
@@ -186,7 +290,7 @@ class _Incoming:
                     self.sock.sendall(out)  # a few bytes into an empty buffer
                 if self.shake.refused is not None:
                     raise self.shake.refused
-                need = self.shake.need or (self.hello[2] if self.hello else _HELLO.size)
+                need = self.shake.need or (self.hello[3] if self.hello else _HELLO.size)
                 while len(self.buf) < need:
                     data = self.sock.recv(need - len(self.buf))
                     if not data:
@@ -198,7 +302,8 @@ class _Incoming:
                 elif self.hello is None:
                     self.hello = _HELLO.unpack(message)
                 else:
-                    return self.hello[0], self.hello[1], message.decode(errors="replace")
+                    rank, size, index, _ = self.hello
+                    return rank, index, size, message.decode(errors="replace")
         except (BlockingIOError, InterruptedError):
             return None
 
@@ -229,14 +334,15 @@ class _Listener:
         self.resume_at: Optional[float] = None
 
     def watch(self, p: _Peer) -> None:
-        self.sel.register(p.sock, selectors.EVENT_READ, p)
+        self.sel.register(p.first.sock, selectors.EVENT_READ, p)
 
     def wait(self, timeout: float, expected: set) -> tuple[list, list]:
         """Wait up to ``timeout`` seconds (less if a handshake's deadline
-        comes first) and handle what happened. Returns the ranks that said
-        who they are, as (rank, socket) pairs, which it takes out of
-        ``expected``, and the watched peers whose connection ended."""
-        joined: list[tuple[int, socket.socket]] = []
+        comes first) and handle what happened. Returns the connections that
+        said who they are, as (rank, connection index, socket), which it
+        takes out of ``expected`` ((rank, index) pairs), and the watched
+        peers whose connection ended."""
+        joined: list[tuple[int, int, socket.socket]] = []
         lost: list[_Peer] = []
         times = [t for t in (self.pending.next_deadline(), self.resume_at) if t is not None]
         timeout = max(0.0, min([time.monotonic() + timeout] + times) - time.monotonic())
@@ -248,9 +354,9 @@ class _Listener:
                 self._advance(key.data, expected, joined)
             else:  # a connection made before: it has either ended or already sends data
                 p = key.data
-                self.sel.unregister(p.sock)
+                self.sel.unregister(p.first.sock)
                 try:
-                    alive = p.sock.recv(1, socket.MSG_PEEK | _DONTWAIT) != b""
+                    alive = p.first.sock.recv(1, socket.MSG_PEEK | _DONTWAIT) != b""
                 except BlockingIOError:
                     alive = True
                 except OSError:
@@ -301,14 +407,15 @@ class _Listener:
             self.pending.discard(inc)
         if said is None:
             return
-        peer, size, job = said
-        if job != self.job_id or size != self.size or peer not in expected:
-            self._drop(inc, f"it claims to be rank {peer} of {size} in job {job!r}; rank {self.rank} "
-                            f"expects one of ranks {sorted(expected)} of {self.size} in job {self.job_id!r}")
+        peer, index, size, job = said
+        if job != self.job_id or size != self.size or (peer, index) not in expected:
+            self._drop(inc, f"it claims to be rank {peer} (connection {index}) of {size} in job {job!r}; "
+                            f"rank {self.rank} expects one of ranks {_ranks_in(expected)} of {self.size} "
+                            f"in job {self.job_id!r}")
             return
         self.sel.unregister(inc.sock)
-        expected.discard(peer)  # at once: a second claim to the same rank is a lie
-        joined.append((peer, inc.sock))
+        expected.discard((peer, index))  # at once: a second claim to the same connection is a lie
+        joined.append((peer, index, inc.sock))
 
     def _drop(self, inc: _Incoming, why: str) -> None:
         self.log_drop(f"rank {self.rank} dropped a connection from {inc.origin} during TCP setup: {why}")
@@ -322,6 +429,35 @@ class _Listener:
             if isinstance(key.data, _Incoming):
                 key.data.sock.close()
         self.sel.close()
+
+def striping(environ) -> tuple[int, int]:
+    """(streams, stripe_min) from ``environ``; ValueError naming a bad value."""
+    values = []
+    for name, default in (("COLLIE_TCP_STREAMS", STREAMS), ("COLLIE_TCP_STRIPE_MIN", STRIPE_MIN)):
+        raw = environ.get(name, "").strip()
+        try:
+            value = int(raw) if raw else default
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise ValueError(f"{name}={raw!r} must be a whole number of at least 1")
+        values.append(value)
+    return values[0], values[1]
+
+
+def _ranks_in(expected: set) -> list[int]:
+    """The ranks in a set of (rank, connection index) pairs."""
+    return sorted({rank for rank, _ in expected})
+
+
+def _stripes(nbytes: int, count: int) -> list[tuple[int, int]]:
+    """(start, end) of each stripe of an ``nbytes`` message cut for
+    ``count`` connections: equal parts, each starting at a multiple of
+    STRIPE_ALIGN. Sender and receiver both cut by this."""
+    step = -(-nbytes // count)
+    step += -step % STRIPE_ALIGN
+    return [(start, min(start + step, nbytes)) for start in range(0, nbytes, step)]
+
 
 def _byte_view(buffer) -> memoryview:
     """A flat unsigned-byte view, so that slicing and lengths count bytes."""
@@ -442,6 +578,11 @@ class TcpTransport(Transport):
         on_control(peer, payload): called on the receiver thread of ``peer``
             for each CONTROL frame; keep it short (it delays that peer's data).
         master_addr: where rank 0's host is reached; picks the interface.
+        streams: connections to each peer in ``striped`` (the others get
+            one); a message of ``stripe_min`` bytes or more to such a peer
+            is cut into one stripe per connection, sent and received side
+            by side. Every rank must be given the same values.
+        striped: the peers that get ``streams`` connections (None: all).
 
     Raises (from the constructor): AuthError if a rank's handshake fails,
     CollieTimeout if peers do not show up in time, PeerError if a peer
@@ -453,9 +594,15 @@ class TcpTransport(Transport):
 
     def __init__(self, rank: int, size: int, store, job_id: str, doorbell, timeout: float,
                  token: Optional[bytes], on_peer_lost: Callable[[int, BaseException], None],
-                 on_control: Callable[[int, bytes], None], master_addr: str = "127.0.0.1"):
+                 on_control: Callable[[int, bytes], None], master_addr: str = "127.0.0.1",
+                 streams: int = 1, striped: Optional[Collection[int]] = None, stripe_min: int = STRIPE_MIN):
         if not 0 <= rank < size:
             raise ValueError(f"rank {rank} is outside the world of {size} ranks")
+        if streams < 1 or stripe_min < 1:
+            raise ValueError(f"streams ({streams}) and stripe_min ({stripe_min}) must be at least 1")
+        self._streams = streams
+        self._striped = set(range(size)) if striped is None else set(striped)
+        self.stripe_min = stripe_min
         self.rank = rank
         self.size = size
         self.timeout = timeout
@@ -473,16 +620,23 @@ class TcpTransport(Transport):
         except BaseException:
             for p in self._peers:
                 if p is not None:
-                    p.sock.close()
+                    for link in p.connections():
+                        link.sock.close()
             self._peers = [None] * size
             self._closed = True
             raise
         for p in self._peers:
             if p is not None:
-                p.sock.settimeout(None)
-                p.receiver = threading.Thread(target=self._receive_loop, args=(p,), daemon=True,
-                                              name=f"collie-tcp-recv-{rank}<-{p.rank}")
-                p.receiver.start()
+                for link in p.links:
+                    link.sock.settimeout(None)
+                    loop = self._receive_loop if link.index == 0 else self._stripe_loop
+                    link.receiver = threading.Thread(target=loop, args=(p, link), daemon=True,
+                                                     name=f"collie-tcp-recv-{rank}<-{p.rank}.{link.index}")
+                    link.receiver.start()
+
+    def _links_to(self, peer: int) -> int:
+        """How many connections this rank keeps with ``peer``."""
+        return self._streams if peer in self._striped else 1
 
     # ----------------------------------------------------------------- setup
 
@@ -496,9 +650,10 @@ class TcpTransport(Transport):
             listener.setblocking(False)
             port = listener.getsockname()[1]
             store.set(f"tcp/{job_id}/{self.rank}", _format_address(host, port).encode())
-            hello = _HELLO.pack(self.rank, self.size, len(job_id.encode())) + job_id.encode()
             for peer in range(self.rank):
-                self._connect_to(peer, store, job_id, token, hello, deadline)
+                for index in range(self._links_to(peer)):
+                    hello = _HELLO.pack(self.rank, self.size, index, len(job_id.encode())) + job_id.encode()
+                    self._connect_to(peer, index, store, job_id, token, hello, deadline)
             self._accept_higher(listener, store, job_id, token, deadline)
 
     def _remaining(self, deadline: float, waiting_for: str, peers: tuple) -> float:
@@ -508,7 +663,8 @@ class TcpTransport(Transport):
                                 f"{waiting_for} (TCP transport setup)", peers)
         return left
 
-    def _connect_to(self, peer: int, store, job_id: str, token, hello: bytes, deadline: float) -> None:
+    def _connect_to(self, peer: int, index: int, store, job_id: str, token, hello: bytes,
+                    deadline: float) -> None:
         what = f"rank {peer} to publish its address"
         try:
             address = store.get(f"tcp/{job_id}/{peer}",
@@ -520,7 +676,9 @@ class TcpTransport(Transport):
         family, _, _, _, sockaddr = socket.getaddrinfo(host.strip("[]"), int(port),
                                                        type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, socket.SOCK_STREAM)
-        self._peers[peer] = _Peer(peer, sock)  # from here on, a failure closes it
+        if index == 0:
+            self._peers[peer] = _Peer(peer, self._links_to(peer))
+        self._peers[peer].links[index] = _Link(sock, index)  # from here on, a failure closes it
         _tune(sock)
         sock.settimeout(self._remaining(deadline, f"the connection to rank {peer}", (peer,)))
         try:
@@ -555,7 +713,8 @@ class TcpTransport(Transport):
         others is pointless. A real rank with a wrong token learns it from
         its own handshake and says so in the store, which this loop reads
         every LOOK seconds, so that the wait ends with AuthError here too."""
-        expected = set(range(self.rank + 1, self.size))
+        expected = {(peer, index) for peer in range(self.rank + 1, self.size)
+                    for index in range(self._links_to(peer))}
         listener = _Listener(sock, self.rank, self.size, job_id, token)
         try:
             for p in self._peers:
@@ -563,16 +722,19 @@ class TcpTransport(Transport):
                     listener.watch(p)
             look_at = time.monotonic() + LOOK
             while expected:
-                left = self._remaining(deadline, f"rank(s) {sorted(expected)} to connect",
-                                       tuple(sorted(expected)))
+                left = self._remaining(deadline, f"rank(s) {_ranks_in(expected)} to connect",
+                                       tuple(_ranks_in(expected)))
                 joined, lost = listener.wait(min(left, max(0.0, look_at - time.monotonic())), expected)
                 for p in lost:
                     raise PeerError(f"rank {p.rank} closed its connection to rank {self.rank} "
                                     f"during setup (it failed, e.g. a bad token or a crash)", p.rank)
-                for peer, conn in joined:
+                for peer, index, conn in joined:
                     _tune(conn)
-                    self._peers[peer] = _Peer(peer, conn)
-                    listener.watch(self._peers[peer])
+                    if self._peers[peer] is None:
+                        self._peers[peer] = _Peer(peer, self._links_to(peer))
+                    self._peers[peer].links[index] = _Link(conn, index)
+                    if index == 0:
+                        listener.watch(self._peers[peer])
                 if expected and time.monotonic() >= look_at:
                     look_at = time.monotonic() + LOOK
                     if store.check([f"tcp/{job_id}/refused"]):
@@ -583,14 +745,17 @@ class TcpTransport(Transport):
 
     # ------------------------------------------------------------- receiving
 
-    def _receive_loop(self, p: _Peer) -> None:
-        reader = _Reader(p.sock, self._doorbell.ring)
+    def _receive_loop(self, p: _Peer, link: _Link) -> None:
+        """The first connection's receiver: every frame but later stripes."""
+        reader = _Reader(link.sock, self._doorbell.ring)
         why = "end of stream"
         try:
             while True:
                 kind, tag, meta, nbytes = reader.header()
                 if kind == DATA:
-                    self._receive_data(p, reader, tag, meta, nbytes)
+                    self._receive_data(p, link, reader, tag, meta, nbytes)
+                elif kind == STRIPED:
+                    self._receive_striped(p, link, reader, tag, meta, nbytes)
                 elif kind == CONTROL:
                     payload = bytearray(nbytes)
                     reader.read_into(memoryview(payload))
@@ -605,12 +770,116 @@ class TcpTransport(Transport):
                     why = f"unknown frame kind {kind} (not a collie peer, or a corrupted stream)"
                     break
         except _EndOfStream:
-            pass
+            if p.bye:  # it said BYE on every connection after its last stripe: let them read theirs
+                for other in p.links[1:]:
+                    other.receiver.join(LINGER)
         except Exception as exc:  # socket errors, or no memory for a huge message
             why = f"{type(exc).__name__}: {exc}"
         self._connection_lost(p, why)  # rings
 
-    def _receive_data(self, p: _Peer, reader: _Reader, tag: int, meta: int, nbytes: int) -> None:
+    def _stripe_loop(self, p: _Peer, link: _Link) -> None:
+        """A further connection's receiver: the later stripes of striped
+        messages, each into where the first connection's receiver decided
+        that message goes (it waits for that decision)."""
+        reader = _Reader(link.sock, self._doorbell.ring)
+        why = "end of stream"
+        try:
+            while True:
+                kind, number, start, nbytes = reader.header()
+                if kind == STRIPE:
+                    with p.lock:
+                        while number not in p.arrivals and p.error is None:
+                            p.arrived.wait()
+                        arrival = p.arrivals.get(number)
+                    if arrival is None:
+                        return  # the peer is gone; the first connection's receiver said so
+                    self._read_stripe(p, link, reader, arrival, number, start, start + nbytes)
+                elif kind == BYE:
+                    link.bye = True
+                else:
+                    why = f"unknown frame kind {kind} on connection {link.index} (a corrupted stream)"
+                    break
+        except _EndOfStream:
+            if link.bye:
+                return  # a clean leave: the first connection's receiver reports it
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        self._connection_lost(p, f"{why}, on connection {link.index}")
+
+    def _receive_striped(self, p: _Peer, link: _Link, reader: _Reader, tag: int, meta: int,
+                         nbytes: int) -> None:
+        """The head of a striped message: match it as _receive_data does, say
+        where its stripes go (the other receivers wait for that), then read
+        the first stripe."""
+        stripes = _stripes(nbytes, len(p.links))
+        arrival = _Arrival(len(stripes))
+        with p.lock:
+            queue = p.posted.get(tag)
+            r = queue.popleft() if queue else None
+            if queue is not None and not queue:
+                del p.posted[tag]
+            if r is None:
+                if not (self.unexpected is not None and self.unexpected(p.rank, tag, meta, nbytes)):
+                    msg = arrival.message = _Message(nbytes, meta)
+                    p.unexpected.setdefault(tag, deque()).append(msg)
+                    arrival.dst = _aligned_empty(nbytes)  # a stale one keeps dst None: dropped
+                    reader.ring_due = True  # probe can now see it
+            else:
+                arrival.request = r
+                if nbytes != len(r.dst) or (r.meta is not None and r.meta != meta):
+                    arrival.error = MessageMismatch(p.rank, tag, nbytes, meta, len(r.dst), r.meta)
+                else:
+                    arrival.dst, arrival.combine = r.dst, r.combine
+            number = p.striped_in
+            p.striped_in += 1
+            p.arrivals[number] = arrival
+            p.arrived.notify_all()
+        self._read_stripe(p, link, reader, arrival, number, *stripes[0])
+
+    def _read_stripe(self, p: _Peer, link: _Link, reader: _Reader, arrival: _Arrival, number: int,
+                     start: int, end: int) -> None:
+        """Read one stripe into its message (or drop it), and settle the
+        message once this was its last."""
+        failure = None
+        if arrival.dst is None:
+            reader.skip(end - start, self._scratch(link))
+        elif arrival.combine is None:
+            reader.read_into(arrival.dst[start:end])
+        else:
+            bounce = self._scratch(link)
+            for at in range(start, end, len(bounce)):
+                piece = bounce[:min(len(bounce), end - at)]
+                reader.read_into(piece)
+                if failure is None:
+                    try:
+                        arrival.combine(arrival.dst[at:at + len(piece)], piece)
+                    except Exception as exc:  # fails this receive, not the connection
+                        failure = exc
+        reader.ring_due = True
+        with p.lock:
+            if failure is not None and arrival.error is None:
+                arrival.error = failure
+            arrival.left -= 1
+            if arrival.left:
+                return
+            del p.arrivals[number]
+            r, msg = arrival.request, arrival.message
+            if msg is not None:
+                r = msg.taker
+                if r is None:
+                    msg.data = arrival.dst  # whole now: irecv may take it
+                    return
+        if r is None or r.finished:  # dropped, or failed by a lost connection meanwhile
+            return
+        if msg is not None:
+            _deliver(r, arrival.dst)  # irecv took it while it was arriving
+        elif arrival.error is not None:
+            r.error = arrival.error
+        if r.error is None:
+            r.done = True
+
+    def _receive_data(self, p: _Peer, link: _Link, reader: _Reader, tag: int, meta: int,
+                      nbytes: int) -> None:
         with p.lock:
             queue = p.posted.get(tag)
             r = queue.popleft() if queue else None
@@ -628,7 +897,7 @@ class TcpTransport(Transport):
             else:
                 p.active = r
         if stale:  # never buffered: its bytes are read and dropped
-            reader.skip(nbytes, self._scratch(p))
+            reader.skip(nbytes, self._scratch(link))
             reader.ring_due = True
             return
         if r is None:
@@ -644,12 +913,12 @@ class TcpTransport(Transport):
                 p.active = r  # irecv took it meanwhile; it waits for us to deliver
             _deliver(r, data)
         elif nbytes != len(r.dst) or (r.meta is not None and r.meta != meta):
-            reader.skip(nbytes, self._scratch(p))
+            reader.skip(nbytes, self._scratch(link))
             r.error = MessageMismatch(p.rank, tag, nbytes, meta, len(r.dst), r.meta)
         elif r.combine is None:
             reader.read_into(r.dst)
         else:
-            bounce = self._scratch(p)
+            bounce = self._scratch(link)
             failure = None
             for start in range(0, nbytes, len(bounce)):
                 piece = bounce[:min(len(bounce), nbytes - start)]
@@ -666,11 +935,11 @@ class TcpTransport(Transport):
                 r.done = True
         reader.ring_due = True
 
-    def _scratch(self, p: _Peer) -> memoryview:
-        """The peer's bounce buffer, allocated on first use (receiver thread only)."""
-        if p.bounce is None:
-            p.bounce = _aligned_empty(PIECE)
-        return p.bounce
+    def _scratch(self, link: _Link) -> memoryview:
+        """The connection's bounce buffer, allocated on first use (its receiver thread only)."""
+        if link.bounce is None:
+            link.bounce = _aligned_empty(PIECE)
+        return link.bounce
 
     def _connection_lost(self, p: _Peer, why: str) -> None:
         with p.lock:
@@ -695,32 +964,43 @@ class TcpTransport(Transport):
 
     def _fail(self, p: _Peer, error: BaseException) -> None:
         """Fail what waits on ``p`` and hang up. Requests a thread is using
-        right now (p.active, p.sending) are failed by that thread, which the
-        shutdown wakes at once."""
+        right now (p.active, link.sending) are failed by that thread, which
+        the shutdown wakes at once."""
         with p.lock:
             if p.error is None:
                 p.error = error
             error = p.error
             victims: list[Request] = [r for q in p.posted.values() for r in q]
             p.posted.clear()
-            msg, p.arriving = p.arriving, None
-            if msg is not None:  # half a message is no message: forget it
+            halves = [a.message for a in p.arrivals.values() if a.message is not None]
+            victims += [a.request for a in p.arrivals.values() if a.request is not None]
+            if p.arriving is not None:
+                halves.append(p.arriving)
+            p.arriving = None
+            for msg in halves:  # half a message is no message: forget it
                 if msg.taker is not None:
                     victims.append(msg.taker)
                 for q in p.unexpected.values():
-                    if q and q[-1] is msg:
-                        q.pop()
-        with p.send_cv:
-            victims.extend(p.send_queue)
-            p.send_queue.clear()
-            p.send_cv.notify_all()
+                    if msg in q:
+                        q.remove(msg)
+            p.arrived.notify_all()  # stripe receivers waiting for a head that will not come
+        sends: list[_Send] = []
+        for link in p.connections():
+            with link.send_cv:
+                sends.extend(link.send_queue)
+                link.send_queue.clear()
+                link.send_cv.notify_all()
         for r in victims:
             if not r.finished:
                 r.error = error
-        try:
-            p.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        for r in sends:
+            if not r.finished:
+                r.settle(error)
+        for link in p.connections():
+            try:
+                link.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self._ring()
 
     def _ring(self) -> None:
@@ -766,71 +1046,90 @@ class TcpTransport(Transport):
     def isend(self, peer: int, tag: int, data: memoryview, meta: int = 0) -> Request:
         p = self._peer(peer)
         data = _byte_view(data)
+        nbytes = len(data)
+        striped = nbytes >= self.stripe_min and len(p.links) > 1
         try:
-            header = HEADER.pack(DATA, tag, meta, len(data))
+            header = HEADER.pack(STRIPED if striped else DATA, tag, meta, nbytes)
         except struct.error as exc:
             raise ValueError(f"tag {tag} and meta {meta} must fit in signed 64 bits") from exc
-        r = _Send("send", peer, tag, len(data))
-        self._post(p, r, [header, data] if len(data) else [header])
+        if striped:
+            return self._isend_striped(p, tag, header, data)
+        r = _Send("send", peer, tag, nbytes)
+        self._post(p, p.first, r, [header, data] if nbytes else [header])
         return r
+
+    def _isend_striped(self, p: _Peer, tag: int, header: bytes, data: memoryview) -> Request:
+        """One stripe per connection, each written by its own connection's
+        thread: the head (and the message's tag, meta and size) goes with the
+        first stripe, the others carry the message's number among the
+        striped ones to this peer, which orders them the same way on every
+        connection (isend has one caller at a time: the contract)."""
+        stripes = _stripes(len(data), len(p.links))
+        whole = _Striping(p.rank, tag, len(data), len(stripes))
+        number = p.striped_out
+        p.striped_out += 1
+        for link, (start, end) in zip(p.links, stripes):
+            head = header if link.index == 0 else HEADER.pack(STRIPE, number, start, end - start)
+            self._post(p, link, _Send("send", p.rank, tag, end - start, whole), [head, data[start:end]])
+        return whole
 
     def send_control(self, peer: int, payload: bytes) -> Request:
         """Send a CONTROL frame (from any thread); the peer's on_control gets
         ``payload``. It follows the data already queued for that peer."""
         p = self._peer(peer)
         r = _Send("control", peer, 0, len(payload))
-        self._post(p, r, [HEADER.pack(CONTROL, 0, 0, len(payload)), payload])
+        self._post(p, p.first, r, [HEADER.pack(CONTROL, 0, 0, len(payload)), payload])
         return r
 
-    def _post(self, p: _Peer, r: _Send, views: list) -> None:
-        with p.send_cv:
+    def _post(self, p: _Peer, link: _Link, r: _Send, views: list) -> None:
+        with link.send_cv:
             if p.error is not None:
-                r.error = p.error
+                r.settle(p.error)
                 return
-            if not p.send_queue and p.sending is None:
+            if not link.send_queue and link.sending is None:
                 try:
-                    sent = p.sock.sendmsg(views, (), _DONTWAIT | _NOSIGNAL)
+                    sent = link.sock.sendmsg(views, (), _DONTWAIT | _NOSIGNAL)
                 except BlockingIOError:
                     sent = 0
                 except OSError as exc:
-                    r.error = PeerError(f"rank {p.rank} died (connection lost while rank {self.rank} "
-                                        f"was sending: {exc})", p.rank)
+                    r.settle(PeerError(f"rank {p.rank} died (connection lost while rank {self.rank} "
+                                       f"was sending: {exc})", p.rank))
                     return
                 views = _skip_views(views, sent)
                 if not views:
-                    r.done = True
+                    r.settle()
                     return
             r.views = views
-            p.send_queue.append(r)
-            if p.sender is None:
-                p.sender = threading.Thread(target=self._send_loop, args=(p,), daemon=True,
-                                            name=f"collie-tcp-send-{self.rank}->{p.rank}")
-                p.sender.start()
-            p.send_cv.notify_all()
+            link.send_queue.append(r)
+            if link.sender is None:
+                link.sender = threading.Thread(target=self._send_loop, args=(p, link), daemon=True,
+                                               name=f"collie-tcp-send-{self.rank}->{p.rank}.{link.index}")
+                link.sender.start()
+            link.send_cv.notify_all()
 
-    def _send_loop(self, p: _Peer) -> None:
+    def _send_loop(self, p: _Peer, link: _Link) -> None:
         while True:
-            with p.send_cv:
-                while not p.send_queue:
-                    if p.stop_sender:
+            with link.send_cv:
+                while not link.send_queue:
+                    if link.stop_sender:
                         return
-                    p.send_cv.wait()
-                r = p.sending = p.send_queue.popleft()
+                    link.send_cv.wait()
+                r = link.sending = link.send_queue.popleft()
             error = None
             try:
                 for view in r.views:
-                    p.sock.sendall(view, _NOSIGNAL)
+                    link.sock.sendall(view, _NOSIGNAL)
             except OSError as exc:
                 error = exc
             r.views = []
-            with p.send_cv:
-                p.sending = None
-                p.send_cv.notify_all()  # close() waits for the queue to drain
+            with link.send_cv:
+                link.sending = None
+                link.send_cv.notify_all()  # close() waits for the queue to drain
             if error is None:
-                r.done = True
+                r.settle()
             else:
-                r.error = p.error or PeerError(f"rank {p.rank} died (connection lost while rank "
-                                               f"{self.rank} was sending: {error})", p.rank)
+                r.settle(p.error or PeerError(f"rank {p.rank} died (connection lost while rank "
+                                              f"{self.rank} was sending: {error})", p.rank))
             self._ring()
 
     def probe(self, peer: int, tag: int) -> Optional[int]:
@@ -866,33 +1165,34 @@ class TcpTransport(Transport):
                 return
             self._closed = True
             self._closing = True
-        peers = [p for p in self._peers if p is not None]
+        links = [(p, link) for p in self._peers if p is not None for link in p.connections()]
         deadline = time.monotonic() + LINGER
-        for p in peers:
-            self._post(p, _Send("bye", p.rank, 0, 0), [HEADER.pack(BYE, 0, 0, 0)])
-        for p in peers:  # let queued sends and the BYE go out, then hang up our side
-            with p.send_cv:
-                while (p.send_queue or p.sending) and time.monotonic() < deadline:
-                    p.send_cv.wait(max(0.0, deadline - time.monotonic()))
+        for p, link in links:  # BYE on every connection, after the stripes queued there
+            self._post(p, link, _Send("bye", p.rank, 0, 0), [HEADER.pack(BYE, 0, 0, 0)])
+        for p, link in links:  # let queued sends and the BYE go out, then hang up our side
+            with link.send_cv:
+                while (link.send_queue or link.sending) and time.monotonic() < deadline:
+                    link.send_cv.wait(max(0.0, deadline - time.monotonic()))
             try:
-                p.sock.shutdown(socket.SHUT_WR)
+                link.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
         me = threading.current_thread()
-        for p in peers:  # each peer hangs up once it has read everything we sent
-            if p.receiver is not None and p.receiver is not me:
-                p.receiver.join(max(0.0, deadline - time.monotonic()))
+        for p, link in links:  # each peer hangs up once it has read everything we sent
+            if link.receiver is not None and link.receiver is not me:
+                link.receiver.join(max(0.0, deadline - time.monotonic()))
         closed = CollieError(f"rank {self.rank}'s TCP transport is closed")
-        for p in peers:
+        for p in {id(p): p for p, _ in links}.values():
             self._fail(p, closed)
-            with p.send_cv:
-                p.stop_sender = True
-                p.send_cv.notify_all()
-        for p in peers:
-            for thread in (p.receiver, p.sender):
+        for p, link in links:
+            with link.send_cv:
+                link.stop_sender = True
+                link.send_cv.notify_all()
+        for p, link in links:
+            for thread in (link.receiver, link.sender):
                 if thread is not None and thread is not me:
                     thread.join(LINGER)
-            p.sock.close()
+            link.sock.close()
 
 
 def _deliver(r: _Recv, data: memoryview) -> None:
