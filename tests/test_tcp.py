@@ -477,6 +477,24 @@ def _leave_right_after_sending(r: Rank):
     return True
 
 
+def _control_after_data(r: Rank):
+    """A control message sent after a big message reaches on_control only
+    once that message is whole (the Network's "leaving" counts on it)."""
+    if r.rank == 1:
+        r.sync()
+        r.send(0, 3, _payload(1, 0, 64 * MiB))
+        r.t.send_control(0, b"after")
+        r.sync()
+        return None
+    req, dst = r.recv(1, 3, 64 * MiB)
+    r.sync()
+    r.wait_for(lambda: r.controls, what="the control message")
+    assert req.done, "on_control ran before the message sent ahead of it was whole"
+    assert np.array_equal(dst, _payload(1, 0, 64 * MiB))
+    r.sync()
+    return True
+
+
 def _killed_while_sending(r: Rank):
     """Rank 1 dies with a big message to rank 0 on the way: rank 0's receive
     fails (its stripes never all come), and nothing of rank 0 is left waiting."""
@@ -569,6 +587,11 @@ def test_clean_leave_reports_destroy(tmp_path, links):
 @pytest.mark.timeout(30)
 def test_leaving_right_after_a_send_delivers_it(tmp_path, links):
     run_ranks(tmp_path, 2, _leave_right_after_sending)
+
+
+@pytest.mark.timeout(30)
+def test_control_follows_the_data_sent_before_it(tmp_path, links):
+    run_ranks(tmp_path, 2, _control_after_data)
 
 
 @pytest.mark.timeout(30)

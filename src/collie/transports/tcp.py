@@ -41,7 +41,10 @@ stripe's offset and length), in the same order. Its receiver waits until
 the first connection's receiver has read that message's head and decided
 where it goes (a posted receive, an unexpected buffer, or nowhere), then
 reads its stripe straight there; the last stripe in completes the receive.
-The send completes when every stripe is written. BYE goes on every
+The send completes when every stripe is written. A CONTROL frame reaches
+on_control only once every striped message before it is whole: control
+still follows the data sent before it (the Network's "leaving" notice
+relies on that). BYE goes on every
 connection, after what was queued there, and the first connection's
 receiver, at the end of a clean leave, lets the others read what they still
 carry before it fails what waits.
@@ -255,7 +258,7 @@ class _Peer:
         self.striped_out = 0  # striped messages sent (isend's caller only)
         self.striped_in = 0  # striped messages whose head arrived (first receiver only)
         self.arrivals: dict[int, _Arrival] = {}  # by number, until their last stripe is in
-        self.arrived = threading.Condition(self.lock)  # a new entry in arrivals, or an error
+        self.arrived = threading.Condition(self.lock)  # arrivals gained or lost an entry, or an error
 
     @property
     def first(self) -> _Link:
@@ -759,6 +762,10 @@ class TcpTransport(Transport):
                 elif kind == CONTROL:
                     payload = bytearray(nbytes)
                     reader.read_into(memoryview(payload))
+                    if p.arrivals:  # it follows what was sent before it, stripes included
+                        with p.lock:
+                            while p.arrivals and p.error is None:
+                                p.arrived.wait()
                     try:
                         self._on_control(p.rank, bytes(payload))
                     except Exception:
@@ -862,21 +869,21 @@ class TcpTransport(Transport):
             arrival.left -= 1
             if arrival.left:
                 return
-            del p.arrivals[number]
             r, msg = arrival.request, arrival.message
             if msg is not None:
                 r = msg.taker
                 if r is None:
                     msg.data = arrival.dst  # whole now: irecv may take it
-                    return
-        if r is None or r.finished:  # dropped, or failed by a lost connection meanwhile
-            return
-        if msg is not None:
-            _deliver(r, arrival.dst)  # irecv took it while it was arriving
-        elif arrival.error is not None:
-            r.error = arrival.error
-        if r.error is None:
-            r.done = True
+        if r is not None and not r.finished:  # (a lost connection may have failed it meanwhile)
+            if msg is not None:
+                _deliver(r, arrival.dst)  # irecv took it while it was arriving
+            elif arrival.error is not None:
+                r.error = arrival.error
+            if r.error is None:
+                r.done = True
+        with p.lock:  # settled first: a CONTROL frame waiting for this sees it finished
+            del p.arrivals[number]
+            p.arrived.notify_all()
 
     def _receive_data(self, p: _Peer, link: _Link, reader: _Reader, tag: int, meta: int,
                       nbytes: int) -> None:
