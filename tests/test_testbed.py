@@ -123,6 +123,57 @@ def test_torchrun_across_hosts(mode):
     assert lines == [f"rank {k} of 4: sum 10 ok" for k in range(4)], lines
 
 
+# One mpi4py program; its import line picks MPICH's mpi4py or collie.MPI.
+# Each rank writes its row to a file: mpiexec forwards output in pieces, not lines.
+MPI_PROGRAM = textwrap.dedent("""\
+    import json, os, socket, sys
+    import numpy as np
+    if sys.argv[1] == "mpi4py":
+        from mpi4py import MPI
+    else:
+        from collie import MPI
+    comm = MPI.COMM_WORLD
+    r, n = comm.Get_rank(), comm.Get_size()
+    x = np.arange(300001, dtype=np.float64) * (r + 1)
+    y = np.empty_like(x)
+    comm.Allreduce(x, y)
+    ok = {"Allreduce": bool(np.array_equal(y, np.arange(300001) * (n * (n + 1) / 2))),
+          "bcast": comm.bcast({"from": r} if r == n - 1 else None, root=n - 1) == {"from": n - 1}}
+    row = {"rank": r, "host": socket.gethostname(), "ok": ok}
+    if sys.argv[1] == "collie":
+        import collie
+        row["routes"] = collie.group.world().network.backend_of
+    with open(os.path.join(sys.argv[2], f"rank{r}.json"), "w") as f:
+        json.dump(row, f)
+""")
+
+
+@pytest.mark.parametrize("mpi", ["collie", "mpi4py"])
+def test_mpiexec_across_hosts(tmp_path, mpi):
+    """MPICH's mpiexec starts one program across the hosts, on MPICH (its
+    mpi4py) and on collie.MPI, which then talks TCP between the hosts. (Two
+    hosts: with three, MPICH's job hung in some starts here, three ranks
+    busy-polling on two cores.)"""
+    if testbed.shutil.which("mpiexec") is None:
+        pytest.skip("MPICH's mpiexec is not installed")
+    if mpi == "mpi4py":
+        pytest.importorskip("mpi4py")
+    path = tmp_path / "mpi_program.py"
+    path.write_text(MPI_PROGRAM)
+    with testbed.TestBed(2) as bed:
+        result = bed.run_mpiexec([str(path), mpi, str(tmp_path)], timeout=120)
+        assert os.path.exists(bed.launcher)
+    _no_beds_left()
+    assert not os.path.exists(bed.launcher)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)}
+    assert sorted(row["host"] for row in ranks.values()) == sorted(bed.names)
+    for rank, row in ranks.items():
+        assert all(row["ok"].values()), row
+        if mpi == "collie":
+            assert row["routes"] == ["self" if p == rank else "tcp" for p in range(2)], row
+
+
 def test_a_shaped_link_carries_the_job(program):
     with testbed.TestBed(2, rate="50mbit") as bed:
         results = bed.run([program, "200001"], ranks_per_host=1, timeout=120)

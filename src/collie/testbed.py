@@ -27,6 +27,7 @@ next one made on the machine (its namespaces carry the owner's pid).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import secrets
@@ -44,6 +45,14 @@ SUBNET = "10.77.0"       # each bed is its own network: the same addresses in ev
 MASTER_PORT = 29500
 NETNS_ETC = "/etc/netns"  # files that `ip netns exec` mounts over /etc inside a namespace
 _NAME = re.compile(rf"{PREFIX}(\d+)(?:h\d+|br)")
+_LAUNCHER = "/tmp/{tag}-launcher"  # the bed's stand-in for ssh, for MPICH's mpiexec (run_mpiexec)
+# Hydra starts a proxy on each host as `ssh [options] HOST COMMAND`; this
+# runs COMMAND inside the namespace named HOST, under that hostname.
+_LAUNCHER_SCRIPT = """#!/bin/sh
+while [ "${1#-}" != "$1" ]; do shift; done
+host="$1"; shift
+exec ip netns exec "$host" unshare --uts sh -c "hostname $host && exec $*"
+"""
 
 
 def unavailable() -> Optional[str]:
@@ -92,6 +101,8 @@ def sweep() -> list[str]:
         if match and not pid_alive(int(match.group(1))):
             _remove(ns)
             shutil.rmtree(f"{NETNS_ETC}/{ns}", ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(_LAUNCHER.format(tag=f"{PREFIX}{match.group(1)}"))
             gone.append(ns)
     return gone
 
@@ -112,6 +123,7 @@ class TestBed:
         tag = f"{PREFIX}{os.getpid()}"
         self.bridge = f"{tag}br"
         self.names = [f"{tag}h{i}" for i in range(hosts)]
+        self.launcher = _LAUNCHER.format(tag=tag)
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
         self._made: list[str] = []
         self.first_failure: Optional[int] = None  # of the last run
@@ -215,6 +227,33 @@ class TestBed:
         env = dict(os.environ if env is None else env)
         return self._start_and_wait([(0.0, i, list(a), env) for i, a in enumerate(argvs)], timeout, capture)
 
+    def run_mpiexec(self, argv: Sequence[str], ranks_per_host: int = 1, timeout: float = 300.0,
+                    env: Optional[dict] = None, capture: bool = True) -> subprocess.CompletedProcess:
+        """MPICH's ``mpiexec`` of ``python argv`` across the hosts: started in
+        host 0, it reaches the others through a launcher that enters each
+        host's namespace where it would ssh (so MPICH runs across the bed,
+        and so does a collie.MPI program, which starts under it). UCX, the
+        transport of Debian's MPICH, is held to TCP (UCX_TLS=tcp,self, unless
+        ``env`` says otherwise): left alone it sees one machine and moves
+        messages between the hosts through shared memory, so compare at one
+        rank per host."""
+        mpiexec = shutil.which("mpiexec")
+        if mpiexec is None:
+            raise RuntimeError("MPICH's mpiexec is not installed")
+        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
+        if "HYDRA" not in version:
+            raise RuntimeError(f"{mpiexec} is not MPICH's (Hydra) mpiexec")
+        with open(self.launcher, "w") as f:
+            f.write(_LAUNCHER_SCRIPT)
+        os.chmod(self.launcher, 0o700)
+        env = dict(os.environ if env is None else env)
+        env.setdefault("UCX_TLS", "tcp,self")
+        env.setdefault("UCX_NET_DEVICES", "eth0")
+        command = [mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher, "-iface", "eth0",
+                   "-hosts", ",".join(self.names), "-ppn", str(ranks_per_host),
+                   "-n", str(self.hosts * ranks_per_host), sys.executable, *argv]
+        return self._start_and_wait([(0.0, 0, command, env)], timeout, capture)[0]
+
     def _start_and_wait(self, starts, timeout: float, capture: bool) -> list[subprocess.CompletedProcess]:
         """Start each (delay, host, argv, env) in its host; wait as run() says."""
         self.first_failure = None
@@ -259,6 +298,8 @@ class TestBed:
             _remove(ns)
             shutil.rmtree(f"{NETNS_ETC}/{ns}", ignore_errors=True)
         self._made = []
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.launcher)
 
     def __enter__(self) -> "TestBed":
         return self
