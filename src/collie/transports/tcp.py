@@ -5,19 +5,20 @@ Every rank keeps this mesh, even with peers whose data goes over shared
 memory, because the Network also uses it for liveness (a dead process closes
 its sockets, so its peers learn of the death at once) and control messages.
 
-Setup. Each rank listens on an ephemeral port (127.0.0.1 when MASTER_ADDR is
-a loopback address, else the local address that routes toward MASTER_ADDR),
+Setup. Each rank listens on an ephemeral port (127.0.0.1 when MASTER_ADDR is a
+loopback address, else the local address that routes toward MASTER_ADDR),
 publishes "host:port" in the store under ``tcp/{job_id}/{rank}``, connects to
 every lower rank and accepts a connection from every higher one (``streams``
 of them with each peer in ``striped``). Each connection starts with
 collie.auth.handshake, then the connecting rank says who it is (rank, world
-size, which of its connections to this peer, job id). The listener runs
-the handshakes of all incoming connections side by side and drops any that fails, claims a
-rank it should not, or stays silent, so a stray connection (a port scanner,
-junk, a stranger) never stops setup. While a rank waits for connections it
-also watches those it already has, so one rank's failure during setup (a
-crash) spreads to the others in moments instead of a timeout; a rank refused
-for a wrong token says so in the store, which ends the others' wait too.
+size, which of its connections to this peer, job id). The listener runs the
+handshakes of all incoming connections side by side and drops any that fails,
+claims a rank it should not, or stays silent, so a stray connection (a port
+scanner, junk, a stranger) never stops setup. While a rank waits for
+connections it also watches those it already has, so one rank's failure during
+setup (a crash) spreads to the others in moments instead of a timeout; a rank
+refused for a wrong token says so in the store, which ends the others' wait
+too.
 
 Wire format. A frame is a 25-byte header, ``HEADER`` = (kind u8, tag i64,
 meta i64, nbytes u64), then nbytes of payload. Kinds: DATA (a message),
@@ -25,49 +26,48 @@ CONTROL (a payload for the Network's on_control callback), BYE (the sender
 is closing cleanly; it shuts its side down right after), and STRIPED and
 STRIPE below.
 
-Striping. One connection does not fill a fast link: its bytes are copied
-by one core on each side (between two network namespaces here, plain
-sockets moved 0.7-0.9 GB/s over one connection and 1.6-1.7 GB/s over two).
-So ranks on different hosts keep ``streams`` connections (COLLIE_TCP_STREAMS,
-default 2), and a message of ``stripe_min`` bytes or more (COLLIE_TCP_STRIPE_MIN,
-default 4 MiB; below it the second thread costs more than it gains) is cut
-into one stripe per connection (_stripes: equal parts at 64-byte offsets),
-each written by its connection's own thread. The first connection carries
-the head, STRIPED (tag, meta and size of the whole message), with the first
-stripe; every other frame but later stripes goes there too, so matching
-and order stay that connection's. Each later connection carries STRIPE
-frames (the message's number among the striped ones to this peer, the
-stripe's offset and length), in the same order. Its receiver waits until
-the first connection's receiver has read that message's head and decided
-where it goes (a posted receive, an unexpected buffer, or nowhere), then
-reads its stripe straight there; the last stripe in completes the receive.
-The send completes when every stripe is written. A CONTROL frame reaches
-on_control only once every striped message before it is whole: control
-still follows the data sent before it (the Network's "leaving" notice
-relies on that). BYE goes on every
-connection, after what was queued there, and the first connection's
-receiver, at the end of a clean leave, lets the others read what they still
-carry before it fails what waits.
+Striping. One connection does not fill a fast link: its bytes are copied by
+one core on each side (between two network namespaces here, plain sockets
+moved 0.7-0.9 GB/s over one connection and 1.6-1.7 GB/s over two). So ranks on
+different hosts keep ``streams`` connections (COLLIE_TCP_STREAMS, default 2),
+and a message of ``stripe_min`` bytes or more (COLLIE_TCP_STRIPE_MIN, default
+4 MiB; below it the second thread costs more than it gains) is cut into one
+stripe per connection (_stripes: equal parts at 64-byte offsets), each written
+by its connection's own thread. The first connection carries the head, STRIPED
+(tag, meta and size of the whole message), with the first stripe; every other
+frame but later stripes goes there too, so matching and order stay that
+connection's. Each later connection carries STRIPE frames (the message's
+number among the striped ones to this peer, the stripe's offset and length),
+in the same order. Its receiver waits until the first connection's receiver
+has read that message's head and decided where it goes (a posted receive, an
+unexpected buffer, or nowhere), then reads its stripe straight there; the last
+stripe in completes the receive. The send completes when every stripe is
+written. A CONTROL frame reaches on_control only once every striped message
+before it is whole: control still follows the data sent before it (the
+Network's "leaving" notice relies on that). BYE goes on every connection,
+after what was queued there, and the first connection's receiver, at the end
+of a clean leave, lets the others read what they still carry before it fails
+what waits.
 
 Receiving. One daemon thread per connection reads frames. A DATA message goes
-straight into the destination of the receive posted for its tag (recv_into,
-no copy), or through a reusable aligned bounce buffer, one PIECE at a time,
-when the receive has a combine function. A message that nobody waits for yet
-is read into a fresh buffer and queued as "unexpected"; irecv looks there
-first. So the socket is always drained, which is what lets two ranks send
-each other huge messages before either posts a receive without deadlocking.
+straight into the destination of the receive posted for its tag (recv_into, no
+copy), or through a reusable aligned bounce buffer, one PIECE at a time, when
+the receive has a combine function. A message that nobody waits for yet is
+read into a fresh buffer and queued as "unexpected"; irecv looks there first.
+So the socket is always drained, which is what lets two ranks send each other
+huge messages before either posts a receive without deadlocking.
 
 Sending: why inline first, then a thread. isend first writes what the socket
 buffer accepts at once (sendmsg with MSG_DONTWAIT, header and payload in one
 system call). A small message is then done before isend returns, with no
 thread hand-off: on loopback (2 busy cores), sending every message from a
 thread made the 8-byte round trip 2-3 times slower (250-300 us instead of
-90-150 us; a bare socket pair takes about 20 us). What does not
-fit (a large message, or any message while earlier ones still wait) goes to a
-per-connection sender thread, started on first use, which writes it with blocking
-sendall. isend therefore returns at once whatever the size, and frames never
-interleave: a per-connection lock guards the socket's write side and the
-queue, and nothing is written inline while the queue is not empty.
+90-150 us; a bare socket pair takes about 20 us). What does not fit (a large
+message, or any message while earlier ones still wait) goes to a
+per-connection sender thread, started on first use, which writes it with
+blocking sendall. isend therefore returns at once whatever the size, and
+frames never interleave: a per-connection lock guards the socket's write side
+and the queue, and nothing is written inline while the queue is not empty.
 
 Failure. When a connection ends, the receiver thread fails every pending
 request with that peer with PeerError: "rank P died (connection lost: ...)",
