@@ -455,7 +455,7 @@ def _attack_listeners(port, job, token, ranks, done, report):
     try:
         with TCPStore(HOST, port, timeout=20, token=token) as store:
             addresses = [store.get(f"tcp/{job}/{r}", timeout=20).decode() for r in ranks]
-        other_job = tcp._HELLO.pack(len(ranks), len(ranks) + 1, 0, 5) + b"other"
+        other_job = tcp._HELLO.pack(len(ranks), len(ranks) + 1, 0, 1, 5) + b"other"
         refused = 0
         for address in addresses:
             host, _, listen_port = address.rpartition(":")

@@ -151,3 +151,32 @@ def test_loopback_refuses_bad_peers():
         hub.close()
     with pytest.raises(ValueError, match="at least 1"):
         LoopbackHub(0)
+
+
+def test_tcp_ranks_that_keep_different_numbers_of_connections_are_told():
+    """COLLIE_TCP_STREAMS set differently on two ranks: setup fails at once,
+    saying so, instead of waiting out its timeout for connections that never come."""
+    from collie.errors import CollieError
+    from collie.transports.tcp import TcpTransport
+    store, job = DictStore(), uuid.uuid4().hex[:12]
+    bells = [Doorbell.private(), Doorbell.private()]
+    errors: dict = {}
+
+    def build(rank):
+        try:
+            TcpTransport(rank, 2, store, job, bells[rank], 20.0, None, on_peer_lost=lambda *a: None,
+                         on_control=lambda *a: None, streams=2 + rank).close()
+        except (ValueError, CollieError) as exc:
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=build, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for bell in bells:
+        bell.release()
+    assert isinstance(errors.get(0), ValueError), errors
+    assert "rank 1 keeps 3 TCP connection(s) with rank 0, which keeps 2" in str(errors[0])
+    assert "COLLIE_TCP_STREAMS" in str(errors[0])
+    assert 1 in errors and "timed out" not in str(errors[1]), errors  # the other one hears of it too

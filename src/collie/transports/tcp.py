@@ -117,7 +117,8 @@ _log = logging.getLogger(__name__)
 
 DATA, CONTROL, BYE, STRIPED, STRIPE = 1, 2, 3, 4, 5
 HEADER = struct.Struct("<BqqQ")  # kind, tag, meta, nbytes
-_HELLO = struct.Struct("<qqHH")  # rank, world size, connection index, length of the job id that follows
+# rank, world size, connection index, connections it keeps with this peer, length of the job id that follows
+_HELLO = struct.Struct("<qqHHH")
 
 PIECE = 2 << 20  # bytes per combine call: a multiple of 16 (256 KiB..4 MiB measured alike)
 LINGER = 5.0  # seconds close() waits for queued sends and for peers to hang up
@@ -284,7 +285,7 @@ class _Incoming:
 
     def advance(self) -> Optional[tuple]:
         """Read what has arrived, without blocking; return (rank, connection
-        index, world size, job id) once all of it is here, else None. Raises AuthError if the
+        index, connections, world size, job id) once all of it is here, else None. Raises AuthError if the
         handshake fails, ConnectionError if the other end hangs up."""
         try:
             while True:
@@ -293,7 +294,7 @@ class _Incoming:
                     self.sock.sendall(out)  # a few bytes into an empty buffer
                 if self.shake.refused is not None:
                     raise self.shake.refused
-                need = self.shake.need or (self.hello[3] if self.hello else _HELLO.size)
+                need = self.shake.need or (self.hello[4] if self.hello else _HELLO.size)
                 while len(self.buf) < need:
                     data = self.sock.recv(need - len(self.buf))
                     if not data:
@@ -305,8 +306,8 @@ class _Incoming:
                 elif self.hello is None:
                     self.hello = _HELLO.unpack(message)
                 else:
-                    rank, size, index, _ = self.hello
-                    return rank, index, size, message.decode(errors="replace")
+                    rank, size, index, count, _ = self.hello
+                    return rank, index, count, size, message.decode(errors="replace")
         except (BlockingIOError, InterruptedError):
             return None
 
@@ -342,10 +343,10 @@ class _Listener:
     def wait(self, timeout: float, expected: set) -> tuple[list, list]:
         """Wait up to ``timeout`` seconds (less if a handshake's deadline
         comes first) and handle what happened. Returns the connections that
-        said who they are, as (rank, connection index, socket), which it
-        takes out of ``expected`` ((rank, index) pairs), and the watched
-        peers whose connection ended."""
-        joined: list[tuple[int, int, socket.socket]] = []
+        said who they are, as (rank, connection index, connections it
+        keeps, socket), which it takes out of ``expected`` ((rank, index)
+        pairs), and the watched peers whose connection ended."""
+        joined: list[tuple[int, int, int, socket.socket]] = []
         lost: list[_Peer] = []
         times = [t for t in (self.pending.next_deadline(), self.resume_at) if t is not None]
         timeout = max(0.0, min([time.monotonic() + timeout] + times) - time.monotonic())
@@ -410,7 +411,7 @@ class _Listener:
             self.pending.discard(inc)
         if said is None:
             return
-        peer, index, size, job = said
+        peer, index, count, size, job = said
         if job != self.job_id or size != self.size or (peer, index) not in expected:
             self._drop(inc, f"it claims to be rank {peer} (connection {index}) of {size} in job {job!r}; "
                             f"rank {self.rank} expects one of ranks {_ranks_in(expected)} of {self.size} "
@@ -418,7 +419,7 @@ class _Listener:
             return
         self.sel.unregister(inc.sock)
         expected.discard((peer, index))  # at once: a second claim to the same connection is a lie
-        joined.append((peer, index, inc.sock))
+        joined.append((peer, index, count, inc.sock))
 
     def _drop(self, inc: _Incoming, why: str) -> None:
         self.log_drop(f"rank {self.rank} dropped a connection from {inc.origin} during TCP setup: {why}")
@@ -655,7 +656,8 @@ class TcpTransport(Transport):
             store.set(f"tcp/{job_id}/{self.rank}", _format_address(host, port).encode())
             for peer in range(self.rank):
                 for index in range(self._links_to(peer)):
-                    hello = _HELLO.pack(self.rank, self.size, index, len(job_id.encode())) + job_id.encode()
+                    hello = _HELLO.pack(self.rank, self.size, index, self._links_to(peer),
+                                        len(job_id.encode())) + job_id.encode()
                     self._connect_to(peer, index, store, job_id, token, hello, deadline)
             self._accept_higher(listener, store, job_id, token, deadline)
 
@@ -731,7 +733,15 @@ class TcpTransport(Transport):
                 for p in lost:
                     raise PeerError(f"rank {p.rank} closed its connection to rank {self.rank} "
                                     f"during setup (it failed, e.g. a bad token or a crash)", p.rank)
-                for peer, index, conn in joined:
+                differ = [(peer, count) for peer, _, count, _ in joined if count != self._links_to(peer)]
+                if differ:
+                    for *_, conn in joined:
+                        conn.close()
+                    peer, count = differ[0]
+                    raise ValueError(f"rank {peer} keeps {count} TCP connection(s) with rank {self.rank}, "
+                                     f"which keeps {self._links_to(peer)}: set COLLIE_TCP_STREAMS alike "
+                                     f"on every rank")
+                for peer, index, count, conn in joined:
                     _tune(conn)
                     if self._peers[peer] is None:
                         self._peers[peer] = _Peer(peer, self._links_to(peer))
