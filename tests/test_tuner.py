@@ -74,7 +74,9 @@ def test_all_reduce_bands_for_ranks_sharing_cores():
         ["recursive_doubling", "recursive_doubling", "tree", "tree"]
     assert [pick(128 * KiB, 4), pick(256 * KiB, 4), pick(384 * KiB, 3), pick(512 * KiB, 4)] == \
         ["tree", "dbtree", "dbtree", "shm"]
-    assert [pick(8, 4, "tcp"), pick(512 * KiB, 4, "tcp")] == ["tree", "tree"]  # no shared windows, no rings
+    # no shared windows, no rings: the tree up to 2 MiB over TCP
+    assert [pick(8, 4, "tcp"), pick(512 * KiB, 4, "tcp"), pick(MiB, 3, "tcp"), pick(2 * MiB, 3, "tcp")] == \
+        ["tree", "tree", "tree", "ring"]
 
 
 def test_two_rank_broadcast_and_reduce_take_dbtree_where_its_halves_stay_in_the_rings():

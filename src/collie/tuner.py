@@ -91,7 +91,10 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str, ho
             return Choice("rabenseifner", 1, "large message: reduce-scatter then all-gather, single copy")
         if shm and nbytes < 64 * KiB and nranks & (nranks - 1) == 0:
             return Choice("recursive_doubling", 1, "small message, 2^k ranks: log2(n) exchanges, each rank busy in every one")
-        if nbytes < 256 * KiB or not shm and nbytes < 1 * MiB:
+        if nbytes < 256 * KiB or not shm and nbytes < 2 * MiB:
+            # Over TCP (test bed, 3 hosts x 1 rank, four runs): at 1 MiB the
+            # tree took 2.4-3.5 ms and ring 3.7-4.6 (on 2 hosts x 2 ranks
+            # 4.0-4.8 and 3.8-5.1); from 2 MiB ring caught up.
             return Choice("tree", segs, "small message, ranks sharing cores: fewest hand-offs")
         if shm and nbytes < 512 * KiB:
             # A whole-buffer message from 256 KiB goes single copy, whose
