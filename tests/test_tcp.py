@@ -597,7 +597,7 @@ def test_control_follows_the_data_sent_before_it(tmp_path, links):
 @pytest.mark.timeout(30)
 def test_a_sender_killed_mid_message_fails_the_receive(tmp_path, links):
     outcome, _ = run_ranks(tmp_path, 2, _killed_while_sending, dies=(1,))
-    assert outcome in ("whole", "failed")
+    assert outcome == "failed"  # 128 MiB does not cross in 10 ms here (1-2 GB/s over loopback)
 
 
 @pytest.mark.timeout(30)

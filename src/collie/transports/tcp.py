@@ -863,15 +863,7 @@ class TcpTransport(Transport):
         elif arrival.combine is None:
             reader.read_into(arrival.dst[start:end])
         else:
-            bounce = self._scratch(link)
-            for at in range(start, end, len(bounce)):
-                piece = bounce[:min(len(bounce), end - at)]
-                reader.read_into(piece)
-                if failure is None:
-                    try:
-                        arrival.combine(arrival.dst[at:at + len(piece)], piece)
-                    except Exception as exc:  # fails this receive, not the connection
-                        failure = exc
+            failure = self._read_combining(link, reader, arrival.dst, arrival.combine, start, end)
         reader.ring_due = True
         with p.lock:
             if failure is not None and arrival.error is None:
@@ -935,22 +927,30 @@ class TcpTransport(Transport):
         elif r.combine is None:
             reader.read_into(r.dst)
         else:
-            bounce = self._scratch(link)
-            failure = None
-            for start in range(0, nbytes, len(bounce)):
-                piece = bounce[:min(len(bounce), nbytes - start)]
-                reader.read_into(piece)
-                if failure is None:
-                    try:
-                        r.combine(r.dst[start:start + len(piece)], piece)
-                    except Exception as exc:  # fails this receive, not the connection
-                        failure = exc
-            r.error = failure
+            r.error = self._read_combining(link, reader, r.dst, r.combine, 0, nbytes)
         with p.lock:
             p.active = None
             if r.error is None:
                 r.done = True
         reader.ring_due = True
+
+    def _read_combining(self, link: _Link, reader: _Reader, dst: memoryview, combine: Combine,
+                        start: int, end: int) -> Optional[Exception]:
+        """Read bytes ``start:end`` of a message through the connection's
+        bounce buffer, combining each piece into ``dst`` as it lands; the
+        first failure of combine (the rest is still read, so the stream
+        stays whole), else None."""
+        bounce = self._scratch(link)
+        failure = None
+        for at in range(start, end, len(bounce)):
+            piece = bounce[:min(len(bounce), end - at)]
+            reader.read_into(piece)
+            if failure is None:
+                try:
+                    combine(dst[at:at + len(piece)], piece)
+                except Exception as exc:  # fails this receive, not the connection
+                    failure = exc
+        return failure
 
     def _scratch(self, link: _Link) -> memoryview:
         """The connection's bounce buffer, allocated on first use (its receiver thread only)."""
