@@ -232,3 +232,31 @@ def test_collectives_run_without_the_extension():
     results = run_ranks(_without_core_body, 2, init=False, env={"COLLIE_EXECUTOR": "auto"})
     for executor, x in results:
         assert executor == "python" and (x == 3.0).all()
+
+
+def test_the_thread_of_asynchronous_calls_polls_briefly():
+    """The background thread of async calls (DDP's buckets) waits beside its
+    process's compute: its waits poll at most network.ASYNC_SPIN_SECONDS,
+    in the Network's loop and on the core; other threads keep theirs."""
+    import queue as queue_module
+
+    from collie import collectives, network
+
+    def bounds():
+        python = getattr(network._this_thread, "spin", None)
+        if core._core is None:
+            return python, None
+        before = core._core.set_thread_spin(-1.0)
+        core._core.set_thread_spin(before)  # put back
+        return python, before
+
+    got = queue_module.SimpleQueue()
+    background = collectives.Background("test-async")
+    try:
+        background.submit(bounds, lambda result, error: got.put((result, error)))
+        result, error = got.get(timeout=10)
+    finally:
+        background.stop()
+    assert error is None
+    assert result == (network.ASYNC_SPIN_SECONDS, network.ASYNC_SPIN_SECONDS if core._core is not None else None)
+    assert bounds() == (None, -1.0 if core._core is not None else None)  # this thread: untouched

@@ -523,9 +523,13 @@ static double wall_seconds(void) {
  * send j done, bit nsend + j: receive j done). With ``times``, step i's
  * start and end (seconds since the epoch, as time.time()) go to
  * times[2i] and times[2i + 1]: what a trace records. */
+/* This thread's own bound on a receive's spin (seconds; < 0: none): see
+ * set_thread_spin(). */
+static __thread double thread_spin = -1;
+
 static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag, uint64_t meta,
                      int *locals_done, uint64_t *mask, double *times) {
-    double spin = self->spin;
+    double spin = thread_spin >= 0 && thread_spin < self->spin ? thread_spin : self->spin;
     int crowded = self->crowded;
     kernel_t kernel = self->op >= 0 ? kernels[self->dtype] : NULL;
     for (int i = start; i < self->nsteps; i++) {
@@ -662,8 +666,21 @@ static PyTypeObject ProgramType = {
     .tp_methods = program_methods,
 };
 
+/* set_thread_spin(seconds) -> the bound it had: from now on this thread's
+ * receives spin at most that long before handing back (a negative value:
+ * the programs' own spin). For a thread that runs asynchronous calls beside
+ * its process's compute. */
+static PyObject *py_set_thread_spin(PyObject *self, PyObject *args) {
+    double seconds, before = thread_spin;
+    if (!PyArg_ParseTuple(args, "d", &seconds)) return NULL;
+    thread_spin = seconds;
+    return PyFloat_FromDouble(before);
+}
+
 static PyMethodDef methods[] = {
     {"combine", py_combine, METH_VARARGS, "combine(dst, src, dtype, op): dst = dst op src in place."},
+    {"set_thread_spin", py_set_thread_spin, METH_VARARGS,
+     "set_thread_spin(seconds) -> previous: bound this thread's receive spin (negative: none)."},
     {NULL, NULL, 0, NULL},
 };
 

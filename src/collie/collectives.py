@@ -77,6 +77,7 @@ class Background:
         self.thread.start()
 
     def _loop(self):
+        core.spin_briefly_on_this_thread()  # it waits beside its process's compute
         while True:
             item = self.queue.get()
             if item is None:

@@ -28,6 +28,7 @@ from operator import itemgetter
 from typing import Callable, Optional
 
 from . import engine
+from . import network as network_module  # the parameter named network is a Network
 from .transports.ring import LINE
 
 try:
@@ -179,6 +180,15 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
     arrays_of = (itemgetter(*named) if len(named) > 1 else (lambda arrays, name=named[0]: (arrays[name],))
                  if named else (lambda arrays: ()))
     return core, arrays_of, schedule.tmp_like is not None, tmp, windows
+
+
+def spin_briefly_on_this_thread() -> None:
+    """This thread runs asynchronous calls beside its process's own work:
+    its waits poll at most network.ASYNC_SPIN_SECONDS, in the Network's
+    loop and on the core alike."""
+    network_module.spin_briefly_on_this_thread()
+    if _core is not None:
+        _core.set_thread_spin(network_module.ASYNC_SPIN_SECONDS)
 
 
 def runs(program: engine.Program, network) -> bool:

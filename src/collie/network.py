@@ -47,6 +47,18 @@ SPIN_SECONDS = float(os.environ.get("COLLIE_SPIN_US", "1000")) * 1e-6
 # More ranks than cores: spin at most this long, yielding, then sleep, so
 # that oversubscribed ranks do not starve the peer they wait for.
 CROWDED_SPIN_SECONDS = 10e-6
+# A thread that runs asynchronous calls (collectives.Background) waits while
+# its own process computes (DDP's backward): polling there takes a core from
+# that work. Such a thread polls at most this long (spin_briefly_on_this_thread):
+# DDP's exposed communication at 2 ranks on 2 cores, in three pairs of runs
+# against the 1 ms spin, was 10-25% shorter with 50 us.
+ASYNC_SPIN_SECONDS = 50e-6
+_this_thread = threading.local()
+
+
+def spin_briefly_on_this_thread() -> None:
+    """Bound this thread's polling in waits by ASYNC_SPIN_SECONDS (see there)."""
+    _this_thread.spin = ASYNC_SPIN_SECONDS
 # Longest single sleep: how often a sleeper re-checks deadlines and deaths.
 SLEEP_SLICE = 0.1
 # A collective stuck this long tells its group which call it is in, so that
@@ -508,7 +520,8 @@ class Network:
             every = requests = list(requests)
         anys = [r for r in requests if isinstance(r, AnySourceRequest)]
         start = time.monotonic()
-        spin_until = start + self._spin
+        spin_for = min(self._spin, getattr(_this_thread, "spin", self._spin))
+        spin_until = start + spin_for
         announced = call is None
         tag = call[0] if call is not None else 0
         leave = tag >> CONTEXT_SHIFT == LEAVE_CONTEXT  # the leave barrier ignores what broke
@@ -552,7 +565,7 @@ class Network:
             if call is not None and self._states:
                 self._check_states(call, describe)
             if moved:
-                spin_until = now + self._spin
+                spin_until = now + spin_for
                 continue
             if self._lost:
                 self._fail_departed(departed() if departed is not None else requests)
