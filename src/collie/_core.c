@@ -518,15 +518,15 @@ static double wall_seconds(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* This thread's own bound on a receive's spin (seconds; < 0: none): see
+ * set_thread_spin(). */
+static __thread double thread_spin = -1;
+
 /* Run steps from ``start`` until one needs Python. Returns the step it
  * stopped at (nsteps: all done), and sets *locals_done and *mask (bit j:
  * send j done, bit nsend + j: receive j done). With ``times``, step i's
  * start and end (seconds since the epoch, as time.time()) go to
  * times[2i] and times[2i + 1]: what a trace records. */
-/* This thread's own bound on a receive's spin (seconds; < 0: none): see
- * set_thread_spin(). */
-static __thread double thread_spin = -1;
-
 static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag, uint64_t meta,
                      int *locals_done, uint64_t *mask, double *times) {
     double spin = thread_spin >= 0 && thread_spin < self->spin ? thread_spin : self->spin;

@@ -53,12 +53,7 @@ CROWDED_SPIN_SECONDS = 10e-6
 # DDP's exposed communication at 2 ranks on 2 cores, in three pairs of runs
 # against the 1 ms spin, was 10-25% shorter with 50 us.
 ASYNC_SPIN_SECONDS = 50e-6
-_this_thread = threading.local()
-
-
-def spin_briefly_on_this_thread() -> None:
-    """Bound this thread's polling in waits by ASYNC_SPIN_SECONDS (see there)."""
-    _this_thread.spin = ASYNC_SPIN_SECONDS
+_this_thread = threading.local()  # .spin: set on such a thread
 # Longest single sleep: how often a sleeper re-checks deadlines and deaths.
 SLEEP_SLICE = 0.1
 # A collective stuck this long tells its group which call it is in, so that
@@ -73,6 +68,11 @@ _QUERY = struct.Struct("<q")        # the context asked about
 _ANSWER = struct.Struct("<qqq")     # context, last call finished on it (-1: none), tag of the call now running;
                                     # then the ranks the answering rank is waiting for (int32 each)
 _ERRORS = {"MismatchError": MismatchError, "PeerError": PeerError, "CollieTimeout": CollieTimeout}
+
+
+def spin_briefly_on_this_thread() -> None:
+    """Bound this thread's polling in waits by ASYNC_SPIN_SECONDS (see there)."""
+    _this_thread.spin = ASYNC_SPIN_SECONDS
 
 
 def host_identity() -> str:
