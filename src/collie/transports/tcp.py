@@ -823,6 +823,24 @@ class TcpTransport(Transport):
             why = f"{type(exc).__name__}: {exc}"
         self._connection_lost(p, f"{why}, on connection {link.index}")
 
+    def _match(self, p: _Peer, tag: int, meta: int, nbytes: int) -> tuple:
+        """Where an arriving message goes, decided under ``p.lock``: (the
+        posted receive it fills, None) or (None, the unexpected message it
+        is queued as), or (None, None) if it is stale (read and dropped).
+        Checked under the lock that drop_stale takes: a message either is
+        found stale here or is queued before drop_stale looks."""
+        queue = p.posted.get(tag)
+        if queue:
+            r = queue.popleft()
+            if not queue:
+                del p.posted[tag]  # tags are mostly used once: keep the dict small
+            return r, None
+        if self.unexpected is not None and self.unexpected(p.rank, tag, meta, nbytes):
+            return None, None
+        msg = _Message(nbytes, meta)
+        p.unexpected.setdefault(tag, deque()).append(msg)
+        return None, msg
+
     def _receive_striped(self, p: _Peer, link: _Link, reader: _Reader, tag: int, meta: int,
                          nbytes: int) -> None:
         """The head of a striped message: match it as _receive_data does, say
@@ -831,21 +849,14 @@ class TcpTransport(Transport):
         stripes = _stripes(nbytes, len(p.links))
         arrival = _Arrival(len(stripes))
         with p.lock:
-            queue = p.posted.get(tag)
-            r = queue.popleft() if queue else None
-            if queue is not None and not queue:
-                del p.posted[tag]
-            if r is None:
-                if not (self.unexpected is not None and self.unexpected(p.rank, tag, meta, nbytes)):
-                    msg = arrival.message = _Message(nbytes, meta)
-                    p.unexpected.setdefault(tag, deque()).append(msg)
-                    arrival.dst = _aligned_empty(nbytes)  # a stale one keeps dst None: dropped
-                    reader.ring_due = True  # probe can now see it
-            else:
+            r, msg = self._match(p, tag, meta, nbytes)
+            if msg is not None:
+                arrival.message, arrival.dst = msg, _aligned_empty(nbytes)
+                reader.ring_due = True  # probe can now see it
+            elif r is not None:  # (neither: stale, dst stays None, its stripes are dropped)
                 arrival.request = r
-                if nbytes != len(r.dst) or (r.meta is not None and r.meta != meta):
-                    arrival.error = MessageMismatch(p.rank, tag, nbytes, meta, len(r.dst), r.meta)
-                else:
+                arrival.error = _mismatch(p.rank, tag, nbytes, meta, r)
+                if arrival.error is None:
                     arrival.dst, arrival.combine = r.dst, r.combine
             number = p.striped_in
             p.striped_in += 1
@@ -890,22 +901,12 @@ class TcpTransport(Transport):
     def _receive_data(self, p: _Peer, link: _Link, reader: _Reader, tag: int, meta: int,
                       nbytes: int) -> None:
         with p.lock:
-            queue = p.posted.get(tag)
-            r = queue.popleft() if queue else None
-            if queue is not None and not queue:
-                del p.posted[tag]  # tags are mostly used once: keep the dict small
-            # Checked under the lock that drop_stale takes: a message either
-            # is found stale here or is queued before drop_stale looks.
-            stale = r is None and self.unexpected is not None and self.unexpected(p.rank, tag, meta, nbytes)
-            if stale:
-                pass
-            elif r is None:
-                msg = _Message(nbytes, meta)
-                p.unexpected.setdefault(tag, deque()).append(msg)
+            r, msg = self._match(p, tag, meta, nbytes)
+            if msg is not None:
                 p.arriving = msg
-            else:
+            elif r is not None:
                 p.active = r
-        if stale:  # never buffered: its bytes are read and dropped
+        if r is None and msg is None:  # stale: never buffered, its bytes are read and dropped
             reader.skip(nbytes, self._scratch(link))
             reader.ring_due = True
             return
@@ -921,13 +922,15 @@ class TcpTransport(Transport):
                     return
                 p.active = r  # irecv took it meanwhile; it waits for us to deliver
             _deliver(r, data)
-        elif nbytes != len(r.dst) or (r.meta is not None and r.meta != meta):
-            reader.skip(nbytes, self._scratch(link))
-            r.error = MessageMismatch(p.rank, tag, nbytes, meta, len(r.dst), r.meta)
-        elif r.combine is None:
-            reader.read_into(r.dst)
         else:
-            r.error = self._read_combining(link, reader, r.dst, r.combine, 0, nbytes)
+            failure = _mismatch(p.rank, tag, nbytes, meta, r)  # set once the bytes are read
+            if failure is not None:
+                reader.skip(nbytes, self._scratch(link))
+            elif r.combine is None:
+                reader.read_into(r.dst)
+            else:
+                failure = self._read_combining(link, reader, r.dst, r.combine, 0, nbytes)
+            r.error = failure
         with p.lock:
             p.active = None
             if r.error is None:
@@ -1049,8 +1052,8 @@ class TcpTransport(Transport):
                 else:
                     p.posted.setdefault(tag, deque()).append(r)
                 return r
-            if msg.nbytes != len(r.dst) or (meta is not None and meta != msg.meta):
-                r.error = MessageMismatch(peer, tag, msg.nbytes, msg.meta, len(r.dst), meta)
+            r.error = _mismatch(peer, tag, msg.nbytes, msg.meta, r)
+            if r.error is not None:
                 return r  # the message is consumed; if still arriving, it is dropped on arrival
             if msg.data is None:
                 msg.taker = r  # still arriving: the receiver thread delivers it
@@ -1182,7 +1185,8 @@ class TcpTransport(Transport):
                 return
             self._closed = True
             self._closing = True
-        links = [(p, link) for p in self._peers if p is not None for link in p.connections()]
+        peers = [p for p in self._peers if p is not None]
+        links = [(p, link) for p in peers for link in p.connections()]
         deadline = time.monotonic() + LINGER
         for p, link in links:  # BYE on every connection, after the stripes queued there
             self._post(p, link, _Send("bye", p.rank, 0, 0), [HEADER.pack(BYE, 0, 0, 0)])
@@ -1199,7 +1203,7 @@ class TcpTransport(Transport):
             if link.receiver is not None and link.receiver is not me:
                 link.receiver.join(max(0.0, deadline - time.monotonic()))
         closed = CollieError(f"rank {self.rank}'s TCP transport is closed")
-        for p in {id(p): p for p, _ in links}.values():
+        for p in peers:
             self._fail(p, closed)
         for p, link in links:
             with link.send_cv:
@@ -1210,6 +1214,13 @@ class TcpTransport(Transport):
                 if thread is not None and thread is not me:
                     thread.join(LINGER)
             link.sock.close()
+
+
+def _mismatch(peer: int, tag: int, nbytes: int, meta: int, r: _Recv) -> Optional[MessageMismatch]:
+    """Why a message of ``nbytes`` and ``meta`` does not fit receive ``r``, or None."""
+    if nbytes != len(r.dst) or (r.meta is not None and r.meta != meta):
+        return MessageMismatch(peer, tag, nbytes, meta, len(r.dst), r.meta)
+    return None
 
 
 def _deliver(r: _Recv, data: memoryview) -> None:
