@@ -221,6 +221,53 @@ def test_partitioned(n):
 
 # ---- pickle, generalized requests, status, buffer (one process) ----
 
+# ---- small payloads ride in the envelope, larger ones follow it ----
+
+def _inline_body(rank, size):
+    MPI = mpi()
+    from collie.compat.mpi.p2p import INLINE_BYTES
+    comm = MPI.COMM_WORLD
+    right, left = (rank + 1) % size, (rank - 1) % size
+    sizes = [0, 1, 8, INLINE_BYTES - 1, INLINE_BYTES, INLINE_BYTES + 1, 4096, 1 << 20]
+    for n in sizes:  # bytes; each from a different tag, the receive posted first or not
+        sent = (np.arange(n, dtype=np.int64) * 7 + rank).astype(np.uint8)
+        expect = (np.arange(n, dtype=np.int64) * 7 + left).astype(np.uint8)
+        got = np.full(n + 5, 0xEE, np.uint8)
+        if rank % 2:
+            comm.Barrier()  # the message waits unexpected for its receive
+            req = comm.Isend(sent, right, n % 97)
+            comm.Recv(got, left, n % 97)
+            req.Wait()
+        else:
+            req = comm.Irecv(got, MPI.ANY_SOURCE, MPI.ANY_TAG)  # posted before its envelope
+            comm.Barrier()
+            sreq = comm.Isend(sent, right, n % 97)
+            st = MPI.Status()
+            req.Wait(st)
+            sreq.Wait()
+            assert (st.Get_source(), st.Get_tag(), st.Get_count(MPI.BYTE)) == (left, n % 97, n)
+        np.testing.assert_array_equal(got[:n], expect)
+        assert (got[n:] == 0xEE).all()  # nothing written past the message
+        if n:  # too small a buffer: a truncation error, whichever way the payload came
+            req = comm.Isend(sent, right, 1000)  # a large send completes once read
+            try:
+                comm.Recv(np.empty(n - 1, np.uint8), left, 1000)
+            except MPI.Exception as exc:
+                assert exc.Get_error_class() == MPI.ERR_TRUNCATE, exc
+            else:
+                raise AssertionError(f"a {n}-byte message into {n - 1} bytes did not fail")
+            req.Wait()
+    # objects of either kind
+    for obj in [None, 7, "x" * (INLINE_BYTES + 10), {"r": rank}]:
+        assert comm.sendrecv(obj, right, 5, None, left, 5) == (obj if not isinstance(obj, dict) else {"r": left})
+    return True
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_payloads_in_and_after_the_envelope(n):
+    assert run(_inline_body, n) == [True] * n
+
+
 def _pickle_body(rank, size):
     MPI = mpi()
     comm = MPI.COMM_WORLD
@@ -408,6 +455,37 @@ def test_cuda_array_interface_moves_host_memory_and_refuses_the_rest():
 
 
 # ---- waiting: the Network's one loop ----
+
+def _polling_recv_body(rank, size):
+    import time
+    import collie
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    x = np.zeros(4, np.float32)
+    if rank == 1:
+        comm.Barrier()
+        time.sleep(0.05)  # rank 0 waits for the envelope meanwhile
+        comm.Send(x + 1, 0, 3)
+        return None
+    net = collie.group.resolve(None).network
+    asked, polls = [], net.polls
+    net.polls = lambda requests: asked.append(list(requests)) or polls(requests)
+    try:
+        comm.Barrier()
+        comm.Recv(x, 1, 3)
+    finally:
+        del net.polls
+    assert (x == 1).all()
+    return [[type(r).__name__ for r in reqs] for reqs in asked]
+
+
+def test_an_mpi_receive_waiting_for_its_envelope_polls_before_it_sleeps():
+    """A receive has no transport request of its own until its envelope
+    comes; whether it spins is decided by what it depends on (the envelope
+    receive), not by its own empty list (which meant: sleep at once)."""
+    asked = run(_polling_recv_body, 2)[0]
+    assert asked and all(asked), asked
+
 
 def _recv_timeout_body(rank, size):
     import time

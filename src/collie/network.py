@@ -573,8 +573,9 @@ class Network:
                     continue
             if now >= start + timeout:
                 raise self._timed_out(departed() if ready is not None else requests, timeout, describe, call)
-            if spin is None:
-                spin = self.polls(every)
+            if spin is None:  # a layer's wait may need no request of its own yet (an
+                # MPI receive before its envelope came): what it depends on decides
+                spin = self.polls(every if ready is None else departed())
             if spin and now < spin_until:
                 self.pause()
                 continue

@@ -27,12 +27,14 @@ Point-to-point matching
 collie's transports match a receive to a message by exact (peer, tag), but an
 MPI receive may ask for ANY_SOURCE and ANY_TAG. So every MPI message of a
 communicator travels as two collie messages, on two fixed tags of the
-communicator's group: a 24-byte *envelope* (MPI tag, payload size and, for
+communicator's group: a 256-byte *envelope* (MPI tag, payload size and, for
 a synchronous send, an id to acknowledge once a receive matched it; int64) on
-the envelope tag, then the *payload* on the payload tag. The ack (that id)
-comes back on the ack tag, and completes the Ssend/Issend. Messages between
-two ranks with one tag never overtake each other, so the k-th envelope from a
-peer describes the k-th payload from it.
+the envelope tag, then the *payload* on the payload tag. A payload of up to
+232 bytes rides inside the envelope instead (small messages are one collie
+message, not two). The ack (that id) comes back on the ack tag, and
+completes the Ssend/Issend. Messages between two ranks with one tag never
+overtake each other, so the k-th envelope from a peer describes the k-th
+payload from it.
 
 Each communicator keeps, in its _Matcher:
 

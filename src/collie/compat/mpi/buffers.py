@@ -48,6 +48,10 @@ class _Buf:
 
     def __init__(self, spec, what: str, *, writable: bool, blocks: int = 1, vector: bool = False,
                  empty_ok: bool = False):
+        if spec.__class__ is np.ndarray and blocks == 1 and not vector:  # a bare array: all of it
+            self.flat = self._plain(spec, None, None, False, 1, writable, what)
+            self.count, self.displ, self.counts, self.displs, self._finish = self.flat.size, 0, None, None, None
+            return
         if spec is None and empty_ok:
             spec = [None, 0, "B"]  # no buffer: an empty message
         if spec is None or spec is IN_PLACE:

@@ -29,7 +29,7 @@ from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, 
 from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN_PLACE, IO, KEYVAL_INVALID,
                         LASTUSEDCODE, PROC_NULL, TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
 from .op import SUM, Op, _buffer_op, _py_op
-from .p2p import _Matcher, _Recv, _SyncSend, _matchers, _progress, _wait_until
+from .p2p import _Matcher, _Recv, _SyncSend, _progress, _unregister, _wait_until
 from .request import Prequest, Request, _done_request, _Partitioned
 from .commctx import _comm_lock
 from .message import _mprobe
@@ -434,7 +434,7 @@ class Comm(_Handled, _Attributed):
         self._delete_attrs()
         _group.destroy_process_group(g)
         if self._matcher is not None:
-            _matchers.discard(self._matcher)
+            _unregister(self._matcher)
         self._group, self._matcher, self._name = None, None, "MPI_COMM_NULL"
 
     def Disconnect(self) -> None:

@@ -18,6 +18,10 @@ __all__ = []
 
 # ---- point-to-point matching (see the module docstring) ----
 
+ENVELOPE_WORDS = 32                          # every envelope is 32 int64s (256 bytes):
+_HEAD_BYTES = 24                             # MPI tag, payload size, sync id,
+INLINE_BYTES = 8 * ENVELOPE_WORDS - _HEAD_BYTES  # then a payload of up to 232 bytes in place
+
 class _Message:
     """A message whose envelope has arrived. ``data`` holds its payload unless
     the payload went straight into a receive's buffer; ``req`` is the payload
@@ -83,7 +87,7 @@ class _Matcher:
         self.next_sync = 1
         self.acks_in: dict[int, tuple] = {}    # group rank -> (ack array, its receive)
         self.acks_out: list = []               # (ack array, its send) still in flight
-        _matchers.add(self)
+        _register(self)
 
     def isend(self, data: memoryview, dest: int, tag: int, sync: Optional[_SyncSend] = None) -> tuple:
         """Post a message; returns its transport requests and what they read.
@@ -97,9 +101,14 @@ class _Matcher:
         if sync is not None:
             sid, self.next_sync = self.next_sync, self.next_sync + 1
             self.syncs[sid] = sync
-        head = np.array([tag, nbytes, sid], dtype=np.int64)
+        head = np.empty(ENVELOPE_WORDS, dtype=np.int64)
+        head[:3] = tag, nbytes, sid
         peer = self.group.ranks[dest]
-        reqs = (self.network.isend(peer, self.etag, byte_view(head)),
+        envelope = byte_view(head)
+        if nbytes <= INLINE_BYTES:  # the payload rides in the envelope: one message
+            envelope[_HEAD_BYTES:_HEAD_BYTES + nbytes] = data if data.format == "B" else data.cast("B")
+            return (self.network.isend(peer, self.etag, envelope),), head
+        reqs = (self.network.isend(peer, self.etag, envelope),
                 self.network.isend(peer, self.ptag, data))
         return reqs, head
 
@@ -157,15 +166,21 @@ class _Matcher:
             self._matched(msg)
             op.msg = msg
 
-    def _envelope(self, source: int, tag: int, nbytes: int, sync: int) -> None:
+    def _envelope(self, source: int, head: np.ndarray) -> None:
+        tag, nbytes, sync = head[:3].tolist()
         op = next((o for o in self.posted if o.matches(source, tag)), None)
         msg = _Message(source, tag, nbytes, sync=sync)
-        if op is not None and op.dst is not None and nbytes <= len(op.dst):
-            into = op.dst[:nbytes]
+        if nbytes <= INLINE_BYTES:  # here already: copied out of the envelope
+            payload = byte_view(head)[_HEAD_BYTES:_HEAD_BYTES + nbytes]
+            if op is not None and op.dst is not None and nbytes <= len(op.dst):
+                op.dst[:nbytes] = payload
+            else:
+                msg.data = bytearray(payload)
+        elif op is not None and op.dst is not None and nbytes <= len(op.dst):
+            msg.req = self.network.irecv(self.group.ranks[source], self.ptag, op.dst[:nbytes])
         else:  # an object, a message nobody wants yet, or one too big (an error on completion)
             msg.data = bytearray(nbytes)
-            into = memoryview(msg.data)
-        msg.req = self.network.irecv(self.group.ranks[source], self.ptag, into)
+            msg.req = self.network.irecv(self.group.ranks[source], self.ptag, memoryview(msg.data))
         if op is None:
             self.unmatched.append(msg)
         else:
@@ -174,12 +189,10 @@ class _Matcher:
             op.msg = msg
 
     def _wanted(self) -> set:
-        sources = set()
-        for s in [o.source for o in self.posted] + self.probes:
-            if s == ANY_SOURCE:
-                sources = set(range(self.group.size))
-                break
-            sources.add(s)
+        sources = {o.source for o in self.posted}
+        sources.update(self.probes)
+        if ANY_SOURCE in sources:
+            sources = set(range(self.group.size))
         sources.discard(self.rank)
         return sources
 
@@ -189,6 +202,8 @@ class _Matcher:
     def _acks(self) -> bool:
         """Take in the acks of synchronous sends; keep one ack receive posted
         per peer that a synchronous send waits on. True if anything changed."""
+        if not (self.syncs or self.acks_in or self.acks_out):
+            return False
         moved = False
         self.acks_out = [(a, r) for a, r in self.acks_out if not r.finished]
         for source, (ack, req) in list(self.acks_in.items()):
@@ -226,7 +241,7 @@ class _Matcher:
                 del self.envelopes[source]
                 moved = True
                 if req.error is None:
-                    self._envelope(source, int(head[0]), int(head[1]), int(head[2]))
+                    self._envelope(source, head)
                     continue
                 try:  # the error, reworded to name the operation
                     self.network.wait([req], describe=lambda: f"MPI receive from rank {source} of {self.name}")
@@ -239,32 +254,52 @@ class _Matcher:
                     self.posted.remove(op)
         for source in self._wanted():
             if source not in self.envelopes and source not in self.lost:
-                head = np.zeros(3, dtype=np.int64)
+                head = np.empty(ENVELOPE_WORDS, dtype=np.int64)
                 req = self.network.irecv(self.group.ranks[source], self.etag, byte_view(head))
                 self.envelopes[source] = (head, req)
                 moved = True  # a new receive: the transports must look again before we call it idle
         return moved
 
 
-_matchers: "weakref.WeakSet[_Matcher]" = weakref.WeakSet()
+# Weak references to every communicator's _Matcher: a plain list, since
+# _progress goes over it on every pass of every wait (a WeakSet's iteration
+# costs more than the rest of the pass); _progress drops the dead ones.
+_matchers: "list[weakref.ref[_Matcher]]" = []
+
+
+def _register(m: _Matcher) -> None:
+    _matchers.append(weakref.ref(m))
+
+
+def _unregister(m: _Matcher) -> None:
+    """Forget a freed communicator's matcher."""
+    for ref in _matchers:
+        if ref() is m:
+            _matchers.remove(ref)
+            return
 
 
 def _progress(network) -> bool:
     """Advance the transports and every communicator's envelopes once."""
     moved = bool(network.progress())
-    for m in list(_matchers):
-        if m.network is not network:
-            _matchers.discard(m)  # from a destroyed world
+    stale = False
+    for ref in _matchers:
+        m = ref()
+        if m is None or m.network is not network:
+            stale = True  # freed, or from a destroyed world
         elif m.busy() and m.poll():
             moved = True
+    if stale:
+        _matchers[:] = [r for r in _matchers if r() is not None and r().network is network]
     return moved
 
 
 def _departed(network, requests: list) -> list:
     """What fails once a peer is lost: ``requests``, and every
     communicator's envelope receives on ``network``."""
-    for m in list(_matchers):
-        if m.network is network:
+    for ref in list(_matchers):
+        m = ref()
+        if m is not None and m.network is network:
             requests = requests + [req for _, req in m.envelopes.values()]
     return requests
 
