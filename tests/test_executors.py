@@ -156,6 +156,67 @@ def test_random_programs_give_the_same_bytes_under_both_executors(size, seed, en
             assert c == p, f"rank {rank}, call {k} {calls[k]}: the executors' results differ"
 
 
+def _single_copy_body(rank, size, spoil_pid):
+    """A 1 MiB broadcast from rank 0, which posts it 50 ms before rank 1
+    looks: rank 1's core finds it waiting and reads it; rank 0's core spins
+    for its acknowledgement, gives up, and hands the send over to Python.
+    Returns how often each side's Python took part."""
+    import time
+
+    import collie
+    from collie.transports.shm import ShmTransport
+    counts = {"python read": 0, "adopted": 0}
+    read, adopt = ShmTransport._read_single_copy, ShmTransport.adopt_rendezvous
+
+    def counted_read(*args):
+        counts["python read"] += 1
+        return read(*args)
+
+    def counted_adopt(*args):
+        counts["adopted"] += 1
+        return adopt(*args)
+
+    ShmTransport._read_single_copy, ShmTransport.adopt_rendezvous = counted_read, counted_adopt
+    try:
+        shm = collie.group.resolve(None).network.shm
+        if spoil_pid and rank == 1:  # the core then cannot read rank 0's memory
+            child = os.fork()
+            if child == 0:
+                os._exit(0)
+            os.waitpid(child, 0)
+            shm._in[0].pid = child
+        x = np.arange(1 << 18, dtype=np.float32) * 3 if rank == 0 else np.zeros(1 << 18, np.float32)
+        if rank == 1:
+            time.sleep(0.05)
+        try:
+            collie.broadcast(x, src=0, algorithm="direct")
+        except collie.CollieError as exc:
+            return type(exc).__name__, str(exc), counts
+        assert np.array_equal(x, np.arange(1 << 18, dtype=np.float32) * 3)
+        return counts
+    finally:
+        ShmTransport._read_single_copy, ShmTransport.adopt_rendezvous = read, adopt
+
+
+@needs_core
+@pytest.mark.timeout(120)
+def test_the_core_reads_single_copy_messages_and_hands_over_unacknowledged_sends():
+    sender, receiver = run_ranks(_single_copy_body, 2, False, timeout=90)
+    assert receiver == {"python read": 0, "adopted": 0}, receiver  # all in the core
+    assert sender == {"python read": 0, "adopted": 1}, sender
+
+
+@needs_core
+@pytest.mark.timeout(120)
+def test_a_single_copy_read_that_fails_fails_both_ends():
+    """The receiver's core cannot read (its peer's pid is wrong): Python reads
+    again, fails, and tells the writer, whose send fails with why."""
+    sender, receiver = run_ranks(_single_copy_body, 2, True, timeout=90, expect_errors=True)
+    assert receiver[0] == "PeerError" and "rank 0 died" in receiver[1], receiver
+    assert receiver[2]["python read"] == 1, receiver
+    assert sender[0] == "CollieError" and "rank 1 could not read this 1048576-byte message" in sender[1], sender
+
+
 def _halves_body(rank, size, calls):
     import time
 

@@ -697,6 +697,32 @@ def test_address_of_writable_read_only_and_empty_buffers():
 
 
 
+@pytest.mark.parametrize("way", ["core", "ctypes"])
+def test_single_copy_reads_and_writes_and_names_what_failed(monkeypatch, way):
+    """cma.read/write through the compiled core's one call, or through ctypes
+    where the core is not built: the same bytes, and an OSError with the
+    errno of what went wrong (ESRCH: the process is gone)."""
+    import errno
+    from collie.transports import cma
+    if way == "core" and cma._core is None:
+        pytest.skip("the compiled core is not built")
+    if way == "ctypes":
+        monkeypatch.setattr(cma, "_core", None)
+    src, dst = np.arange(100_000, dtype=np.uint8) * 3, np.zeros(100_000, np.uint8)
+    cma.read(os.getpid(), mv(dst), cma.address(mv(src)))
+    assert np.array_equal(dst, src)
+    back = np.zeros(5000, np.uint8)
+    cma.write(os.getpid(), cma.address(mv(back)), mv(src)[:5000])
+    assert np.array_equal(back, src[:5000])
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)  # a pid that names no process now
+    with pytest.raises(OSError) as info:
+        cma.read(child, mv(dst), cma.address(mv(src)))
+    assert info.value.errno == errno.ESRCH
+
+
 def test_single_copy_between_processes(tmp_path):
     """Messages from cma_bytes up are read straight from the sender's memory:
     whole, in chunks for a combining receive, and a mismatch spares the sender."""

@@ -3,13 +3,17 @@
  * It runs the steps of a bound engine.Program over the shared-memory rings
  * of transports/ring.py (the same layout, so a Python end and a C end of a
  * ring interoperate): local copies, reductions, one-slot sends and
- * receives, with acquire/release atomics on the ring heads and tails and a
- * full fence before deciding whether to wake a peer. Whatever it cannot do
- * (a tcp peer, a message of several slots or single copy, a ring whose
- * Python end has work in flight, a message that is not the expected one, a
- * peer slower than the spin) it hands back to Python at that point of the
- * step: Python's executor finishes the step, so every error surfaces where
- * it always did.
+ * receives, and single-copy messages (the rendezvous of ring.py: the
+ * writer's slot says where its bytes are, the reader copies them with
+ * process_vm_readv and acknowledges), with acquire/release atomics on the
+ * ring heads, tails and acknowledgement words and a full fence before
+ * deciding whether to wake a peer. Whatever it cannot do (a tcp peer, a
+ * message of several slots, a ring whose Python end has work in flight, a
+ * message that is not the expected one, a read that fails, a peer slower
+ * than the spin) it hands back to Python at that point of the step:
+ * Python's executor finishes the step (a single-copy send still waiting for
+ * its acknowledgement is handed over as a request, in the transport's
+ * books), so every error surfaces where it always did.
  *
  * The combine kernels reproduce NumPy's results bit for bit (ties and NaNs
  * of minimum/maximum included) and collie's bfloat16 rounding (ops.py).
@@ -17,10 +21,13 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <errno.h>
 #include <semaphore.h>
 #include <sched.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 
 /* ------------------------------------------------------------------ kernels */
@@ -193,11 +200,14 @@ static PyObject *py_combine(PyObject *self, PyObject *args) {
 
 #define LINE 64
 #define RDV (-1)
+#define ACKS 64             /* acknowledgement words per ring (ring.ACKS) */
+#define READ_CHUNK (64 * 1024)  /* a combining single-copy read: this much at a time, then combine */
 
 typedef struct {
     int64_t *head, *tail;   /* in shared memory */
     char *headers;          /* slot k's header at headers + k * LINE */
     char *payload;          /* slot k's payload at payload + k * slot_bytes */
+    int64_t *acks;          /* the single-copy acknowledgement words, after the headers */
     int64_t slots, slot_bytes;
 } ring_t;
 
@@ -213,7 +223,11 @@ typedef struct {
     sem_t *bell;            /* its doorbell */
     int64_t *sleepers;      /* its sleepers word */
     PyObject *out_obj, *in_obj;  /* ring.Out and ring.In: the Python ends' books */
-    int64_t head0, tail0;   /* positions when a run began (to update the books) */
+    int pid;                /* its process, for single-copy reads (0: none) */
+    int64_t cma_bytes;      /* our sends to it of at least this size go single copy (Out.cma_bytes) */
+    int64_t next_id;        /* the last rendezvous id used (Out.next_id) */
+    int64_t head0, tail0, next_id0;  /* when a run began (to update the books) */
+    int rdv;                /* the program may send it single-copy messages */
     int64_t behind;         /* the last pass of a receive loop (CoreProgram.passes)
                                in which an earlier receive from it stayed open */
 } peer_t;
@@ -238,11 +252,64 @@ static int put(peer_t *p, int64_t tag, uint64_t meta, const char *data, int64_t 
     return 1;
 }
 
+/* Post a single-copy send: one slot saying where its n bytes are (ring.py's
+ * RDV slot). Returns its rendezvous id, whose acknowledgement word says
+ * when the reader has copied them; 0 if the ring is full. */
+static int64_t rendezvous(peer_t *p, int64_t tag, uint64_t meta, const char *data, int64_t n) {
+    ring_t *r = &p->out;
+    int64_t head = *r->head;
+    if (head - __atomic_load_n(r->tail, __ATOMIC_ACQUIRE) >= r->slots) return 0;
+    int64_t rid = ++p->next_id, k = head % r->slots;
+    header_t h = {tag, meta, n, RDV, 16};
+    int64_t body[2] = {(int64_t)(uintptr_t)data, rid};
+    memcpy(r->headers + k * LINE, &h, sizeof h);
+    memcpy(r->payload + k * r->slot_bytes, body, sizeof body);
+    __atomic_store_n(r->head, head + 1, __ATOMIC_RELEASE);
+    wake(p);
+    return rid;
+}
+
+/* n bytes between ``local`` and ``address`` in process pid (process_vm_readv,
+ * or _writev when ``write``); -1 with errno set if they cannot all move. */
+static int vm_move(int pid, char *local, int64_t address, int64_t n, int write) {
+    while (n > 0) {
+        struct iovec here = {local, (size_t)n}, there = {(void *)(uintptr_t)address, (size_t)n};
+        ssize_t got = write ? process_vm_writev(pid, &here, 1, &there, 1, 0)
+                            : process_vm_readv(pid, &here, 1, &there, 1, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            if (got == 0) errno = EFAULT;
+            return -1;
+        }
+        local += got;
+        address += got;
+        n -= got;
+    }
+    return 0;
+}
+
+static int vm_read(int pid, char *dst, int64_t address, int64_t n) { return vm_move(pid, dst, address, n, 0); }
+
+/* A single-copy message into dst: read whole, or (combining) a chunk at a
+ * time into this thread's scratch, each combined in while it is in cache. */
+static int read_remote(int pid, char *dst, int64_t address, int64_t n, kernel_t kernel, int op, int itemsize) {
+    if (!kernel) return vm_read(pid, dst, address, n);
+    static __thread char *scratch;
+    if (!scratch && !(scratch = malloc(READ_CHUNK))) return -1;
+    for (int64_t at = 0; at < n; at += READ_CHUNK) {
+        int64_t len = n - at < READ_CHUNK ? n - at : READ_CHUNK;
+        if (vm_read(pid, scratch, address + at, len)) return -1;
+        kernel(dst + at, scratch, len / itemsize, op);
+    }
+    return 0;
+}
+
 enum { TAKEN, EMPTY, FOREIGN };  /* what take() found */
 
 /* Take the message at the ring's head if it is the one expected, whole in
- * one slot: copy or combine it into dst. FOREIGN: something else is there
- * (another tag, a mismatch, several slots, single copy): Python's turn. */
+ * one slot or single copy: copy or combine it into dst (a single-copy one
+ * is then acknowledged). FOREIGN: something else is there (another tag, a
+ * mismatch, several slots), or its read failed: Python's turn. */
 static int take(peer_t *p, int64_t tag, uint64_t meta, char *dst, int64_t n, kernel_t kernel, int op,
                 int itemsize) {
     ring_t *r = &p->in;
@@ -251,14 +318,29 @@ static int take(peer_t *p, int64_t tag, uint64_t meta, char *dst, int64_t n, ker
     int64_t k = tail % r->slots;
     header_t h;
     memcpy(&h, r->headers + k * LINE, sizeof h);
-    if (h.tag != tag || h.meta != meta || h.nbytes != n || h.offset != 0 || h.frag != n) return FOREIGN;
+    if (h.tag != tag || h.meta != meta || h.nbytes != n) return FOREIGN;
     const char *src = r->payload + k * r->slot_bytes;
-    if (kernel) kernel(dst, src, n / itemsize, op);
-    else if (n) memcpy(dst, src, n);
+    int64_t rid = 0;
+    if (h.offset == RDV && h.frag == 16 && p->pid) {
+        int64_t body[2];
+        memcpy(body, src, sizeof body);
+        if (read_remote(p->pid, dst, body[0], n, kernel, op, itemsize)) return FOREIGN;
+        rid = body[1];
+    } else if (h.offset != 0 || h.frag != n) {
+        return FOREIGN;
+    } else if (kernel) {
+        kernel(dst, src, n / itemsize, op);
+    } else if (n) {
+        memcpy(dst, src, n);
+    }
     __atomic_store_n(r->tail, tail + 1, __ATOMIC_RELEASE);
     /* ring.freed(): wake the writer if it may have found the ring full. */
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(r->head, __ATOMIC_RELAXED) - tail >= r->slots) sem_post(p->bell);
+    if (rid) {  /* ring.acknowledge(): the writer's send is done */
+        __atomic_store_n(&r->acks[rid % ACKS], rid, __ATOMIC_RELEASE);
+        wake(p);
+    }
     return TAKEN;
 }
 
@@ -275,7 +357,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    int nbufs, nsteps, npeers, dtype, op, itemsize, crowded;
+    int nbufs, nsteps, npeers, dtype, op, itemsize, crowded, maxsend;
     double spin;            /* seconds a receive spins before Python takes over */
     int64_t *need;          /* bytes each buffer must have */
     char *writes;           /* whether the program writes each buffer */
@@ -283,6 +365,7 @@ typedef struct {
     peer_t *peers;
     PyObject *transport;    /* the ShmTransport (None without shm peers) */
     int64_t passes;         /* passes of the receive loops so far (see peer_t.behind) */
+    int64_t *rids;          /* the step's single-copy sends in flight: rids[j] for send j (0: none) */
 } CoreProgram;
 
 static void program_dealloc(CoreProgram *self) {
@@ -303,6 +386,7 @@ static void program_dealloc(CoreProgram *self) {
     }
     PyMem_Free(self->need);
     PyMem_Free(self->writes);
+    PyMem_Free(self->rids);
     Py_XDECREF(self->transport);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -317,6 +401,7 @@ static int parse_ring(PyObject *t, ring_t *r) {
     r->payload = (char *)(uintptr_t)payload;
     r->slots = slots;
     r->slot_bytes = slot_bytes;
+    r->acks = (int64_t *)(r->headers + slots * LINE);
     return slots > 0 ? 0 : -1;
 }
 
@@ -384,7 +469,9 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             peer_t *p = &self->peers[i];
             PyObject *out_ring, *in_ring;
             unsigned long long bell;
-            if (!PyArg_ParseTuple(t, "OOOOK", &p->out_obj, &p->in_obj, &out_ring, &in_ring, &bell)
+            long long cma_bytes;
+            if (!PyArg_ParseTuple(t, "OOOOKiL", &p->out_obj, &p->in_obj, &out_ring, &in_ring, &bell, &p->pid,
+                                  &cma_bytes)
                 || parse_ring(out_ring, &p->out) || parse_ring(in_ring, &p->in)) {
                 p->out_obj = p->in_obj = NULL;
                 Py_DECREF(t);
@@ -395,6 +482,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             Py_INCREF(p->in_obj);
             p->bell = (sem_t *)(uintptr_t)bell;
             p->sleepers = (int64_t *)(uintptr_t)(bell + 64);
+            p->cma_bytes = cma_bytes > 0 && p->pid ? cma_bytes : INT64_MAX;
             p->shm = 1;
         }
         Py_DECREF(t);
@@ -427,9 +515,16 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             || parse_msgs(recvs, &s->recv, &s->nrecv, 1, self->npeers, self->nbufs)) { Py_DECREF(t); goto fail; }
         Py_DECREF(t);
         if (s->nsend + s->nrecv > 62) s->python = 1;  /* the done mask is one int64 */
+        if (s->nsend > self->maxsend) self->maxsend = s->nsend;
+        for (int j = 0; j < s->nsend; j++) {
+            peer_t *p = &self->peers[s->send[j].peer];
+            if (p->shm && s->send[j].nbytes >= p->cma_bytes) p->rdv = 1;
+        }
         for (int j = 0; j < s->nrecv; j++)
             if (s->recv[j].reduce && op < 0) { PyErr_SetString(PyExc_ValueError, "a reduction needs an op"); goto fail; }
     }
+    self->rids = PyMem_Calloc(self->maxsend + 1, sizeof(int64_t));
+    if (!self->rids) goto fail;
     return (PyObject *)self;
 fail:
     Py_DECREF(self);
@@ -439,11 +534,13 @@ fail:
 /* The Python ends' attribute names, interned once at import: the checks
  * below run on every call, and a name made from a C string each time cost
  * a good part of a small call. */
-enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN,
-       N_UNEXPECTED, N_HEAD, N_TAIL, NNAMES };
-static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "nposted",
-                                           "claims", "shared", "stash", "unexpected", "head", "tail"};
+enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN,
+       N_UNEXPECTED, N_HEAD, N_TAIL, N_NEXT_ID, NNAMES };
+static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
+                                           "nposted", "claims", "shared", "stash", "unexpected", "head",
+                                           "tail", "next_id"};
 static PyObject *names[NNAMES];
+static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 
 static int attr_is(PyObject *obj, int name, PyObject *value) {
     PyObject *v = PyObject_GetAttr(obj, names[name]);
@@ -470,7 +567,7 @@ static int rings_free(CoreProgram *self) {
     for (int i = 0; ok == 1 && i < self->npeers; i++) {
         peer_t *p = &self->peers[i];
         if (!p->shm) continue;
-        static const int out_empty[] = {N_QUEUE, -1};
+        static const int out_empty[] = {N_QUEUE, N_PENDING, -1};
         static const int in_empty[] = {N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN, N_UNEXPECTED, -1};
         ok = attr_is(p->out_obj, N_ERROR, Py_None);
         if (ok == 1) ok = attr_is(p->in_obj, N_ERROR, Py_None);
@@ -502,8 +599,40 @@ static int update_books(CoreProgram *self) {
             Py_XDECREF(v);
             if (bad) return -1;
         }
+        if (p->next_id != p->next_id0) {
+            PyObject *v = PyLong_FromLongLong(p->next_id);
+            int bad = !v || PyObject_SetAttr(p->out_obj, names[N_NEXT_ID], v);
+            Py_XDECREF(v);
+            if (bad) return -1;
+        }
     }
     return 0;
+}
+
+/* The single-copy sends of ``step`` still waiting for their acknowledgement
+ * when the core hands back: put in the transport's books (its
+ * adopt_rendezvous), whose requests Python's executor then waits on. */
+static PyObject *adopt_inflight(CoreProgram *self, Py_buffer *bufs, int step, int64_t tag, uint64_t meta) {
+    step_t *s = &self->steps[step];
+    PyObject *inflight = NULL;
+    for (int j = 0; j < s->nsend; j++) {
+        int64_t rid = self->rids[j];
+        if (!rid) continue;
+        self->rids[j] = 0;
+        msg_t *m = &s->send[j];
+        peer_t *p = &self->peers[m->peer];
+        PyObject *data = PyMemoryView_FromMemory((char *)bufs[m->buf].buf + m->off, m->nbytes, PyBUF_READ);
+        PyObject *req = data ? PyObject_CallMethod(self->transport, "adopt_rendezvous", "OOLOLK", p->out_obj,
+                                                   p->in_obj, (long long)rid, data, (long long)tag,
+                                                   (unsigned long long)meta) : NULL;
+        Py_XDECREF(data);
+        if (!req) { Py_XDECREF(inflight); return NULL; }
+        if (!inflight && !(inflight = PyList_New(0))) { Py_DECREF(req); return NULL; }
+        int bad = PyList_Append(inflight, req);
+        Py_DECREF(req);
+        if (bad) { Py_DECREF(inflight); return NULL; }
+    }
+    return inflight ? inflight : Py_NewRef(no_requests);
 }
 
 static double now_seconds(void) {
@@ -545,13 +674,23 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
             else if (src != dst) memmove(dst, src, l->nbytes);
         }
         *locals_done = 1;
-        int open = 0, handback = 0;
+        int open = 0, handback = 0, unacked = 0;
         for (int j = 0; j < s->nsend; j++) {
             msg_t *m = &s->send[j];
             peer_t *p = &self->peers[m->peer];
             const char *data = m->buf < 0 ? "" : (char *)bufs[m->buf].buf + m->off;
-            if (p->shm && put(p, tag, meta, data, m->nbytes)) *mask |= 1ull << j;
-            else handback = 1;  /* another transport's, or its ring is full */
+            self->rids[j] = 0;
+            if (!p->shm) {
+                handback = 1;  /* another transport's */
+            } else if (m->nbytes >= p->cma_bytes) {
+                /* Posted (its bit set, so Python never posts it again), done once acknowledged. */
+                if ((self->rids[j] = rendezvous(p, tag, meta, data, m->nbytes))) { *mask |= 1ull << j; unacked++; }
+                else handback = 1;  /* its ring is full */
+            } else if (put(p, tag, meta, data, m->nbytes)) {
+                *mask |= 1ull << j;
+            } else {
+                handback = 1;
+            }
         }
         for (int j = 0; j < s->nrecv; j++) {
             if (!self->peers[s->recv[j].peer].shm) handback = 1;
@@ -559,9 +698,16 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
         }
         double deadline = 0;
         int spun = 0;
-        while (open) {
+        while (open || unacked) {
             int moved = 0;
             int64_t pass = ++self->passes;
+            for (int j = 0; unacked && j < s->nsend; j++) {
+                int64_t rid = self->rids[j];
+                if (!rid) continue;
+                int64_t got = __atomic_load_n(&self->peers[s->send[j].peer].out.acks[rid % ACKS], __ATOMIC_ACQUIRE);
+                if (got == rid) { self->rids[j] = 0; unacked--; moved = 1; }
+                else if (got == -rid) return i;  /* the reader could not: Python says why */
+            }
             for (int j = 0; j < s->nrecv; j++) {
                 uint64_t bit = 1ull << (s->nsend + j);
                 msg_t *m = &s->recv[j];
@@ -578,7 +724,7 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
                 else if (got == FOREIGN) return i;  /* Python sorts it out */
                 else p->behind = pass;
             }
-            if (!open || handback) break;  /* a handback: Python waits on everything left */
+            if ((!open && !unacked) || handback) break;  /* a handback: Python waits on everything left */
             if (moved) { spun = 0; continue; }
             double t = now_seconds();
             if (!spun) { deadline = t + spin; spun = 1; }
@@ -586,14 +732,16 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
             if (crowded) sched_yield();
             else __builtin_ia32_pause();
         }
-        if (handback || open) return i;
+        if (handback || open || unacked) return i;
         if (times) times[2 * i + 1] = wall_seconds();
     }
     return self->nsteps;
 }
 
-/* run(buffers, start, tag, meta[, times]) -> (step, locals_done, mask):
- * the step it stopped at (len(steps): the call is done). ``times``: a
+/* run(buffers, start, tag, meta[, times]) -> (step, locals_done, mask, inflight):
+ * the step it stopped at (len(steps): the call is done); bit j of mask: send
+ * j posted, bit nsend + j: receive j done; inflight: the requests of that
+ * step's sends still waiting for a reader (see adopt_inflight). ``times``: a
  * writable float64 buffer of 2 x len(steps) for each step's start and end. */
 static PyObject *program_run(CoreProgram *self, PyObject *args) {
     PyObject *buffers;
@@ -612,7 +760,7 @@ static PyObject *program_run(CoreProgram *self, PyObject *args) {
     }
     int free_ = rings_free(self);
     if (free_ < 0) return NULL;
-    if (!free_) return Py_BuildValue("iiK", start, 0, 0ull);
+    if (!free_) return Py_BuildValue("iiKO", start, 0, 0ull, no_requests);
     Py_buffer bufs[self->nbufs + 1], times = {0};
     int got = 0;
     PyObject *result = NULL;
@@ -636,14 +784,30 @@ static PyObject *program_run(CoreProgram *self, PyObject *args) {
     }
     for (int i = 0; i < self->npeers; i++) {
         peer_t *p = &self->peers[i];
-        if (p->shm) { p->head0 = *p->out.head; p->tail0 = *p->in.tail; }
+        if (!p->shm) continue;
+        p->head0 = *p->out.head;
+        p->tail0 = *p->in.tail;
+        if (p->rdv) {
+            PyObject *v = PyObject_GetAttr(p->out_obj, names[N_NEXT_ID]);
+            p->next_id = v ? PyLong_AsLongLong(v) : -1;
+            Py_XDECREF(v);
+            if (PyErr_Occurred()) goto done;
+        }
+        p->next_id0 = p->next_id;
     }
+    memset(self->rids, 0, (self->maxsend + 1) * sizeof(int64_t));
     int locals_done = 0, step;
     uint64_t mask = 0;
     Py_BEGIN_ALLOW_THREADS  /* the caller holds the network's lock: no Python end moves meanwhile */
     step = run_steps(self, bufs, start, tag, (uint64_t)meta, &locals_done, &mask, times.buf);
     Py_END_ALLOW_THREADS
-    if (update_books(self) == 0) result = Py_BuildValue("iiK", step, locals_done, (unsigned long long)mask);
+    if (update_books(self) == 0) {
+        PyObject *inflight = step < self->nsteps ? adopt_inflight(self, bufs, step, tag, meta) : Py_NewRef(no_requests);
+        if (inflight) {
+            result = Py_BuildValue("iiKO", step, locals_done, (unsigned long long)mask, inflight);
+            Py_DECREF(inflight);
+        }
+    }
 done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
     if (times.obj) PyBuffer_Release(&times);
@@ -677,7 +841,36 @@ static PyObject *py_set_thread_spin(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(before);
 }
 
+/* vm_read(pid, dst, address) / vm_write(pid, address, src): transports/cma.py's
+ * read and write, as one call (the GIL let go) instead of ctypes'. */
+static PyObject *vm_call(PyObject *args, int write) {
+    int pid, rc, err = 0;
+    Py_buffer buf;
+    unsigned long long address;
+    if (write ? !PyArg_ParseTuple(args, "iKy*", &pid, &address, &buf)
+              : !PyArg_ParseTuple(args, "iw*K", &pid, &buf, &address)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = vm_move(pid, buf.buf, (int64_t)address, buf.len, write);
+    if (rc) err = errno;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    if (rc) {
+        PyObject *exc = PyObject_CallFunction(PyExc_OSError, "is", err, strerror(err));
+        if (exc) {
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+            Py_DECREF(exc);
+        }
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_vm_read(PyObject *self, PyObject *args) { return vm_call(args, 0); }
+static PyObject *py_vm_write(PyObject *self, PyObject *args) { return vm_call(args, 1); }
+
 static PyMethodDef methods[] = {
+    {"vm_read", py_vm_read, METH_VARARGS, "vm_read(pid, dst, address): fill dst from address in process pid."},
+    {"vm_write", py_vm_write, METH_VARARGS, "vm_write(pid, address, src): all of src to address in process pid."},
     {"combine", py_combine, METH_VARARGS, "combine(dst, src, dtype, op): dst = dst op src in place."},
     {"set_thread_spin", py_set_thread_spin, METH_VARARGS,
      "set_thread_spin(seconds) -> previous: bound this thread's receive spin (negative: none)."},
@@ -689,6 +882,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "collie._core", NULL,
 PyMODINIT_FUNC PyInit__core(void) {
     for (int i = 0; i < NNAMES; i++)
         if (!names[i] && !(names[i] = PyUnicode_InternFromString(name_strings[i]))) return NULL;
+    if (!no_requests && !(no_requests = PyTuple_New(0))) return NULL;
     if (PyType_Ready(&ProgramType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

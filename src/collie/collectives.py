@@ -356,7 +356,7 @@ def _lane(g: ProcessGroup, name: str, prepared: _Prepared):
                     done[context] = (seq, meta)
                     network.current = 0
                 return
-        _execute(g, name, prepared, arrays, seq, None, g.timeout, (spare,) + (resume or (0, 0, 0)))
+        _execute(g, name, prepared, arrays, seq, None, g.timeout, (spare,) + (resume or (0, 0, 0, ())))
     return lane
 
 

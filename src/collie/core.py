@@ -116,7 +116,8 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
             slots[g] = len(peers)
             if shm is not None and network.routes[g] is shm:
                 out, inb = shm._out[g], shm._in[g]
-                peers.append((out, inb, _ring(out.ring), _ring(inb.ring), out.bell._addr))
+                peers.append((out, inb, _ring(out.ring), _ring(inb.ring), out.bell._addr, inb.pid,
+                              min(out.cma_bytes, 1 << 62)))
             else:
                 peers.append(None)
         return slots[g]
@@ -154,8 +155,8 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
                 if ring is not None:
                     slot_bytes = (ring[3] if receiving else ring[2])[5]
                     single_copy = shm.cma_bytes if receiving else ring[0].cma_bytes  # 0: never
-                    if nbytes > slot_bytes or nbytes >= single_copy > 0:
-                        python = True  # several slots or single copy: Python's
+                    if nbytes > slot_bytes and not nbytes >= single_copy > 0:
+                        python = True  # several slots: Python's (single copy is the core's too)
                 core_msgs.append((k, -1 if buf is None else buffer(buf, hi, receiving), lo, nbytes,
                                   int(combine is not None)))
             messages.append(core_msgs)
@@ -232,12 +233,12 @@ def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
         times[0] = time.time()  # the core's clock replaces it if the core starts the step
     if network._abort is None and not network._lost:
         with network.lock:
-            step, locals_done, done = core.run(bufs, 0, tag, meta, times)
+            step, locals_done, done, inflight = core.run(bufs, 0, tag, meta, times)
     else:  # something broke: Python's checks, step by step
-        step, locals_done, done = 0, 0, 0
+        step, locals_done, done, inflight = 0, 0, 0, ()
     if step < len(program.steps):
         _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare, step, locals_done, done,
-                times)
+                inflight, times)
     if spare is not None:
         engine.give_spare(program, spare)
 
@@ -247,7 +248,8 @@ def lane(program: engine.Program, network):
     else None. ``spare`` is a scratch of the lane's own (None if the schedule
     needs none); ``run(arrays_of(arrays), 0, tag, meta)`` is the core's run
     from the first step, on the buffers execute() would hand it; what it
-    returns goes to resume() when that is not the end."""
+    returns, (step, locals_done, done, inflight), goes to resume() when
+    that is not the end."""
     compiled = _compiled(program, network)
     if compiled is None:
         return None
@@ -263,23 +265,25 @@ def lane(program: engine.Program, network):
 
 def resume(program: engine.Program, arrays: dict, network, tag: int, meta: int,
            describe: Callable[[int], str], timeout: float, spare, step: int, locals_done: int,
-           done: int) -> None:
+           done: int, inflight=()) -> None:
     """The rest of a lane's call, from where the core stopped (``step``;
     0, 0, 0: from the start, step by step in Python)."""
     if step < len(program.steps):
         compiled = program.core[1]
         _finish(program, compiled[0], _buffers(program, compiled, arrays, network, spare), arrays, network,
-                tag, meta, describe, timeout, spare, step, locals_done, done)
+                tag, meta, describe, timeout, spare, step, locals_done, done, inflight)
 
 
 def _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, spare,
-            step: int, locals_done: int, done: int, times=None) -> None:
+            step: int, locals_done: int, done: int, inflight=(), times=None) -> None:
     """The rest of a call the core handed back at ``step``: Python finishes
-    that step, the core runs on from the next, until the last."""
+    that step (``inflight``: the requests of its sends the core posted but
+    saw no end of), the core runs on from the next, until the last."""
     steps = program.steps
     state = engine.call_state(program, arrays, network, spare)
     while True:
-        engine.run_step(program, steps[step], state, network, tag, meta, describe, timeout, locals_done, done)
+        engine.run_step(program, steps[step], state, network, tag, meta, describe, timeout, locals_done, done,
+                        inflight)
         start = step + 1
         if times is not None:  # this step's end, and the next one's start (the core restamps it)
             now = time.time()
@@ -290,11 +294,11 @@ def _finish(program, core, bufs, arrays, network, tag, meta, describe, timeout, 
             return
         if network._abort is None and not network._lost:
             with network.lock:
-                step, locals_done, done = core.run(bufs, start, tag, meta, times)
+                step, locals_done, done, inflight = core.run(bufs, start, tag, meta, times)
             if step == len(steps):
                 return
         else:  # something broke: Python's checks, step by step
-            step, locals_done, done = start, 0, 0
+            step, locals_done, done, inflight = start, 0, 0, ()
 
 
 def select(environ=os.environ) -> None:

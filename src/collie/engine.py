@@ -339,10 +339,12 @@ def call_state(program: Program, arrays: dict, network, spare) -> CallState:
 
 
 def run_step(program: Program, step: BoundStep, state: CallState, network, tag: int, meta: int,
-             describe: Callable[[int], str], timeout: float, locals_done: bool = False, done: int = 0) -> None:
+             describe: Callable[[int], str], timeout: float, locals_done: bool = False, done: int = 0,
+             inflight=()) -> None:
     """Run one step: its local operations (unless ``locals_done``), then
     its messages but those whose bit is set in ``done`` (bit j: send j,
-    bit len(sends) + j: receive j), which another executor already ran."""
+    bit len(sends) + j: receive j), which another executor already ran
+    or posted (``inflight``: the requests of those still under way)."""
     index, local, recvs, sends = step
     arrays, views, windows = state
     reduce_kernel, dtype = program.reduce_kernel, program.dtype
@@ -386,7 +388,7 @@ def run_step(program: Program, step: BoundStep, state: CallState, network, tag: 
             data = byte_view(np.concatenate([arrays[b][lo:hi] for b, lo, hi in staged.pieces]))
         posted_sends.append((peer, data))
     call = (tag, meta, program.peers, program.plan.schedule.parts)  # what a stuck rank tells its peers
-    network.exchange(posted_recvs, posted_sends, tag, meta, timeout, describe, index, call)
+    network.exchange(posted_recvs, posted_sends, tag, meta, timeout, describe, index, call, inflight)
     if unpack:
         for planned, staging in unpack:
             at = 0

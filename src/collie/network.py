@@ -333,7 +333,7 @@ class Network:
             return self.routes[peer].irecv(peer, tag, dst, combine, meta)
 
     def exchange(self, recvs, sends, tag: int, meta: int, timeout: float,
-                 describe: Callable[[int], str], step: int, call) -> None:
+                 describe: Callable[[int], str], step: int, call, inflight=()) -> None:
         """One step of a collective: post every send ``(peer, data)``, then
         every receive ``(peer, dst, combine)``, all with ``tag`` and
         ``meta``, and wait until they are all done. As post_send, post_recv
@@ -343,14 +343,15 @@ class Network:
         spend time on receives (one whose message is already here completes
         as it is posted, combine included). The verifier guarantees that no
         receive of a step writes what a send of it reads, so the order is free.
-        ``describe(step)`` names the call in errors; ``call`` as for wait()."""
+        ``describe(step)`` names the call in errors; ``call`` as for wait();
+        ``inflight``: requests of the step posted already, waited on too."""
         routes = self.routes
         if self._abort is not None:
             self.check(lambda: describe(step), tag)
         with self.lock:
             if self._lost:
                 self._fail_lost()
-            requests = []
+            requests = list(inflight)
             for peer, data in sends:
                 requests.append(routes[peer].isend(peer, tag, data, meta))
             for peer, dst, combine in recvs:

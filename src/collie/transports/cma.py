@@ -26,6 +26,10 @@ from typing import Optional
 
 import numpy as np
 
+try:  # the compiled core moves the bytes in one call; ctypes where it is not built
+    from .. import _core
+except ImportError:  # pragma: no cover - exercised where no compiler was found
+    _core = None
 
 _functions: dict = {}
 
@@ -110,13 +114,19 @@ def read(pid: int, dst, src_address: int) -> None:
     """Copy ``len(dst)`` bytes from ``src_address`` in process ``pid`` into
     ``dst`` (a writable contiguous buffer). Raises OSError if they cannot
     all be read (the process is gone, or we may not read it)."""
-    _move("process_vm_readv", pid, address(dst), src_address, len(dst))
+    if _core is not None:
+        _core.vm_read(pid, dst, src_address)
+    else:
+        _move("process_vm_readv", pid, address(dst), src_address, len(dst))
 
 
 def write(pid: int, dst_address: int, src) -> None:
     """Copy all of ``src`` (a contiguous buffer of ours) to ``dst_address``
     in process ``pid``. Raises OSError if it cannot all be written."""
-    _move("process_vm_writev", pid, address(src), dst_address, len(src))
+    if _core is not None:
+        _core.vm_write(pid, dst_address, src)
+    else:
+        _move("process_vm_writev", pid, address(src), dst_address, len(src))
 
 
 class Probe:

@@ -368,6 +368,17 @@ class ShmTransport(Transport):
             self._in_busy.append(inb)
         return req
 
+    def adopt_rendezvous(self, out: Out, inb: In, rid: int, data: memoryview, tag: int, meta: int) -> Send:
+        """The compiled core posted single-copy send ``rid`` (to ``inb``'s
+        peer) and handed back before its reader acknowledged it: enter it in
+        the books, as _rendezvous would have, and return its request."""
+        req = Send(inb.peer, tag, data, meta)
+        out.pending[rid] = req
+        if not out.busy:
+            out.busy = True
+            self._out_busy.append(out)
+        return req
+
     def _take_waiting(self, inb: In, req: Recv) -> bool:
         """Take ``req``'s message at once if it is next in the ring, whole in
         one slot or single copy: a receive posted after its message came (in
