@@ -350,6 +350,7 @@ typedef struct { int reduce, sbuf, dbuf; int64_t soff, doff, nbytes; } local_t;
 typedef struct { int peer, buf, reduce; int64_t off, nbytes; } msg_t;
 typedef struct {
     int python;             /* Python runs this step whole */
+    int sends_first;        /* its sends read nothing its local operations write: post them first */
     int nlocal, nsend, nrecv;
     local_t *local;
     msg_t *send, *recv;     /* buf -1: an empty message */
@@ -493,7 +494,10 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         step_t *s = &self->steps[i];
         PyObject *t = PySequence_GetItem(steps, i), *locals, *sends, *recvs;
         if (!t) goto fail;
-        if (!PyArg_ParseTuple(t, "iOOO", &s->python, &locals, &sends, &recvs)) { Py_DECREF(t); goto fail; }
+        if (!PyArg_ParseTuple(t, "iOOOp", &s->python, &locals, &sends, &recvs, &s->sends_first)) {
+            Py_DECREF(t);
+            goto fail;
+        }
         PyObject *fast = PySequence_Fast(locals, "locals must be a sequence");
         if (!fast) { Py_DECREF(t); goto fail; }
         s->nlocal = (int)PySequence_Fast_GET_SIZE(fast);
@@ -647,6 +651,16 @@ static double wall_seconds(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* A step's local copies and reductions. */
+static void run_locals(CoreProgram *self, step_t *s, Py_buffer *bufs, kernel_t kernel) {
+    for (int j = 0; j < s->nlocal; j++) {
+        local_t *l = &s->local[j];
+        char *src = (char *)bufs[l->sbuf].buf + l->soff, *dst = (char *)bufs[l->dbuf].buf + l->doff;
+        if (l->reduce) kernel(dst, src, l->nbytes / self->itemsize, self->op);
+        else if (src != dst) memmove(dst, src, l->nbytes);
+    }
+}
+
 /* This thread's own bound on a receive's spin (seconds; < 0: none): see
  * set_thread_spin(). */
 static __thread double thread_spin = -1;
@@ -667,13 +681,7 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
         *mask = 0;
         if (times) times[2 * i] = wall_seconds();
         if (s->python) return i;
-        for (int j = 0; j < s->nlocal; j++) {
-            local_t *l = &s->local[j];
-            char *src = (char *)bufs[l->sbuf].buf + l->soff, *dst = (char *)bufs[l->dbuf].buf + l->doff;
-            if (l->reduce) kernel(dst, src, l->nbytes / self->itemsize, self->op);
-            else if (src != dst) memmove(dst, src, l->nbytes);
-        }
-        *locals_done = 1;
+        if (!s->sends_first) run_locals(self, s, bufs, kernel);
         int open = 0, handback = 0, unacked = 0;
         for (int j = 0; j < s->nsend; j++) {
             msg_t *m = &s->send[j];
@@ -692,6 +700,8 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
                 handback = 1;
             }
         }
+        if (s->sends_first) run_locals(self, s, bufs, kernel);
+        *locals_done = 1;
         for (int j = 0; j < s->nrecv; j++) {
             if (!self->peers[s->recv[j].peer].shm) handback = 1;
             else open++;

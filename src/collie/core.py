@@ -160,7 +160,12 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
                 core_msgs.append((k, -1 if buf is None else buffer(buf, hi, receiving), lo, nbytes,
                                   int(combine is not None)))
             messages.append(core_msgs)
-        steps.append((int(python), tuple(core_local), tuple(messages[0]), tuple(messages[1])))
+        # Its sends may go before its local operations when none of them reads
+        # what those write: a peer then reads our message (single copy: from
+        # our memory) while we copy, instead of after.
+        sends_first = bool(core_local) and not any(
+            d == b and do < o + n and o < do + dn for _, _, _, d, do, dn in core_local for _, b, o, n, _ in messages[0])
+        steps.append((int(python), tuple(core_local), tuple(messages[0]), tuple(messages[1]), int(sends_first)))
     # Buffers in the order execute() hands them over: the call's arrays, then
     # the scratch, then the windows.
     order = sorted(range(len(names)), key=lambda k: (
@@ -169,8 +174,8 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
     new = {old: k for k, old in enumerate(order)}
     steps = [(python, tuple((r, new[s], so, new[d], do, n) for r, s, so, d, do, n in local),
               tuple((p, new.get(b, -1), o, n, r) for p, b, o, n, r in sends),
-              tuple((p, new.get(b, -1), o, n, r) for p, b, o, n, r in recvs))
-             for python, local, sends, recvs in steps]
+              tuple((p, new.get(b, -1), o, n, r) for p, b, o, n, r in recvs), sends_first)
+             for python, local, sends, recvs, sends_first in steps]
     core = _core.Program(tuple(need[k] for k in order), tuple(writes[k] for k in order), tuple(steps),
                          tuple(peers), dtype, op, shm if shm is not None else None, network.spin_seconds,
                          network._crowded)
