@@ -161,10 +161,14 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
                                   int(combine is not None)))
             messages.append(core_msgs)
         # Its sends may go before its local operations when none of them reads
-        # what those write: a peer then reads our message (single copy: from
-        # our memory) while we copy, instead of after.
+        # what those write, none is an empty message (a signal, which may
+        # announce those writes) and no local writes a shared window (which
+        # peers read on such a signal): a peer then reads our message (single
+        # copy: from our memory) while we copy, instead of after.
         sends_first = bool(core_local) and not any(
-            d == b and do < o + n and o < do + dn for _, _, _, d, do, dn in core_local for _, b, o, n, _ in messages[0])
+            isinstance(names[d], int) for _, _, _, d, _, _ in core_local) and not any(
+            b < 0 or (d == b and do < o + n and o < do + dn)
+            for _, _, _, d, do, dn in core_local for _, b, o, n, _ in messages[0])
         steps.append((int(python), tuple(core_local), tuple(messages[0]), tuple(messages[1]), int(sends_first)))
     # Buffers in the order execute() hands them over: the call's arrays, then
     # the scratch, then the windows.
