@@ -113,10 +113,10 @@ class _TracedNetwork:
     def __getattr__(self, name):
         return getattr(self._network, name)
 
-    def exchange(self, recvs, sends, tag, meta, timeout, describe, step, call) -> None:
+    def exchange(self, recvs, sends, tag, meta, timeout, describe, step, call, inflight=()) -> None:
         posted = time.time()
         try:
-            self._network.exchange(recvs, sends, tag, meta, timeout, describe, step, call)
+            self._network.exchange(recvs, sends, tag, meta, timeout, describe, step, call, inflight)
         finally:
             self._raw.append((self._call, step, posted, time.time(),
                               [(peer, len(data)) for peer, data in sends],
