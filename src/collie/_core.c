@@ -350,7 +350,8 @@ typedef struct { int reduce, sbuf, dbuf; int64_t soff, doff, nbytes; } local_t;
 typedef struct { int peer, buf, reduce; int64_t off, nbytes; } msg_t;
 typedef struct {
     int python;             /* Python runs this step whole */
-    int sends_first;        /* its sends read nothing its local operations write: post them first */
+    int sends_first;        /* its sends neither read what its local operations write nor announce
+                               those writes (core.compile): post them first */
     int nlocal, nsend, nrecv;
     local_t *local;
     msg_t *send, *recv;     /* buf -1: an empty message */
