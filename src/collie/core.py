@@ -62,6 +62,14 @@ def choose(environ=os.environ) -> tuple[str, str]:
     return "c", "the compiled core (collie._core)"
 
 
+# A message of at least this size in a step that only sends or only
+# receives (a broadcast's, a scatter's) is left to Python's executor: its
+# reader offers the writer half of the copy (the shared copy, shm.py), so
+# that both ranks copy, which the core does not do. Smaller ones are worth
+# more in the core than the half copy saves.
+SHARED_COPY_BYTES = 2 << 20
+
+
 def _address(buffer) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
 
@@ -157,6 +165,9 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
                     single_copy = shm.cma_bytes if receiving else ring[0].cma_bytes  # 0: never
                     if nbytes > slot_bytes and not nbytes >= single_copy > 0:
                         python = True  # several slots: Python's (single copy is the core's too)
+                    elif nbytes >= SHARED_COPY_BYTES and not (recvs if not receiving else sends) \
+                            and combine is None:
+                        python = True  # one way and large: Python's, for the shared copy
                 core_msgs.append((k, -1 if buf is None else buffer(buf, hi, receiving), lo, nbytes,
                                   int(combine is not None)))
             messages.append(core_msgs)
