@@ -238,35 +238,32 @@ static void wake(peer_t *p) {
     if (__atomic_load_n(p->sleepers, __ATOMIC_RELAXED)) sem_post(p->bell);
 }
 
-/* Write a whole message into the next slot; 0 if the ring is full. */
-static int put(peer_t *p, int64_t tag, uint64_t meta, const char *data, int64_t n) {
+/* Fill the next slot with header h and ``len`` payload bytes, publish it
+ * and wake the reader; 0 if the ring is full. */
+static int write_slot(peer_t *p, header_t h, const void *payload, int64_t len) {
     ring_t *r = &p->out;
     int64_t head = *r->head;  /* only we store it */
     if (head - __atomic_load_n(r->tail, __ATOMIC_ACQUIRE) >= r->slots) return 0;
     int64_t k = head % r->slots;
-    header_t h = {tag, meta, n, 0, n};
     memcpy(r->headers + k * LINE, &h, sizeof h);
-    if (n) memcpy(r->payload + k * r->slot_bytes, data, n);
+    if (len) memcpy(r->payload + k * r->slot_bytes, payload, len);
     __atomic_store_n(r->head, head + 1, __ATOMIC_RELEASE);
     wake(p);
     return 1;
+}
+
+/* Write a whole message into the next slot; 0 if the ring is full. */
+static int put(peer_t *p, int64_t tag, uint64_t meta, const char *data, int64_t n) {
+    return write_slot(p, (header_t){tag, meta, n, 0, n}, data, n);
 }
 
 /* Post a single-copy send: one slot saying where its n bytes are (ring.py's
  * RDV slot). Returns its rendezvous id, whose acknowledgement word says
  * when the reader has copied them; 0 if the ring is full. */
 static int64_t rendezvous(peer_t *p, int64_t tag, uint64_t meta, const char *data, int64_t n) {
-    ring_t *r = &p->out;
-    int64_t head = *r->head;
-    if (head - __atomic_load_n(r->tail, __ATOMIC_ACQUIRE) >= r->slots) return 0;
-    int64_t rid = ++p->next_id, k = head % r->slots;
-    header_t h = {tag, meta, n, RDV, 16};
-    int64_t body[2] = {(int64_t)(uintptr_t)data, rid};
-    memcpy(r->headers + k * LINE, &h, sizeof h);
-    memcpy(r->payload + k * r->slot_bytes, body, sizeof body);
-    __atomic_store_n(r->head, head + 1, __ATOMIC_RELEASE);
-    wake(p);
-    return rid;
+    int64_t body[2] = {(int64_t)(uintptr_t)data, p->next_id + 1};
+    if (!write_slot(p, (header_t){tag, meta, n, RDV, sizeof body}, body, sizeof body)) return 0;
+    return ++p->next_id;
 }
 
 /* n bytes between ``local`` and ``address`` in process pid (process_vm_readv,
@@ -288,17 +285,15 @@ static int vm_move(int pid, char *local, int64_t address, int64_t n, int write) 
     return 0;
 }
 
-static int vm_read(int pid, char *dst, int64_t address, int64_t n) { return vm_move(pid, dst, address, n, 0); }
-
 /* A single-copy message into dst: read whole, or (combining) a chunk at a
  * time into this thread's scratch, each combined in while it is in cache. */
 static int read_remote(int pid, char *dst, int64_t address, int64_t n, kernel_t kernel, int op, int itemsize) {
-    if (!kernel) return vm_read(pid, dst, address, n);
+    if (!kernel) return vm_move(pid, dst, address, n, 0);
     static __thread char *scratch;
     if (!scratch && !(scratch = malloc(READ_CHUNK))) return -1;
     for (int64_t at = 0; at < n; at += READ_CHUNK) {
         int64_t len = n - at < READ_CHUNK ? n - at : READ_CHUNK;
-        if (vm_read(pid, scratch, address + at, len)) return -1;
+        if (vm_move(pid, scratch, address + at, len, 0)) return -1;
         kernel(dst + at, scratch, len / itemsize, op);
     }
     return 0;
@@ -321,7 +316,7 @@ static int take(peer_t *p, int64_t tag, uint64_t meta, char *dst, int64_t n, ker
     if (h.tag != tag || h.meta != meta || h.nbytes != n) return FOREIGN;
     const char *src = r->payload + k * r->slot_bytes;
     int64_t rid = 0;
-    if (h.offset == RDV && h.frag == 16 && p->pid) {
+    if (h.offset == RDV && h.frag == 2 * sizeof(int64_t) && p->pid) {
         int64_t body[2];
         memcpy(body, src, sizeof body);
         if (read_remote(p->pid, dst, body[0], n, kernel, op, itemsize)) return FOREIGN;

@@ -125,7 +125,7 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
             if shm is not None and network.routes[g] is shm:
                 out, inb = shm._out[g], shm._in[g]
                 peers.append((out, inb, _ring(out.ring), _ring(inb.ring), out.bell._addr, inb.pid,
-                              min(out.cma_bytes, 1 << 62)))
+                              out.cma_bytes))
             else:
                 peers.append(None)
         return slots[g]
@@ -171,16 +171,8 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
                 core_msgs.append((k, -1 if buf is None else buffer(buf, hi, receiving), lo, nbytes,
                                   int(combine is not None)))
             messages.append(core_msgs)
-        # Its sends may go before its local operations when none of them reads
-        # what those write, none is an empty message (a signal, which may
-        # announce those writes) and no local writes a shared window (which
-        # peers read on such a signal): a peer then reads our message (single
-        # copy: from our memory) while we copy, instead of after.
-        sends_first = bool(core_local) and not any(
-            isinstance(names[d], int) for _, _, _, d, _, _ in core_local) and not any(
-            b < 0 or (d == b and do < o + n and o < do + dn)
-            for _, _, _, d, do, dn in core_local for _, b, o, n, _ in messages[0])
-        steps.append((int(python), tuple(core_local), tuple(messages[0]), tuple(messages[1]), int(sends_first)))
+        steps.append((int(python), tuple(core_local), tuple(messages[0]), tuple(messages[1]),
+                      int(_sends_may_go_first(core_local, messages[0], names))))
     # Buffers in the order execute() hands them over: the call's arrays, then
     # the scratch, then the windows.
     order = sorted(range(len(names)), key=lambda k: (
@@ -201,6 +193,18 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
     arrays_of = (itemgetter(*named) if len(named) > 1 else (lambda arrays, name=named[0]: (arrays[name],))
                  if named else (lambda arrays: ()))
     return core, arrays_of, schedule.tmp_like is not None, tmp, windows
+
+
+def _sends_may_go_first(local: list, sends: list, names: list) -> bool:
+    """Whether a step's sends may be posted before its local operations
+    (then a peer reads our message, single copy: from our memory, while we
+    copy, not after): none reads what those write, none is an empty message
+    (a signal, which may announce those writes), and no local writes a
+    shared window (which peers read on such a signal)."""
+    if not local or any(isinstance(names[d], int) for _, _, _, d, _, _ in local):
+        return False
+    return not any(b < 0 or (d == b and do < o + n and o < do + dn)
+                   for _, _, _, d, do, dn in local for _, b, o, n, _ in sends)
 
 
 def spin_briefly_on_this_thread() -> None:

@@ -330,9 +330,8 @@ class ShmTransport(Transport):
         else:
             out.queue.append(req)
             self._push(out)
-        if (out.queue or out.pending) and not out.busy:
-            out.busy = True
-            self._out_busy.append(out)
+        if out.queue or out.pending:
+            self._mark_sending(out)
         return req
 
     def irecv(self, peer: int, tag: int, dst: memoryview, combine: Optional[Combine] = None,
@@ -374,9 +373,7 @@ class ShmTransport(Transport):
         the books, as _rendezvous would have, and return its request."""
         req = Send(inb.peer, tag, data, meta)
         out.pending[rid] = req
-        if not out.busy:
-            out.busy = True
-            self._out_busy.append(out)
+        self._mark_sending(out)
         return req
 
     def _take_waiting(self, inb: In, req: Recv) -> bool:
@@ -411,6 +408,12 @@ class ShmTransport(Transport):
         ring.tail[0] = tail + 1
         freed(inb, tail)
         return True
+
+    def _mark_sending(self, out: Out) -> None:
+        """progress() pushes ``out``'s queue and watches its pending sends."""
+        if not out.busy:
+            out.busy = True
+            self._out_busy.append(out)
 
     def _mark_busy(self, inb: In) -> None:
         if not inb.busy:
