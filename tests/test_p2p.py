@@ -38,21 +38,22 @@ def test_every_dtype_any_layout(backend):
     assert all(run_ranks(_dtypes_body, 2, backend=backend)[1])
 
 
-def _nonblocking_body(rank, size):
+def _nonblocking_body(rank, size, n):
     import collie
     peer = 1 - rank
-    out = np.full(1 << 20, rank, np.float32)   # bigger than any ring: needs both sides to progress
-    into = np.zeros(1 << 20, np.float32)
+    out = np.full(n, rank, np.float32)   # the send waits for its reader: both sides must progress
+    into = np.zeros(n, np.float32)
     works = [collie.isend(out, peer), collie.irecv(into, peer)]
-    for w in works:
+    for w in works:  # the send first: the receive must be moving meanwhile
         assert w.wait() is True
     ok = works[0].is_completed() and works[1].is_completed() and bool((into == peer).all())
     return ok, works[1].result()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_isend_irecv_both_ways(backend):
-    assert run_ranks(_nonblocking_body, 2, backend=backend) == [(True, 1), (True, 0)]
+@pytest.mark.parametrize("n", [1 << 17, 1 << 20])  # single copy, and larger than any ring
+def test_isend_irecv_both_ways(backend, n):
+    assert run_ranks(_nonblocking_body, 2, n, backend=backend) == [(True, 1), (True, 0)]
 
 
 def _batch_body(rank, size):
@@ -216,3 +217,58 @@ def _poll_any_body(rank, size):
 
 def test_polling_an_any_source_receive_completes_it():
     assert run_ranks(_poll_any_body, 2)[0] == (True, 1, 7.0)
+
+
+def _posting_order_body(rank, size):
+    import collie
+    from collie.group import world
+    big = 1 << 17  # 512 KiB of float32: single copy
+    if rank == 0:
+        for i in range(10):
+            collie.send(np.array([i], np.int64), 1)
+        collie.all_reduce(np.ones(4))
+        collie.send(np.array([10], np.int64), 1)
+        work = collie.isend(np.arange(big, dtype=np.float32), 1)  # waits for its reader
+        work.wait()
+        return None
+    bufs = [np.zeros(1, np.int64) for _ in range(12)]
+    first = [collie.irecv(bufs[i], 0) for i in range(4)]
+    state = world().network.p2p
+    deferred = state is not None and state.deferred == first  # in no transport's books yet
+    for w in reversed(first):  # waited last to first: still filled first to last
+        w.wait()
+    later = collie.irecv(bufs[4], 0)
+    strided = np.zeros((1, 2), np.int64)
+    collie.recv(strided[:, 1], 0)  # the full path: the receive posted before it comes first
+    later.wait()
+    before_any = collie.irecv(bufs[6], 0)
+    src = collie.recv(bufs[7])  # from any source
+    before_any.wait()
+    never_waited = collie.irecv(bufs[8], 0)
+    collie.recv(bufs[9], 0)
+    during = collie.irecv(bufs[10], 0)
+    collie.all_reduce(np.ones(4))  # its message waits in the ring behind ours, or ours behind it
+    during.wait()
+    into = np.zeros(big, np.float32)
+    whole = collie.irecv(into, 0)
+    while not whole.is_completed():
+        pass
+    got = [int(b[0]) for b in bufs[:5]] + [int(strided[0, 1])] + [int(b[0]) for b in bufs[6:11]]
+    return (deferred, got, src, never_waited.is_completed(), whole.result(),
+            bool(np.array_equal(into, np.arange(big, dtype=np.float32))))
+
+
+@pytest.mark.parametrize("executor", ["c", "python"])
+def test_receives_take_messages_in_the_order_they_were_posted(executor):
+    """The compiled core defers a receive until it is waited on; whatever
+    else may take a message from that peer first hands it to the
+    transport, so a peer's messages fill the receives in posting order,
+    whichever is waited on first."""
+    from collie import core
+    if executor == "c" and core.choose({"COLLIE_EXECUTOR": "auto"})[0] != "c":
+        pytest.skip("the compiled core is not built here")
+    deferred, got, src, never_waited, sender, whole = run_ranks(
+        _posting_order_body, 2, backend="shm", env={"COLLIE_EXECUTOR": executor})[1]
+    assert got == list(range(11))
+    assert (src, never_waited, sender, whole) == (0, True, 0, True)
+    assert deferred == (executor == "c")

@@ -20,6 +20,20 @@ import numpy as np
 BFLOAT16 = "bfloat16"
 
 
+def numpy_view(obj) -> np.ndarray | None:
+    """A torch tensor's NumPy view where numpy() gives one (dense, on the CPU,
+    not bfloat16, needing no grad...): how tensors reach the lanes and the
+    core's point to point. Else None, and to_numpy deals with it on the
+    full path."""
+    torch = sys.modules.get("torch")  # never imported here: only a program that has it passes tensors
+    if torch is None or obj.__class__ is not torch.Tensor:
+        return None
+    try:
+        return obj.numpy()
+    except (TypeError, RuntimeError):
+        return None
+
+
 def to_numpy(obj, what: str = "array") -> tuple[np.ndarray, str | None]:
     """A NumPy view sharing obj's memory, and the logical dtype name when it
     differs from the view's (only "bfloat16")."""

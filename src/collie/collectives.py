@@ -29,7 +29,6 @@ every rank of a group runs its collectives in the order it called them.
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
 from typing import NamedTuple, Optional, Sequence
@@ -38,7 +37,7 @@ import numpy as np
 
 from . import algorithms, core, engine
 from . import group as _group
-from .arrays import Buffer
+from .arrays import Buffer, numpy_view
 from .errors import CollieError, CollieTimeout, MismatchError, PeerError
 from .group import ProcessGroup, resolve, world
 from .ops import ReduceOp, as_op, average, check_op, kernel, scale
@@ -360,19 +359,6 @@ def _lane(g: ProcessGroup, name: str, prepared: _Prepared):
     return lane
 
 
-def _numpy_view(obj) -> Optional[np.ndarray]:
-    """A torch tensor's NumPy view where numpy() gives one (dense, on the CPU,
-    not bfloat16, needing no grad...): how tensors reach lanes. Else None,
-    and arrays.to_numpy deals with it on the full path."""
-    torch = sys.modules.get("torch")  # never imported here: only a program that has it passes tensors
-    if torch is None or obj.__class__ is not torch.Tensor:
-        return None
-    try:
-        return obj.numpy()
-    except (TypeError, RuntimeError):
-        return None
-
-
 def _lane_key(name: str, arr: np.ndarray, *shape) -> tuple:
     """What a one-array call's lane is found by: the collective, the array's
     dtype and size, and the rest of the call's shape (the MPI layer's hot
@@ -408,8 +394,8 @@ def _two_array_lane(name: str, group, output, input, async_op: bool, extra: Opti
     (None: no lane for these arguments)."""
     if async_op or extra is None:
         return False, None
-    out = output if output.__class__ is np.ndarray else _numpy_view(output)
-    inp = input if input.__class__ is np.ndarray else _numpy_view(input)
+    out = output if output.__class__ is np.ndarray else numpy_view(output)
+    inp = input if input.__class__ is np.ndarray else numpy_view(input)
     if out is None or inp is None or out.dtype != inp.dtype:
         return False, None
     key = (name, out.dtype, inp.shape, out.shape) + extra
@@ -457,7 +443,7 @@ def broadcast(tensor, src: Optional[int] = None, group=None, async_op: bool = Fa
     >>> broadcast(x, src=1)
     >>> x                              # rank 0: [10, 11] rank 1: [10, 11]
     """
-    arr = tensor if tensor.__class__ is np.ndarray else _numpy_view(tensor)
+    arr = tensor if tensor.__class__ is np.ndarray else numpy_view(tensor)
     if arr is not None and not async_op:
         key = _lane_key("broadcast", arr, src, group_src, algorithm)
         lane = _find_lane(group, key, arr)
@@ -481,7 +467,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     >>> all_reduce(x)
     >>> x                                   # rank 0: [3, 6]  rank 1: [3, 6]
     """
-    arr = tensor if tensor.__class__ is np.ndarray else _numpy_view(tensor)
+    arr = tensor if tensor.__class__ is np.ndarray else numpy_view(tensor)
     if arr is not None and op.__class__ is ReduceOp and not async_op:
         key = _lane_key("all_reduce", arr, op.code, algorithm)
         lane = _find_lane(group, key, arr)

@@ -122,12 +122,7 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
     def peer(g: int) -> int:
         if g not in slots:
             slots[g] = len(peers)
-            if shm is not None and network.routes[g] is shm:
-                out, inb = shm._out[g], shm._in[g]
-                peers.append((out, inb, _ring(out.ring), _ring(inb.ring), out.bell._addr, inb.pid,
-                              out.cma_bytes))
-            else:
-                peers.append(None)
+            peers.append(_peer(network, g))
         return slots[g]
 
     def whole(buf: str) -> int:
@@ -160,14 +155,11 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
                 hi = 0 if buf is None else whole(buf) if hi is None else hi
                 nbytes = hi - lo
                 ring = peers[k]
-                if ring is not None:
-                    slot_bytes = (ring[3] if receiving else ring[2])[5]
-                    single_copy = shm.cma_bytes if receiving else ring[0].cma_bytes  # 0: never
-                    if nbytes > slot_bytes and not nbytes >= single_copy > 0:
-                        python = True  # several slots: Python's (single copy is the core's too)
-                    elif nbytes >= SHARED_COPY_BYTES and not (recvs if not receiving else sends) \
-                            and combine is None:
-                        python = True  # one way and large: Python's, for the shared copy
+                if ring is not None and _how(network, ring, nbytes, receiving) == "slots":
+                    python = True  # several slots: Python's (single copy is the core's too)
+                elif ring is not None and nbytes >= SHARED_COPY_BYTES and combine is None \
+                        and not (recvs if not receiving else sends):
+                    python = True  # one way and large: Python's, for the shared copy
                 core_msgs.append((k, -1 if buf is None else buffer(buf, hi, receiving), lo, nbytes,
                                   int(combine is not None)))
             messages.append(core_msgs)
@@ -193,6 +185,44 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
     arrays_of = (itemgetter(*named) if len(named) > 1 else (lambda arrays, name=named[0]: (arrays[name],))
                  if named else (lambda arrays: ()))
     return core, arrays_of, schedule.tmp_like is not None, tmp, windows
+
+
+def _peer(network, g: int) -> Optional[tuple]:
+    """Global rank ``g`` as the core's peer table takes it: its rings' ends
+    and addresses, its doorbell, its process (single copy), the size from
+    which our sends to it go single copy. None: not a shared-memory peer
+    (the core hands its messages back)."""
+    shm = network.shm
+    if shm is None or network.routes[g] is not shm:
+        return None
+    out, inb = shm._out[g], shm._in[g]
+    return (out, inb, _ring(out.ring), _ring(inb.ring), out.bell._addr, inb.pid, out.cma_bytes)
+
+
+def _how(network, peer: tuple, nbytes: int, receiving: bool) -> str:
+    """How the core moves a message of ``nbytes`` to or from ``peer`` (a
+    _peer entry): "single copy", "one slot", or "slots" (several: Python's)."""
+    single_copy = network.shm.cma_bytes if receiving else peer[0].cma_bytes  # 0: never
+    if nbytes >= single_copy > 0:
+        return "single copy"
+    return "one slot" if nbytes <= (peer[3] if receiving else peer[2])[5] else "slots"
+
+
+def p2p_program(network, peer: int, nbytes: int, receiving: bool, spin: float):
+    """A core program of one message, ``nbytes`` from buffer 0 to global
+    rank ``peer`` (or into it from ``peer``), run with the call's tag and
+    meta 0 as collie.p2p's messages are; receives spin at most ``spin``
+    seconds (0: one look). None where the core can't move it, or where it
+    is not worth it: the core takes messages of one slot. (A single-copy
+    send done in C waits in Python all the same, and a batch of them
+    measured 10-20% slower: collie bench --op sendrecv, 256 KiB-1 MiB.)"""
+    entry = _peer(network, peer)
+    if _core is None or entry is None or _how(network, entry, nbytes, receiving) != "one slot":
+        return None
+    message = ((0, 0, 0, nbytes, 0),)
+    step = (0, (), () if receiving else message, message if receiving else (), 0)
+    return _core.Program((nbytes,), (receiving,), (step,), (entry,), _NO_KERNEL, -1, network.shm, spin,
+                         network._crowded)
 
 
 def _sends_may_go_first(local: list, sends: list, names: list) -> bool:

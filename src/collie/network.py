@@ -143,6 +143,7 @@ class Network:
         #: context -> (global ranks, name) of every group made on this network.
         self.groups: dict[int, tuple[tuple, str]] = {}
         self._closed = False
+        self.p2p = None  # collie.p2p's state for the compiled core (p2p._CoreP2P), made on first use
 
         hosts = self._exchange_hosts(store, job_id)
         self.hosts = tuple(hosts)  # each rank's host: what topological algorithms group by
@@ -452,6 +453,8 @@ class Network:
 
     def progress(self) -> bool:
         with self.lock:
+            if self.p2p is not None and self.p2p.deferred:
+                self.p2p.post(None)  # Python moves the messages now: their receives must be in its books
             if self._lost:
                 self._fail_lost()
             moved = False

@@ -14,10 +14,12 @@ from typing import Optional
 
 import numpy as np
 
-from .arrays import Buffer, byte_view
+from . import core
+from . import group as _group
+from .arrays import _NAMES, Buffer, byte_view, numpy_view
 from .group import ProcessGroup, resolve
-from .wire import MAX_TAG
-from .work import Work
+from .wire import MAX_TAG, TAG_BITS
+from .work import CompletedWork, Work
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
            "send_object_list", "recv_object_list"]
@@ -56,6 +58,158 @@ def _describe(g: ProcessGroup, what: str, peer, tag: int):
                    f"(group {g.name}, tag {tag}, point-to-point call #{n})"
 
 
+# ---- the compiled core's path ----
+#
+# A message to or from a peer on this host, in a contiguous array NumPy
+# can view, goes through the compiled core (core.p2p_program): one call
+# into C puts a send in its ring (or posts it single copy) or takes a
+# receive's message from the ring, with none of the transport's Python.
+# A receive is deferred until it is waited on, so that the core can wait
+# for its message as it does for a collective's; whatever the core cannot
+# do at once (a full ring, a peer slower than the spin, a message not the
+# one expected, the transport's Python end busy on that ring) goes the full
+# path below, which handles every case.
+
+class _CoreP2P:
+    """collie.p2p's state on one Network: the core's programs by
+    (peer, bytes, receiving, blocking), and the receives it deferred, in
+    the order they were posted. A deferred receive is in no transport's
+    books; before anything else may take a message from its peer, it is
+    handed to the transport (``post``), so that a peer's messages still
+    reach the receives in the order they were posted."""
+
+    __slots__ = ("network", "programs", "deferred")
+
+    def __init__(self, network):
+        self.network, self.programs, self.deferred = network, {}, []
+
+    def program(self, peer: int, nbytes: int, receiving: bool, blocking: bool):
+        """The core's program for one such message (None: the core can't).
+        A blocking one's receive spins as the Network's waits do; the
+        others look once."""
+        key = (peer, nbytes, receiving, blocking)
+        found = self.programs.get(key, False)
+        if found is False:
+            net = self.network
+            found = self.programs[key] = core.p2p_program(net, peer, nbytes, receiving,
+                                                          net.spin_seconds if blocking else 0.0)
+        return found
+
+    def post(self, peer: Optional[int]) -> None:
+        """Hand the deferred receives from ``peer`` (None: from any) to the transport, in order."""
+        with self.network.lock:
+            waiting = self.deferred
+            self.deferred = [d for d in waiting if peer is not None and d.peer != peer]
+            for d in waiting:
+                if peer is None or d.peer == peer:
+                    d.post()
+
+
+def _state(network) -> _CoreP2P:
+    state = network.p2p
+    if state is None:
+        state = network.p2p = _CoreP2P(network)
+    return state
+
+
+_TAG_SHIFT = TAG_BITS + 1  # a p2p tag is (context << _TAG_SHIFT) | tag, as ProcessGroup.p2p_tag
+
+
+def _on_core(tensor, rank, group_rank, group, tag, writable: bool):
+    """(group, peer, array) for a call the core may run: the core chosen, a
+    live world, a plain or viewable torch tensor that is contiguous (and
+    writable, to receive into) of a dtype collie moves, a valid peer and
+    tag. Else None: the full path checks and explains."""
+    w = _group._world
+    if w is None or core.EXECUTE is not core.execute:
+        return None
+    g = w.group if group is None else group
+    if group_rank is not None:
+        if rank is not None or type(group_rank) is not int or not 0 <= group_rank < g.size:
+            return None
+        rank = g.ranks[group_rank]
+    if g.__class__ is not ProcessGroup or g.network is not w.network or rank not in g._index \
+            or g.rank < 0 or rank == w.network.rank or type(rank) is not int:
+        return None
+    if type(tag) is not int or not 0 <= tag <= MAX_TAG:
+        return None
+    arr = tensor if tensor.__class__ is np.ndarray else numpy_view(tensor)
+    if arr is None:
+        return None
+    flags = arr.flags
+    if not flags.c_contiguous or (writable and not flags.writeable) or arr.dtype not in _NAMES:
+        return None
+    return g, rank, arr
+
+
+def _core_send(g: ProcessGroup, peer: int, arr: np.ndarray, tag: int, blocking: bool):
+    """Send through the core: the requests of a single-copy send still
+    waiting for its reader (empty: done), or None where the core did not
+    post it (the full path does)."""
+    net = g.network
+    state = net.p2p or _state(net)
+    program = state.programs.get((peer, arr.nbytes, False, blocking), False)
+    if program is False:
+        program = state.program(peer, arr.nbytes, False, blocking)
+    if program is None or net._abort is not None or net._lost:
+        return None
+    with net.lock:
+        posted, inflight = program.run((arr,), 0, (g.context << _TAG_SHIFT) | tag, 0)[2:]
+    if not posted:
+        return None
+    g.p2p_ops += 1
+    return inflight
+
+
+class _DeferredRecv(Work):
+    """An irecv the core takes when it is waited on (see _CoreP2P); once
+    handed to the transport (``post``), an ordinary Work."""
+
+    def __init__(self, g: ProcessGroup, peer: int, arr: np.ndarray, tag: int, state: _CoreP2P, program):
+        super().__init__(g.network, (), _describe(g, "receive from", peer, tag), keep=arr, timeout=g.timeout)
+        self.peer, self._tag, self._state, self._program = peer, (g.context << _TAG_SHIFT) | tag, state, program
+        state.deferred.append(self)
+
+    def post(self) -> None:
+        self._state = None
+        try:
+            self._requests = [self._network.post_recv(self.peer, self._tag, byte_view(self._keep), None, None)]
+        except BaseException as exc:  # a lost peer, a closed network: what wait() raises
+            self._error, self._finished, self._keep = exc, True, None
+        self._on_done = lambda: self.peer
+
+    def _take(self, blocking: bool) -> bool:
+        """Whether the core took the message (then this receive is done);
+        else it is handed to the transport. Only the first deferred receive
+        from a peer may take that peer's next message."""
+        net = self._network
+        with net.lock:
+            state = self._state
+            if state is None:  # another thread's call handed it over meanwhile
+                return False
+            deferred = state.deferred
+            if (deferred[0] is self or next(d for d in deferred if d is self or d.peer == self.peer) is self) \
+                    and net._abort is None and not net._lost:
+                arr = self._keep
+                program = self._program if blocking else state.program(self.peer, arr.nbytes, True, False)
+                if program.run((arr,), 0, self._tag, 0)[0]:
+                    deferred.remove(self)
+                    self._state, self._finished, self._keep, self._result = None, True, None, self.peer
+                    return True
+            state.post(self.peer)
+        return False
+
+    def wait(self, timeout=None) -> bool:
+        if self._state is not None and self._take(True):
+            return True
+        return super().wait(timeout)
+
+    def is_completed(self) -> bool:
+        if self._state is not None and self._take(False):
+            return True
+        return super().is_completed()
+
+
 def _post_send(tensor, dst, group, tag, group_dst, what):
     g = resolve(group)
     peer = _peer(g, dst, group_dst, "dst", what)
@@ -68,6 +222,9 @@ def _post_recv(tensor, src, group, tag, group_src, what):
     g = resolve(group)
     peer = _peer(g, src, group_src, "src", what, allow_any=True)
     buf = Buffer(tensor, writable=True, what=f"{what} tensor")
+    state = g.network.p2p
+    if state is not None and state.deferred:  # they were posted first: they take messages first
+        state.post(peer)
     if peer is None:  # any source: the Network resolves it
         req = g.network.irecv(None, g.p2p_tag(tag), buf.bytes(), candidates=g.ranks)
     else:
@@ -79,6 +236,14 @@ def isend(tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = Non
           group_dst: Optional[int] = None) -> Work:
     """Start sending ``tensor`` to ``dst``; the tensor must not change until
     the returned Work completes."""
+    on = _on_core(tensor, dst, group_dst, group, tag, False)
+    if on is not None:
+        inflight = _core_send(*on, tag, False)
+        if inflight is not None:
+            if not inflight:
+                return CompletedWork()
+            g, peer, arr = on
+            return Work(g.network, inflight, _describe(g, "send to", peer, tag), keep=arr, timeout=g.timeout)
     g, peer, buf, req = _post_send(tensor, dst, group, tag, group_dst, "isend")
     return Work(g.network, [req], _describe(g, "send to", peer, tag), keep=buf, timeout=g.timeout)
 
@@ -87,6 +252,15 @@ def irecv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = Non
           group_src: Optional[int] = None) -> Work:
     """Start receiving into ``tensor`` from ``src`` (any rank of the group
     when None). The Work's result() is the sender's global rank."""
+    on = _on_core(tensor, src, group_src, group, tag, True)
+    if on is not None:
+        g, peer, arr = on
+        state = g.network.p2p or _state(g.network)
+        program = state.programs.get((peer, arr.nbytes, True, True), False)
+        if program is False:
+            program = state.program(peer, arr.nbytes, True, True)
+        if program is not None:
+            return _DeferredRecv(g, peer, arr, tag, state, program)
     g, peer, buf, req = _post_recv(tensor, src, group, tag, group_src, "irecv")
 
     def done():
@@ -103,6 +277,14 @@ def irecv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = Non
 def send(tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
          group_dst: Optional[int] = None) -> None:
     """Send ``tensor`` to ``dst`` and return once it may be reused."""
+    on = _on_core(tensor, dst, group_dst, group, tag, False)
+    if on is not None:
+        inflight = _core_send(*on, tag, True)
+        if inflight is not None:
+            if inflight:
+                g, peer, arr = on
+                g.network.wait(inflight, timeout=g.timeout, describe=_describe(g, "send to", peer, tag))
+            return
     g, peer, buf, req = _post_send(tensor, dst, group, tag, group_dst, "send")
     if not req.done:
         g.network.wait((req,), timeout=g.timeout, describe=_describe(g, "send to", peer, tag))
@@ -112,6 +294,20 @@ def recv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None
          group_src: Optional[int] = None) -> int:
     """Receive into ``tensor`` from ``src`` (any rank when None); returns the
     sender's global rank."""
+    on = _on_core(tensor, src, group_src, group, tag, True)
+    if on is not None:
+        g, peer, arr = on
+        net = g.network
+        state = net.p2p or _state(net)
+        program = state.programs.get((peer, arr.nbytes, True, True), False)
+        if program is False:
+            program = state.program(peer, arr.nbytes, True, True)
+        if program is not None and net._abort is None and not net._lost \
+                and not (state.deferred and any(d.peer == peer for d in state.deferred)):
+            with net.lock:
+                if program.run((arr,), 0, (g.context << _TAG_SHIFT) | tag, 0)[0]:
+                    g.p2p_ops += 1
+                    return peer
     g, peer, buf, req = _post_recv(tensor, src, group, tag, group_src, "recv")
     g.network.wait((req,), timeout=g.timeout, describe=_describe(g, "receive from", peer, tag))
     buf.finish()
