@@ -118,12 +118,14 @@ class CollieWork(dist.Work):
     completes (or fails) when the call does.
     """
 
+    _Event = threading.Event  # what says the call is done (set by the thread that runs it)
+
     def __init__(self, result, timeout: float, what: str):
         super().__init__()
         self._result = result
         self._timeout = timeout
         self._what = what
-        self._event = threading.Event()
+        self._event = self._Event()
         self._error: Optional[BaseException] = None
         self._lock = threading.Lock()
         self._base = None      # the Future completed by _finish, once get_future made one
@@ -196,8 +198,27 @@ class CollieWork(dist.Work):
         return self._source_rank()
 
 
+class _Done:
+    """The done flag of a call that the waiting thread itself completes (a
+    send or receive): a threading.Event without the condition variable,
+    which nothing here waits on."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self):
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+
+
 class _P2PWork(CollieWork):
     """A send or receive: collie's Work, posted at once (no thread)."""
+
+    _Event = _Done
 
     def __init__(self, work, result, g, timeout: float, what: str):
         super().__init__(result, timeout, what)
