@@ -268,6 +268,70 @@ def test_payloads_in_and_after_the_envelope(n):
     assert run(_inline_body, n) == [True] * n
 
 
+def _core_body(rank, size):
+    MPI = mpi()
+    from collie.compat.mpi.p2p import _Matcher
+    comm = MPI.COMM_WORLD
+    taken = []
+    core_recv = _Matcher.core_recv
+
+    def spy(self, *args):
+        fields = core_recv(self, *args)
+        taken.append(fields is not None)
+        return fields
+    _Matcher.core_recv = spy
+    if rank == 0:
+        comm.Send(np.array([0.0]), 1, 1)  # the first call makes the matcher (the full path)
+        comm.Send(np.array([1.0]), 1, 5)
+        comm.Send(np.array([2.0]), 1, 7)
+        comm.Ssend(np.array([3.0]), 1, 9)
+        comm.Send(np.arange(100.0), 1, 5)  # 800 bytes: after its envelope
+        for i in range(50):
+            comm.Send(np.array([i, -i], np.int32), 1, 11)
+        comm.Sendrecv(np.array([8.0]), 1, 12, np.zeros(1), 1, 13)
+        comm.send({"a": 1}, 1, 20)
+        comm.send("x" * 300, 1, 21)  # a pickle after its envelope
+        return comm.sendrecv(5, 1, 22, source=1, recvtag=23)
+    b = np.zeros(1)
+    comm.Recv(b, 0, 1)
+    got = []
+    comm.Recv(b, 0, 7)  # the core takes tag 5's envelope: the matcher keeps it for the next Recv
+    got.append(b[0])
+    comm.Recv(b, 0, 5)
+    got.append(b[0])
+    st = MPI.Status()
+    comm.Recv(b, 0, MPI.ANY_TAG, st)  # the Ssend's: acknowledged, so rank 0 goes on
+    got.append((b[0], st.Get_tag()))
+    big = np.zeros(100)
+    comm.Recv(big, 0, 5)
+    got.append(bool((big == np.arange(100.0)).all()))
+    del taken[:]
+    four = np.zeros(4, np.int32)
+    for i in range(50):
+        comm.Recv(four, 0, 11, st)
+        assert four[:2].tolist() == [i, -i] and (st.Get_source(), st.Get_tag(), st.Get_count(MPI.INT)) == (0, 11, 2)
+    comm.Sendrecv(np.array([9.0]), 0, 13, b, 0, 12, st)
+    got.append((b[0], st.Get_tag()))
+    got.append(comm.recv(source=0, tag=21) == "x" * 300)  # the core takes tag 20's: the matcher keeps it
+    got.append(comm.recv(source=0, tag=20, status=st))
+    got.append(comm.sendrecv(6, 0, 23, source=0, recvtag=22, status=st))
+    got.append((st.Get_source(), st.Get_tag()))
+    _Matcher.core_recv = core_recv
+    return got, any(taken)
+
+
+def test_blocking_send_and_recv_through_the_core_keep_mpi_matching():
+    """Blocking sends and receives (Send, Recv, Sendrecv, send, recv,
+    sendrecv) take the compiled core where they can; an envelope the core
+    took that the receive cannot have (another tag, a synchronous send, a
+    payload after its envelope) is the matcher's."""
+    sent, (got, core_took) = run(_core_body, 2)
+    assert sent == 6
+    assert got == [2.0, 1.0, (3.0, 9), True, (8.0, 12), True, {"a": 1}, 5, (0, 22)]
+    from collie import core
+    assert core_took == (core.EXECUTOR == "c")
+
+
 def _pickle_body(rank, size):
     MPI = mpi()
     comm = MPI.COMM_WORLD

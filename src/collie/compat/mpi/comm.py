@@ -30,7 +30,7 @@ from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN
                         LASTUSEDCODE, PROC_NULL, TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
 from .op import SUM, Op, _buffer_op, _py_op
 from .p2p import _Matcher, _Recv, _SyncSend, _progress, _unregister, _wait_until
-from .request import Prequest, Request, _done_request, _Partitioned
+from .request import Prequest, Request, _done_request, _fill, _Partitioned
 from .commctx import _comm_lock
 from .message import _mprobe
 from .pickling import pickle as _pickle
@@ -40,6 +40,18 @@ __all__ = ["Comm", "Intracomm", "COMM_NULL"]
 
 
 # ---- communicators ----
+
+def _plain_bytes(buf, writable: bool) -> Optional[memoryview]:
+    """The bytes of ``buf`` where it is a plain contiguous NumPy array of
+    numbers (writable, to receive into): what a blocking call hands the
+    compiled core. Else None (buffer specs and the rest: the full path)."""
+    if buf.__class__ is not np.ndarray:
+        return None
+    flags = buf.flags
+    if not flags.c_contiguous or (writable and not flags.writeable) or buf.dtype.hasobject:
+        return None
+    return byte_view(buf)
+
 
 def _rank_arg(value, size: int, what: str, allowed=()) -> int:
     try:
@@ -644,8 +656,23 @@ class Comm(_Handled, _Attributed):
 
     # ---- point to point: buffers ----
 
+    def _core_p2p(self, rank, tag, receiving: bool) -> Optional[_Matcher]:
+        """This communicator's matcher where a blocking send or receive may
+        take the compiled core (_Matcher.core_send): a rank and a tag in
+        range, an intracommunicator that has made its matcher. Else None."""
+        m = self._matcher
+        if m is None or m.group is not self._group or type(rank) is not int or not 0 <= rank < m.group.size \
+                or type(tag) is not int or not (tag >= 0 or (receiving and tag == ANY_TAG)):
+            return None
+        return m
+
     def Send(self, buf, dest: int, tag: int = 0) -> None:
         """Send a buffer; returns once the buffer may be reused."""
+        data = _plain_bytes(buf, False)
+        if data is not None:
+            m = self._core_p2p(dest, tag, False)
+            if m is not None and m.core_send(data, dest, tag):
+                return
         self.Isend(buf, dest, tag).Wait()
 
     Bsend = Send
@@ -669,6 +696,13 @@ class Comm(_Handled, _Attributed):
 
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Receive into a buffer at least as large as the message."""
+        dst = _plain_bytes(buf, True)
+        if dst is not None:
+            m = self._core_p2p(source, tag, True)
+            got = m.core_recv(dst, source, tag) if m is not None else None
+            if got is not None:
+                _fill(status, got[0])
+                return
         self.Irecv(buf, source, tag).Wait(status)
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
@@ -680,6 +714,12 @@ class Comm(_Handled, _Attributed):
     def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Send and receive at once: no ordering of the two can deadlock."""
+        data = _plain_bytes(sendbuf, False)
+        if data is not None:
+            m = self._core_p2p(dest, sendtag, False)
+            if m is not None and m.core_send(data, dest, sendtag):  # sent already: the receive may block
+                self.Recv(recvbuf, source, recvtag, status)
+                return
         rreq = self.Irecv(recvbuf, source, recvtag)
         sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag))
         Request.Waitall([rreq, sreq], [status, None])
@@ -754,7 +794,10 @@ class Comm(_Handled, _Attributed):
     # ---- point to point: objects ----
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
-        self.isend(obj, dest, tag).Wait()
+        data = memoryview(b"" if dest == PROC_NULL else _pickle.dumps(obj))
+        m = self._core_p2p(dest, tag, False)
+        if m is None or not m.core_send(data, dest, tag):
+            self._send(data, dest, tag, "send").Wait()
 
     bsend = send
 
@@ -776,6 +819,11 @@ class Comm(_Handled, _Attributed):
         not needed here: the message's size is known before it is received."""
         if buf is not None:
             warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
+        m = self._core_p2p(source, tag, True)
+        got = m.core_recv(None, source, tag) if m is not None else None
+        if got is not None:
+            _fill(status, got[0])
+            return _pickle.loads(got[1]) if got[1] else None
         return self.irecv(None, source, tag).wait(status)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
@@ -783,8 +831,12 @@ class Comm(_Handled, _Attributed):
 
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
+        data = memoryview(b"" if dest == PROC_NULL else _pickle.dumps(sendobj))
+        m = self._core_p2p(dest, sendtag, False)
+        if m is not None and m.core_send(data, dest, sendtag):
+            return self.recv(None, source, recvtag, status)  # sent already: the receive may block
         rreq = self.irecv(recvbuf, source, recvtag)
-        sreq = _or_cancel(rreq, lambda: self.isend(sendobj, dest, sendtag))
+        sreq = _or_cancel(rreq, lambda: self._send(data, dest, sendtag, "send"))
         Request.Waitall([rreq, sreq], [status, None])
         return rreq._result
 

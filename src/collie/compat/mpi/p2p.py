@@ -7,6 +7,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ... import core
+from ... import group as _group
 from ...arrays import byte_view
 from ...errors import CollieError
 from ...group import ProcessGroup
@@ -87,7 +89,76 @@ class _Matcher:
         self.next_sync = 1
         self.acks_in: dict[int, tuple] = {}    # group rank -> (ack array, its receive)
         self.acks_out: list = []               # (ack array, its send) still in flight
+        self.core_programs: dict = {}          # (group rank, receiving) -> the core's envelope program
+        self.envelope_out = np.zeros(ENVELOPE_WORDS, dtype=np.int64)  # the core's path fills these
+        self.envelope_in = np.zeros(ENVELOPE_WORDS, dtype=np.int64)
+        self.envelope_out_bytes, self.envelope_in_bytes = byte_view(self.envelope_out), byte_view(self.envelope_in)
         _register(self)
+
+    # The compiled core's path (core.p2p_program): a blocking Send of a
+    # payload that rides in its envelope is one call into C that puts the
+    # envelope in the peer's ring; a blocking Recv from one rank, while
+    # this communicator has nothing else to match, takes that rank's next
+    # envelope from the ring in C. Anything else (an envelope that is not
+    # the one wanted, a full ring, a peer slower than the spin) goes the
+    # full path, which the envelope joins as if progress had taken it in.
+
+    def _core_program(self, rank: int, receiving: bool):
+        """The core's program for an envelope to or from group rank ``rank``
+        (None: the core can't), where the world is alive and unbroken."""
+        w, net = _group._world, self.network
+        if w is None or w.network is not net or net._abort is not None or net._lost \
+                or core.EXECUTE is not core.execute:
+            return None
+        key = (rank, receiving)
+        found = self.core_programs.get(key, False)
+        if found is False:
+            found = self.core_programs[key] = core.p2p_program(
+                net, self.group.ranks[rank], 8 * ENVELOPE_WORDS, receiving, net.spin_seconds)
+        return found
+
+    def core_send(self, data: memoryview, dest: int, tag: int) -> bool:
+        """A blocking standard send of ``data`` (bytes) to another rank by
+        the core; False if it did not (the full path sends it)."""
+        nbytes = data.nbytes
+        if nbytes > INLINE_BYTES or dest == self.rank:
+            return False
+        program = self._core_program(dest, False)
+        if program is None:
+            return False
+        head = self.envelope_out
+        head[0], head[1], head[2] = tag, nbytes, 0
+        if nbytes:
+            self.envelope_out_bytes[_HEAD_BYTES:_HEAD_BYTES + nbytes] = data
+        with self.network.lock:
+            return bool(program.run((head,), 0, self.etag, 0)[2])
+
+    def core_recv(self, dst: Optional[memoryview], source: int, tag: int) -> Optional[tuple]:
+        """A blocking receive from ``source`` into ``dst`` (bytes; None: an
+        object) by the core: (its status fields, the object's pickle), or
+        None if the core did not complete it (the full path does; an
+        envelope the core took that this receive cannot have is the
+        matcher's, as if progress had taken it in)."""
+        if source == self.rank or self.posted or self.unmatched or self.envelopes or self.probes or self.lost:
+            return None  # something else may match first
+        program = self._core_program(source, True)
+        if program is None:
+            return None
+        head = self.envelope_in
+        with self.network.lock:
+            if not program.run((head,), 0, self.etag, 0)[0]:
+                return None
+        got, nbytes, sync = head[:3].tolist()
+        wanted = got == tag or (tag == ANY_TAG and got >= 0)
+        if wanted and not sync and nbytes <= INLINE_BYTES and (dst is None or nbytes <= dst.nbytes):
+            payload = self.envelope_in_bytes[_HEAD_BYTES:_HEAD_BYTES + nbytes]
+            if dst is None:
+                return (source, got, nbytes, False), bytes(payload)
+            if nbytes:
+                dst[:nbytes] = payload
+            return (source, got, nbytes, False), None
+        self._envelope(source, head.copy())
+        return None
 
     def isend(self, data: memoryview, dest: int, tag: int, sync: Optional[_SyncSend] = None) -> tuple:
         """Post a message; returns its transport requests and what they read.
