@@ -291,6 +291,7 @@ def _core_body(rank, size):
         comm.Sendrecv(np.array([8.0]), 1, 12, np.zeros(1), 1, 13)
         comm.send({"a": 1}, 1, 20)
         comm.send("x" * 300, 1, 21)  # a pickle after its envelope
+        MPI.Request.Waitall([comm.Isend(np.array([7.0]), 1, 30), comm.Isend(np.array([8.0]), 1, 31)])
         return comm.sendrecv(5, 1, 22, source=1, recvtag=23)
     b = np.zeros(1)
     comm.Recv(b, 0, 1)
@@ -314,6 +315,10 @@ def _core_body(rank, size):
     got.append((b[0], st.Get_tag()))
     got.append(comm.recv(source=0, tag=21) == "x" * 300)  # the core takes tag 20's: the matcher keeps it
     got.append(comm.recv(source=0, tag=20, status=st))
+    b30, b31 = np.zeros(1), np.zeros(1)
+    r31, r30 = comm.Irecv(b31, 0, 31), comm.Irecv(b30, 0, 30)
+    r31.Wait()  # the core takes tag 30's envelope first: it completes the receive posted for it
+    got.append((b31[0], r30.Test(), b30[0]))
     got.append(comm.sendrecv(6, 0, 23, source=0, recvtag=22, status=st))
     got.append((st.Get_source(), st.Get_tag()))
     _Matcher.core_recv = core_recv
@@ -322,12 +327,13 @@ def _core_body(rank, size):
 
 def test_blocking_send_and_recv_through_the_core_keep_mpi_matching():
     """Blocking sends and receives (Send, Recv, Sendrecv, send, recv,
-    sendrecv) take the compiled core where they can; an envelope the core
-    took that the receive cannot have (another tag, a synchronous send, a
-    payload after its envelope) is the matcher's."""
+    sendrecv), Isend and a waited Irecv take the compiled core where they
+    can; an envelope the core took that the receive cannot have (another
+    tag, a synchronous send, a payload after its envelope) is the
+    matcher's, as if progress had taken it in."""
     sent, (got, core_took) = run(_core_body, 2)
     assert sent == 6
-    assert got == [2.0, 1.0, (3.0, 9), True, (8.0, 12), True, {"a": 1}, 5, (0, 22)]
+    assert got == [2.0, 1.0, (3.0, 9), True, (8.0, 12), True, {"a": 1}, (8.0, True, 7.0), 5, (0, 22)]
     from collie import core
     assert core_took == (core.EXECUTOR == "c")
 

@@ -685,6 +685,11 @@ class Comm(_Handled, _Attributed):
     def Isend(self, buf, dest: int, tag: int = 0, *, _sync: bool = False) -> Request:
         if dest == PROC_NULL:
             return _done_request()
+        data = None if _sync else _plain_bytes(buf, False)
+        if data is not None:
+            m = self._core_p2p(dest, tag, False)
+            if m is not None and m.core_send(data, dest, tag):
+                return _done_request()  # sent already: the buffer is free
         b = _Buf(buf, "Isend buf", writable=False, empty_ok=True)
         return self._send(byte_view(b.section()), dest, tag, "Send", keep=b, sync=_sync)
 

@@ -157,8 +157,25 @@ class _Matcher:
             if nbytes:
                 dst[:nbytes] = payload
             return (source, got, nbytes, False), None
-        self._envelope(source, head.copy())
+        self._envelope(source, head)
         return None
+
+    def core_envelope(self, source: int) -> bool:
+        """Have the core take ``source``'s next envelope, waiting for it as
+        long as a wait spins, and match it as progress would: how a waited
+        receive request gets its envelope without Python's progress.
+        False: none came (the full path waits)."""
+        if source < 0 or source == self.rank or source in self.envelopes or self.lost:
+            return False  # any source, or an envelope receive of the transport's already in flight
+        program = self._core_program(source, True)
+        if program is None:
+            return False
+        head = self.envelope_in
+        with self.network.lock:
+            if not program.run((head,), 0, self.etag, 0)[0]:
+                return False
+        self._envelope(source, head)
+        return True
 
     def isend(self, data: memoryview, dest: int, tag: int, sync: Optional[_SyncSend] = None) -> tuple:
         """Post a message; returns its transport requests and what they read.

@@ -154,10 +154,19 @@ class Request:
 
     # ---- one request ----
 
+    def _pull(self) -> None:
+        """A receive still waiting for its envelope: have the compiled core
+        take its source's next one (_Matcher.core_envelope)."""
+        op = self._recv
+        if op is not None and op.msg is None and not self._done and self._matcher is not None:
+            self._matcher.core_envelope(op.source)
+
     def Wait(self, status: Optional[Status] = None) -> bool:
         # An asynchronous collective blocks in its own wait (in _finish).
         if self._active() and self._work is None and not self._ready():
-            _wait_until(self._ready, self._network, self._timeout, self._describe, self._requests)
+            self._pull()
+            if not self._ready():
+                _wait_until(self._ready, self._network, self._timeout, self._describe, self._requests)
         self._complete(status)
         return True
 
@@ -295,6 +304,8 @@ class Request:
     @staticmethod
     def Waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
         requests = list(requests)
+        for r in requests:
+            r._pull()
         Request._wait_some(requests, lambda: all(r._work is not None or r._ready() for r in requests))
         for r, st in zip(requests, Request._statuses(statuses, len(requests))):
             r._complete(st)  # an asynchronous collective blocks here, in its own wait
