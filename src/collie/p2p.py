@@ -60,15 +60,18 @@ def _describe(g: ProcessGroup, what: str, peer, tag: int):
 
 # ---- the compiled core's path ----
 #
-# A message to or from a peer on this host, in a contiguous array NumPy
-# can view, goes through the compiled core (core.p2p_program): one call
-# into C puts a send in its ring (or posts it single copy) or takes a
+# A message of one ring slot to or from a peer on this host, in a
+# contiguous array NumPy can view, goes through the compiled core
+# (core.p2p_program): one call into C puts a send in its ring or takes a
 # receive's message from the ring, with none of the transport's Python.
 # A receive is deferred until it is waited on, so that the core can wait
 # for its message as it does for a collective's; whatever the core cannot
 # do at once (a full ring, a peer slower than the spin, a message not the
 # one expected, the transport's Python end busy on that ring) goes the full
 # path below, which handles every case.
+
+_PROGRAMS = 512  # the most core programs kept per Network (as collectives' lanes per group)
+
 
 class _CoreP2P:
     """collie.p2p's state on one Network: the core's programs by
@@ -91,6 +94,8 @@ class _CoreP2P:
         found = self.programs.get(key, False)
         if found is False:
             net = self.network
+            if len(self.programs) >= _PROGRAMS:  # sizes can be many: bounded
+                self.programs.clear()
             found = self.programs[key] = core.p2p_program(net, peer, nbytes, receiving,
                                                           net.spin_seconds if blocking else 0.0)
         return found
@@ -124,12 +129,13 @@ def _on_core(tensor, rank, group_rank, group, tag, writable: bool):
     if w is None or core.EXECUTE is not core.execute:
         return None
     g = w.group if group is None else group
+    if g.__class__ is not ProcessGroup or g.network is not w.network or g.rank < 0:
+        return None
     if group_rank is not None:
         if rank is not None or type(group_rank) is not int or not 0 <= group_rank < g.size:
             return None
         rank = g.ranks[group_rank]
-    if g.__class__ is not ProcessGroup or g.network is not w.network or rank not in g._index \
-            or g.rank < 0 or rank == w.network.rank or type(rank) is not int:
+    if type(rank) is not int or rank not in g._index or rank == w.network.rank:
         return None
     if type(tag) is not int or not 0 <= tag <= MAX_TAG:
         return None
@@ -142,23 +148,22 @@ def _on_core(tensor, rank, group_rank, group, tag, writable: bool):
     return g, rank, arr
 
 
-def _core_send(g: ProcessGroup, peer: int, arr: np.ndarray, tag: int, blocking: bool):
-    """Send through the core: the requests of a single-copy send still
-    waiting for its reader (empty: done), or None where the core did not
-    post it (the full path does)."""
+def _core_send(g: ProcessGroup, peer: int, arr: np.ndarray, tag: int) -> bool:
+    """Send through the core: True once it is in the peer's ring (a
+    one-slot message is then sent), False where the core did not post it
+    (the full path does)."""
     net = g.network
     state = net.p2p or _state(net)
-    program = state.programs.get((peer, arr.nbytes, False, blocking), False)
+    program = state.programs.get((peer, arr.nbytes, False, False), False)
     if program is False:
-        program = state.program(peer, arr.nbytes, False, blocking)
+        program = state.program(peer, arr.nbytes, False, False)
     if program is None or net._abort is not None or net._lost:
-        return None
+        return False
     with net.lock:
-        posted, inflight = program.run((arr,), 0, (g.context << _TAG_SHIFT) | tag, 0)[2:]
-    if not posted:
-        return None
+        if not program.run((arr,), 0, (g.context << _TAG_SHIFT) | tag, 0)[2]:
+            return False
     g.p2p_ops += 1
-    return inflight
+    return True
 
 
 class _DeferredRecv(Work):
@@ -237,13 +242,8 @@ def isend(tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = Non
     """Start sending ``tensor`` to ``dst``; the tensor must not change until
     the returned Work completes."""
     on = _on_core(tensor, dst, group_dst, group, tag, False)
-    if on is not None:
-        inflight = _core_send(*on, tag, False)
-        if inflight is not None:
-            if not inflight:
-                return CompletedWork()
-            g, peer, arr = on
-            return Work(g.network, inflight, _describe(g, "send to", peer, tag), keep=arr, timeout=g.timeout)
+    if on is not None and _core_send(*on, tag):
+        return CompletedWork()
     g, peer, buf, req = _post_send(tensor, dst, group, tag, group_dst, "isend")
     return Work(g.network, [req], _describe(g, "send to", peer, tag), keep=buf, timeout=g.timeout)
 
@@ -278,13 +278,8 @@ def send(tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None
          group_dst: Optional[int] = None) -> None:
     """Send ``tensor`` to ``dst`` and return once it may be reused."""
     on = _on_core(tensor, dst, group_dst, group, tag, False)
-    if on is not None:
-        inflight = _core_send(*on, tag, True)
-        if inflight is not None:
-            if inflight:
-                g, peer, arr = on
-                g.network.wait(inflight, timeout=g.timeout, describe=_describe(g, "send to", peer, tag))
-            return
+    if on is not None and _core_send(*on, tag):
+        return
     g, peer, buf, req = _post_send(tensor, dst, group, tag, group_dst, "send")
     if not req.done:
         g.network.wait((req,), timeout=g.timeout, describe=_describe(g, "send to", peer, tag))
