@@ -103,8 +103,8 @@ class _CoreP2P:
     def post(self, peer: Optional[int]) -> None:
         """Hand the deferred receives from ``peer`` (None: from any) to the transport, in order."""
         with self.network.lock:
-            waiting = self.deferred
-            self.deferred = [d for d in waiting if peer is not None and d.peer != peer]
+            waiting = self.deferred[:]
+            self.deferred[:] = [d for d in waiting if peer is not None and d.peer != peer]
             for d in waiting:
                 if peer is None or d.peer == peer:
                     d.post()
@@ -154,9 +154,7 @@ def _core_send(g: ProcessGroup, peer: int, arr: np.ndarray, tag: int) -> bool:
     (the full path does)."""
     net = g.network
     state = net.p2p or _state(net)
-    program = state.programs.get((peer, arr.nbytes, False, False), False)
-    if program is False:
-        program = state.program(peer, arr.nbytes, False, False)
+    program = state.program(peer, arr.nbytes, False, False)
     if program is None or net._abort is not None or net._lost:
         return False
     with net.lock:
@@ -173,7 +171,8 @@ class _DeferredRecv(Work):
     def __init__(self, g: ProcessGroup, peer: int, arr: np.ndarray, tag: int, state: _CoreP2P, program):
         super().__init__(g.network, (), _describe(g, "receive from", peer, tag), keep=arr, timeout=g.timeout)
         self.peer, self._tag, self._state, self._program = peer, (g.context << _TAG_SHIFT) | tag, state, program
-        state.deferred.append(self)
+        with g.network.lock:  # the async calls' thread may be handing the list over (progress)
+            state.deferred.append(self)
 
     def post(self) -> None:
         self._state = None
@@ -256,9 +255,7 @@ def irecv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = Non
     if on is not None:
         g, peer, arr = on
         state = g.network.p2p or _state(g.network)
-        program = state.programs.get((peer, arr.nbytes, True, True), False)
-        if program is False:
-            program = state.program(peer, arr.nbytes, True, True)
+        program = state.program(peer, arr.nbytes, True, True)
         if program is not None:
             return _DeferredRecv(g, peer, arr, tag, state, program)
     g, peer, buf, req = _post_recv(tensor, src, group, tag, group_src, "irecv")
@@ -294,9 +291,7 @@ def recv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None
         g, peer, arr = on
         net = g.network
         state = net.p2p or _state(net)
-        program = state.programs.get((peer, arr.nbytes, True, True), False)
-        if program is False:
-            program = state.program(peer, arr.nbytes, True, True)
+        program = state.program(peer, arr.nbytes, True, True)
         if program is not None and net._abort is None and not net._lost \
                 and not (state.deferred and any(d.peer == peer for d in state.deferred)):
             with net.lock:

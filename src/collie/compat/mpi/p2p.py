@@ -127,10 +127,10 @@ class _Matcher:
         if program is None:
             return False
         head = self.envelope_out
-        head[0], head[1], head[2] = tag, nbytes, 0
-        if nbytes:
-            self.envelope_out_bytes[_HEAD_BYTES:_HEAD_BYTES + nbytes] = data
-        with self.network.lock:
+        with self.network.lock:  # the envelope is this communicator's, for any thread
+            head[0], head[1], head[2] = tag, nbytes, 0
+            if nbytes:
+                self.envelope_out_bytes[_HEAD_BYTES:_HEAD_BYTES + nbytes] = data
             return bool(program.run((head,), 0, self.etag, 0)[2])
 
     def core_recv(self, dst: Optional[memoryview], source: int, tag: int) -> Optional[tuple]:
@@ -145,19 +145,19 @@ class _Matcher:
         if program is None:
             return None
         head = self.envelope_in
-        with self.network.lock:
+        with self.network.lock:  # the envelope is this communicator's, for any thread
             if not program.run((head,), 0, self.etag, 0)[0]:
                 return None
-        got, nbytes, sync = head[:3].tolist()
-        wanted = got == tag or (tag == ANY_TAG and got >= 0)
-        if wanted and not sync and nbytes <= INLINE_BYTES and (dst is None or nbytes <= dst.nbytes):
-            payload = self.envelope_in_bytes[_HEAD_BYTES:_HEAD_BYTES + nbytes]
-            if dst is None:
-                return (source, got, nbytes, False), bytes(payload)
-            if nbytes:
-                dst[:nbytes] = payload
-            return (source, got, nbytes, False), None
-        self._envelope(source, head)
+            got, nbytes, sync = head[:3].tolist()
+            wanted = got == tag or (tag == ANY_TAG and got >= 0)
+            if wanted and not sync and nbytes <= INLINE_BYTES and (dst is None or nbytes <= dst.nbytes):
+                payload = self.envelope_in_bytes[_HEAD_BYTES:_HEAD_BYTES + nbytes]
+                if dst is None:
+                    return (source, got, nbytes, False), bytes(payload)
+                if nbytes:
+                    dst[:nbytes] = payload
+                return (source, got, nbytes, False), None
+            self._envelope(source, head)
         return None
 
     def core_envelope(self, source: int) -> bool:
@@ -174,7 +174,7 @@ class _Matcher:
         with self.network.lock:
             if not program.run((head,), 0, self.etag, 0)[0]:
                 return False
-        self._envelope(source, head)
+            self._envelope(source, head)
         return True
 
     def isend(self, data: memoryview, dest: int, tag: int, sync: Optional[_SyncSend] = None) -> tuple:
