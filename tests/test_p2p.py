@@ -272,3 +272,31 @@ def test_receives_take_messages_in_the_order_they_were_posted(executor):
     assert got == list(range(11))
     assert (src, never_waited, sender, whole) == (0, True, 0, True)
     assert deferred == (executor == "c")
+
+
+def _dead_sender_body(rank, size, how):
+    import os
+    import time
+
+    import collie
+    collie.barrier()
+    if rank == 0:
+        time.sleep(0.5)
+        os._exit(7)
+    buf = np.zeros(4)
+    start = time.monotonic()
+    try:
+        if how == "irecv":
+            collie.irecv(buf, 0).wait()  # deferred: the core waits for it, then Python
+        else:
+            collie.recv(buf, 0)
+    except collie.CollieError as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return "no error"
+
+
+@pytest.mark.parametrize("how", ["irecv", "recv"])
+def test_a_receive_from_a_dead_peer_raises_peer_error(how):
+    name, msg, elapsed = run_ranks(_dead_sender_body, 2, how, backend="shm", expect_errors=True)[1]
+    assert name == "PeerError" and "rank 0" in msg, msg
+    assert elapsed < 10
