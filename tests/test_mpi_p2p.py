@@ -292,6 +292,13 @@ def _core_body(rank, size):
         comm.send({"a": 1}, 1, 20)
         comm.send("x" * 300, 1, 21)  # a pickle after its envelope
         MPI.Request.Waitall([comm.Isend(np.array([7.0]), 1, 30), comm.Isend(np.array([8.0]), 1, 31)])
+        for call in (comm.Send, comm.Isend):  # the core's path refuses what the full path refuses
+            try:
+                call(np.arange(2, dtype=">i4" if np.little_endian else "<i4"), 1, 40)
+            except BufferError:
+                pass
+            else:
+                raise AssertionError(f"{call.__name__} sent an array of the other byte order as it is")
         return comm.sendrecv(5, 1, 22, source=1, recvtag=23)
     b = np.zeros(1)
     comm.Recv(b, 0, 1)

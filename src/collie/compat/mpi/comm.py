@@ -42,13 +42,14 @@ __all__ = ["Comm", "Intracomm", "COMM_NULL"]
 # ---- communicators ----
 
 def _plain_bytes(buf, writable: bool) -> Optional[memoryview]:
-    """The bytes of ``buf`` where it is a plain contiguous NumPy array of
-    numbers (writable, to receive into): what a blocking call hands the
-    compiled core. Else None (buffer specs and the rest: the full path)."""
+    """The bytes of ``buf`` where it is a bare NumPy array that _Buf would
+    take whole as it is: C-contiguous, in this machine's byte order, no
+    objects (and writable, to receive into). Else None: buffer specs and
+    the rest go through _Buf, which also explains what is wrong."""
     if buf.__class__ is not np.ndarray:
         return None
-    flags = buf.flags
-    if not flags.c_contiguous or (writable and not flags.writeable) or buf.dtype.hasobject:
+    flags, dtype = buf.flags, buf.dtype
+    if not flags.c_contiguous or (writable and not flags.writeable) or dtype.hasobject or not dtype.isnative:
         return None
     return byte_view(buf)
 
@@ -685,11 +686,12 @@ class Comm(_Handled, _Attributed):
     def Isend(self, buf, dest: int, tag: int = 0, *, _sync: bool = False) -> Request:
         if dest == PROC_NULL:
             return _done_request()
-        data = None if _sync else _plain_bytes(buf, False)
-        if data is not None:
-            m = self._core_p2p(dest, tag, False)
+        data = _plain_bytes(buf, False)
+        if data is not None:  # a bare array: no buffer spec to read
+            m = None if _sync else self._core_p2p(dest, tag, False)
             if m is not None and m.core_send(data, dest, tag):
                 return _done_request()  # sent already: the buffer is free
+            return self._send(data, dest, tag, "Send", sync=_sync)
         b = _Buf(buf, "Isend buf", writable=False, empty_ok=True)
         return self._send(byte_view(b.section()), dest, tag, "Send", keep=b, sync=_sync)
 
@@ -713,6 +715,9 @@ class Comm(_Handled, _Attributed):
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         if source == PROC_NULL:
             return self._recv(None, source, tag, "Recv")
+        dst = _plain_bytes(buf, True)
+        if dst is not None:  # a bare array: no buffer spec to read, nothing to copy back
+            return self._recv(dst, source, tag, "Recv")
         b = _Buf(buf, "Recv buf", writable=True, empty_ok=True)
         return self._recv(byte_view(b.section()), source, tag, "Recv", after=b.finish, keep=b)
 
