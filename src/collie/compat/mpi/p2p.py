@@ -95,13 +95,15 @@ class _Matcher:
         self.envelope_out_bytes, self.envelope_in_bytes = byte_view(self.envelope_out), byte_view(self.envelope_in)
         _register(self)
 
-    # The compiled core's path (core.p2p_program): a blocking Send of a
-    # payload that rides in its envelope is one call into C that puts the
-    # envelope in the peer's ring; a blocking Recv from one rank, while
-    # this communicator has nothing else to match, takes that rank's next
-    # envelope from the ring in C. Anything else (an envelope that is not
-    # the one wanted, a full ring, a peer slower than the spin) goes the
-    # full path, which the envelope joins as if progress had taken it in.
+    # The compiled core's path (core.p2p_program): a send of a payload that
+    # rides in its envelope is one call into C that puts the envelope in the
+    # peer's ring; a blocking receive from one rank, while this communicator
+    # has nothing else to match, takes that rank's next envelope from the
+    # ring in C, and a waited receive request has the core take its
+    # source's next envelope for the matcher. Anything else (an envelope
+    # that is not the one wanted, a full ring, a peer slower than the spin)
+    # goes the full path, which the envelope joins as if progress had
+    # taken it in.
 
     def _core_program(self, rank: int, receiving: bool):
         """The core's program for an envelope to or from group rank ``rank``
