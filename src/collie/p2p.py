@@ -89,15 +89,15 @@ class _CoreP2P:
     def program(self, peer: int, nbytes: int, receiving: bool, blocking: bool):
         """The core's program for one such message (None: the core can't).
         A blocking one's receive spins as the Network's waits do; the
-        others look once."""
-        key = (peer, nbytes, receiving, blocking)
+        others look once. (A one-slot send never waits: one program.)"""
+        key = (peer, nbytes, receiving, blocking and receiving)
         found = self.programs.get(key, False)
         if found is False:
             net = self.network
             if len(self.programs) >= _PROGRAMS:  # sizes can be many: bounded
                 self.programs.clear()
             found = self.programs[key] = core.p2p_program(net, peer, nbytes, receiving,
-                                                          net.spin_seconds if blocking else 0.0)
+                                                          net.spin_seconds if key[3] else 0.0)
         return found
 
     def post(self, peer: Optional[int]) -> None:
@@ -115,6 +115,28 @@ def _state(network) -> _CoreP2P:
     if state is None:
         state = network.p2p = _CoreP2P(network)
     return state
+
+
+def core_program(network, peer: int, nbytes: int, receiving: bool, blocking: bool):
+    """The core's program for one message to or from global rank ``peer``
+    on ``network`` (see _CoreP2P.program): the MPI layer's envelopes take
+    them too."""
+    state = network.p2p
+    if state is not None:  # the hot path: one made before
+        found = state.programs.get((peer, nbytes, receiving, blocking and receiving), False)
+        if found is not False:
+            return found
+    return _state(network).program(peer, nbytes, receiving, blocking)
+
+
+def core_run(network, program, buf, tag: int) -> bool:
+    """Run a one-message core program on ``buf`` with ``tag``, under the
+    network's lock, where nothing broke: True once the message went into
+    the peer's ring (a send) or came out of ours (a receive)."""
+    if network._abort is not None or network._lost:
+        return False
+    with network.lock:
+        return program.run((buf,), 0, tag, 0)[0] == 1
 
 
 _TAG_SHIFT = TAG_BITS + 1  # a p2p tag is (context << _TAG_SHIFT) | tag, as ProcessGroup.p2p_tag
@@ -152,14 +174,9 @@ def _core_send(g: ProcessGroup, peer: int, arr: np.ndarray, tag: int) -> bool:
     """Send through the core: True once it is in the peer's ring (a
     one-slot message is then sent), False where the core did not post it
     (the full path does)."""
-    net = g.network
-    state = net.p2p or _state(net)
-    program = state.program(peer, arr.nbytes, False, False)
-    if program is None or net._abort is not None or net._lost:
+    program = core_program(g.network, peer, arr.nbytes, False, False)
+    if program is None or not core_run(g.network, program, arr, (g.context << _TAG_SHIFT) | tag):
         return False
-    with net.lock:
-        if not program.run((arr,), 0, (g.context << _TAG_SHIFT) | tag, 0)[2]:
-            return False
     g.p2p_ops += 1
     return True
 
@@ -191,15 +208,14 @@ class _DeferredRecv(Work):
             state = self._state
             if state is None:  # another thread's call handed it over meanwhile
                 return False
+            arr = self._keep
+            program = self._program if blocking else state.program(self.peer, arr.nbytes, True, False)
             deferred = state.deferred
-            if (deferred[0] is self or next(d for d in deferred if d is self or d.peer == self.peer) is self) \
-                    and net._abort is None and not net._lost:
-                arr = self._keep
-                program = self._program if blocking else state.program(self.peer, arr.nbytes, True, False)
-                if program.run((arr,), 0, self._tag, 0)[0]:
-                    deferred.remove(self)
-                    self._state, self._finished, self._keep, self._result = None, True, None, self.peer
-                    return True
+            first = deferred[0] is self or next(d for d in deferred if d is self or d.peer == self.peer) is self
+            if first and core_run(net, program, arr, self._tag):
+                deferred.remove(self)
+                self._state, self._finished, self._keep, self._result = None, True, None, self.peer
+                return True
             state.post(self.peer)
         return False
 
@@ -254,10 +270,9 @@ def irecv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = Non
     on = _on_core(tensor, src, group_src, group, tag, True)
     if on is not None:
         g, peer, arr = on
-        state = g.network.p2p or _state(g.network)
-        program = state.program(peer, arr.nbytes, True, True)
+        program = core_program(g.network, peer, arr.nbytes, True, True)
         if program is not None:
-            return _DeferredRecv(g, peer, arr, tag, state, program)
+            return _DeferredRecv(g, peer, arr, tag, g.network.p2p, program)
     g, peer, buf, req = _post_recv(tensor, src, group, tag, group_src, "irecv")
 
     def done():
@@ -289,15 +304,11 @@ def recv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None
     on = _on_core(tensor, src, group_src, group, tag, True)
     if on is not None:
         g, peer, arr = on
-        net = g.network
-        state = net.p2p or _state(net)
-        program = state.program(peer, arr.nbytes, True, True)
-        if program is not None and net._abort is None and not net._lost \
-                and not (state.deferred and any(d.peer == peer for d in state.deferred)):
-            with net.lock:
-                if program.run((arr,), 0, (g.context << _TAG_SHIFT) | tag, 0)[0]:
-                    g.p2p_ops += 1
-                    return peer
+        program = core_program(g.network, peer, arr.nbytes, True, True)
+        if program is not None and not any(d.peer == peer for d in g.network.p2p.deferred) \
+                and core_run(g.network, program, arr, (g.context << _TAG_SHIFT) | tag):
+            g.p2p_ops += 1
+            return peer
     g, peer, buf, req = _post_recv(tensor, src, group, tag, group_src, "recv")
     g.network.wait((req,), timeout=g.timeout, describe=_describe(g, "receive from", peer, tag))
     buf.finish()

@@ -7,7 +7,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...arrays import ReadOnlyError, to_numpy  # DLPack producers are read as mpi4py reads them
+from ...arrays import ReadOnlyError, byte_view, to_numpy  # DLPack producers are read as mpi4py reads them
 from ...group import ProcessGroup
 from . import typemap
 from .constants import BOTTOM, IN_PLACE
@@ -33,6 +33,21 @@ def _pair(value, what: str):
     if len(value) != 2:
         raise ValueError(f"{what}: expected (count, displacement), got {value!r}")
     return value[0], value[1]
+
+
+def _bare_bytes(buf, writable: bool) -> Optional[memoryview]:
+    """The bytes of ``buf`` where it is a bare NumPy array that _Buf would
+    take whole as it is (its first branch, with _plain's checks passing):
+    C-contiguous, in this machine's byte order, no objects (and writable,
+    to receive into). What the compiled core's path sends or receives into;
+    else None: buffer specs and the rest go through _Buf, which also
+    explains what is wrong."""
+    if buf.__class__ is not np.ndarray:
+        return None
+    flags, dtype = buf.flags, buf.dtype
+    if not flags.c_contiguous or (writable and not flags.writeable) or dtype.hasobject or not dtype.isnative:
+        return None
+    return byte_view(buf)
 
 
 class _Buf:

@@ -25,7 +25,8 @@ from .group import Group
 from .attributes import _Attributed
 from .info import Info
 from ...group import ProcessGroup
-from .buffers import _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work, to_numpy
+from .buffers import (_bare_bytes, _Buf, _check_same, _count, _only_root, _pack, _store, _u8, _unpack, _work,
+                      to_numpy)
 from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN_PLACE, IO, KEYVAL_INVALID,
                         LASTUSEDCODE, PROC_NULL, TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
 from .op import SUM, Op, _buffer_op, _py_op
@@ -40,19 +41,6 @@ __all__ = ["Comm", "Intracomm", "COMM_NULL"]
 
 
 # ---- communicators ----
-
-def _plain_bytes(buf, writable: bool) -> Optional[memoryview]:
-    """The bytes of ``buf`` where it is a bare NumPy array that _Buf would
-    take whole as it is: C-contiguous, in this machine's byte order, no
-    objects (and writable, to receive into). Else None: buffer specs and
-    the rest go through _Buf, which also explains what is wrong."""
-    if buf.__class__ is not np.ndarray:
-        return None
-    flags, dtype = buf.flags, buf.dtype
-    if not flags.c_contiguous or (writable and not flags.writeable) or dtype.hasobject or not dtype.isnative:
-        return None
-    return byte_view(buf)
-
 
 def _rank_arg(value, size: int, what: str, allowed=()) -> int:
     try:
@@ -667,14 +655,18 @@ class Comm(_Handled, _Attributed):
             return None
         return m
 
+    def _core_sent(self, data: memoryview, dest, tag) -> bool:
+        """Whether the compiled core sent ``data`` (then the send is complete)."""
+        m = self._core_p2p(dest, tag, False)
+        return m is not None and m.core_send(data, dest, tag)
+
     def Send(self, buf, dest: int, tag: int = 0) -> None:
         """Send a buffer; returns once the buffer may be reused."""
-        data = _plain_bytes(buf, False)
-        if data is not None:
-            m = self._core_p2p(dest, tag, False)
-            if m is not None and m.core_send(data, dest, tag):
-                return
-        self.Isend(buf, dest, tag).Wait()
+        data = _bare_bytes(buf, False)
+        if data is None:
+            self.Isend(buf, dest, tag).Wait()
+        elif not self._core_sent(data, dest, tag):
+            self._send(data, dest, tag, "Send").Wait()
 
     Bsend = Send
     Rsend = Send
@@ -686,10 +678,9 @@ class Comm(_Handled, _Attributed):
     def Isend(self, buf, dest: int, tag: int = 0, *, _sync: bool = False) -> Request:
         if dest == PROC_NULL:
             return _done_request()
-        data = _plain_bytes(buf, False)
+        data = _bare_bytes(buf, False)
         if data is not None:  # a bare array: no buffer spec to read
-            m = None if _sync else self._core_p2p(dest, tag, False)
-            if m is not None and m.core_send(data, dest, tag):
+            if not _sync and self._core_sent(data, dest, tag):
                 return _done_request()  # sent already: the buffer is free
             return self._send(data, dest, tag, "Send", sync=_sync)
         b = _Buf(buf, "Isend buf", writable=False, empty_ok=True)
@@ -703,19 +694,21 @@ class Comm(_Handled, _Attributed):
 
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Receive into a buffer at least as large as the message."""
-        dst = _plain_bytes(buf, True)
-        if dst is not None:
-            m = self._core_p2p(source, tag, True)
-            got = m.core_recv(dst, source, tag) if m is not None else None
-            if got is not None:
-                _fill(status, got[0])
-                return
-        self.Irecv(buf, source, tag).Wait(status)
+        dst = _bare_bytes(buf, True)
+        if dst is None:
+            self.Irecv(buf, source, tag).Wait(status)
+            return
+        m = self._core_p2p(source, tag, True)
+        got = m.core_recv(dst, source, tag) if m is not None else None
+        if got is None:
+            self._recv(dst, source, tag, "Recv").Wait(status)
+        else:
+            _fill(status, got[0])
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         if source == PROC_NULL:
             return self._recv(None, source, tag, "Recv")
-        dst = _plain_bytes(buf, True)
+        dst = _bare_bytes(buf, True)
         if dst is not None:  # a bare array: no buffer spec to read, nothing to copy back
             return self._recv(dst, source, tag, "Recv")
         b = _Buf(buf, "Recv buf", writable=True, empty_ok=True)
@@ -724,14 +717,13 @@ class Comm(_Handled, _Attributed):
     def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Send and receive at once: no ordering of the two can deadlock."""
-        data = _plain_bytes(sendbuf, False)
-        if data is not None:
-            m = self._core_p2p(dest, sendtag, False)
-            if m is not None and m.core_send(data, dest, sendtag):  # sent already: the receive may block
-                self.Recv(recvbuf, source, recvtag, status)
-                return
+        data = _bare_bytes(sendbuf, False)
+        if data is not None and self._core_sent(data, dest, sendtag):  # sent already: the receive may block
+            self.Recv(recvbuf, source, recvtag, status)
+            return
         rreq = self.Irecv(recvbuf, source, recvtag)
-        sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag))
+        sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag) if data is None
+                          else self._send(data, dest, sendtag, "Send"))
         Request.Waitall([rreq, sreq], [status, None])
 
     def Send_init(self, buf, dest: int, tag: int = 0) -> Prequest:
@@ -805,8 +797,7 @@ class Comm(_Handled, _Attributed):
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
         data = memoryview(b"" if dest == PROC_NULL else _pickle.dumps(obj))
-        m = self._core_p2p(dest, tag, False)
-        if m is None or not m.core_send(data, dest, tag):
+        if not self._core_sent(data, dest, tag):
             self._send(data, dest, tag, "send").Wait()
 
     bsend = send
@@ -842,8 +833,7 @@ class Comm(_Handled, _Attributed):
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
         data = memoryview(b"" if dest == PROC_NULL else _pickle.dumps(sendobj))
-        m = self._core_p2p(dest, sendtag, False)
-        if m is not None and m.core_send(data, dest, sendtag):
+        if self._core_sent(data, dest, sendtag):
             return self.recv(None, source, recvtag, status)  # sent already: the receive may block
         rreq = self.irecv(recvbuf, source, recvtag)
         sreq = _or_cancel(rreq, lambda: self._send(data, dest, sendtag, "send"))

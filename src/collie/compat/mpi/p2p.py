@@ -10,6 +10,7 @@ import numpy as np
 from ... import core
 from ... import group as _group
 from ...arrays import byte_view
+from ...p2p import core_program, core_run
 from ...errors import CollieError
 from ...group import ProcessGroup
 from .constants import ANY_SOURCE, ANY_TAG, _ACK_TAG, _ENVELOPE_TAG, _PAYLOAD_TAG
@@ -89,7 +90,6 @@ class _Matcher:
         self.next_sync = 1
         self.acks_in: dict[int, tuple] = {}    # group rank -> (ack array, its receive)
         self.acks_out: list = []               # (ack array, its send) still in flight
-        self.core_programs: dict = {}          # (group rank, receiving) -> the core's envelope program
         self.envelope_out = np.zeros(ENVELOPE_WORDS, dtype=np.int64)  # the core's path fills these
         self.envelope_in = np.zeros(ENVELOPE_WORDS, dtype=np.int64)
         self.envelope_out_bytes, self.envelope_in_bytes = byte_view(self.envelope_out), byte_view(self.envelope_in)
@@ -107,17 +107,11 @@ class _Matcher:
 
     def _core_program(self, rank: int, receiving: bool):
         """The core's program for an envelope to or from group rank ``rank``
-        (None: the core can't), where the world is alive and unbroken."""
+        (None: the core can't), where the world is alive."""
         w, net = _group._world, self.network
-        if w is None or w.network is not net or net._abort is not None or net._lost \
-                or core.EXECUTE is not core.execute:
+        if w is None or w.network is not net or core.EXECUTE is not core.execute:
             return None
-        key = (rank, receiving)
-        found = self.core_programs.get(key, False)
-        if found is False:
-            found = self.core_programs[key] = core.p2p_program(
-                net, self.group.ranks[rank], 8 * ENVELOPE_WORDS, receiving, net.spin_seconds)
-        return found
+        return core_program(net, self.group.ranks[rank], 8 * ENVELOPE_WORDS, receiving, True)
 
     def core_send(self, data: memoryview, dest: int, tag: int) -> bool:
         """A blocking standard send of ``data`` (bytes) to another rank by
@@ -133,7 +127,7 @@ class _Matcher:
             head[0], head[1], head[2] = tag, nbytes, 0
             if nbytes:
                 self.envelope_out_bytes[_HEAD_BYTES:_HEAD_BYTES + nbytes] = data
-            return bool(program.run((head,), 0, self.etag, 0)[2])
+            return core_run(self.network, program, head, self.etag)
 
     def core_recv(self, dst: Optional[memoryview], source: int, tag: int) -> Optional[tuple]:
         """A blocking receive from ``source`` into ``dst`` (bytes; None: an
@@ -148,7 +142,7 @@ class _Matcher:
             return None
         head = self.envelope_in
         with self.network.lock:  # the envelope is this communicator's, for any thread
-            if not program.run((head,), 0, self.etag, 0)[0]:
+            if not core_run(self.network, program, head, self.etag):
                 return None
             got, nbytes, sync = head[:3].tolist()
             wanted = got == tag or (tag == ANY_TAG and got >= 0)
@@ -174,7 +168,7 @@ class _Matcher:
             return False
         head = self.envelope_in
         with self.network.lock:
-            if not program.run((head,), 0, self.etag, 0)[0]:
+            if not core_run(self.network, program, head, self.etag):
                 return False
             self._envelope(source, head)
         return True
