@@ -89,7 +89,8 @@ class _CoreP2P:
     def program(self, peer: int, nbytes: int, receiving: bool, blocking: bool):
         """The core's program for one such message (None: the core can't).
         A blocking one's receive spins as the Network's waits do; the
-        others look once. (A one-slot send never waits: one program.)"""
+        others look once. (A one-slot send never waits: its ``blocking``
+        is False.)"""
         key = (peer, nbytes, receiving, blocking and receiving)
         found = self.programs.get(key, False)
         if found is False:
@@ -119,11 +120,11 @@ def _state(network) -> _CoreP2P:
 
 def core_program(network, peer: int, nbytes: int, receiving: bool, blocking: bool):
     """The core's program for one message to or from global rank ``peer``
-    on ``network`` (see _CoreP2P.program): the MPI layer's envelopes take
-    them too."""
+    on ``network`` (see _CoreP2P.program; a send's ``blocking`` is False):
+    the MPI layer's envelopes take them too."""
     state = network.p2p
     if state is not None:  # the hot path: one made before
-        found = state.programs.get((peer, nbytes, receiving, blocking and receiving), False)
+        found = state.programs.get((peer, nbytes, receiving, blocking), False)
         if found is not False:
             return found
     return _state(network).program(peer, nbytes, receiving, blocking)

@@ -10,7 +10,7 @@ import numpy as np
 from ... import core
 from ... import group as _group
 from ...arrays import byte_view
-from ...p2p import core_program, core_run
+from ...p2p import core_program
 from ...errors import CollieError
 from ...group import ProcessGroup
 from .constants import ANY_SOURCE, ANY_TAG, _ACK_TAG, _ENVELOPE_TAG, _PAYLOAD_TAG
@@ -90,6 +90,7 @@ class _Matcher:
         self.next_sync = 1
         self.acks_in: dict[int, tuple] = {}    # group rank -> (ack array, its receive)
         self.acks_out: list = []               # (ack array, its send) still in flight
+        self.core_programs: dict = {}  # (group rank, receiving) -> core_program's for its envelopes
         self.envelope_out = np.zeros(ENVELOPE_WORDS, dtype=np.int64)  # the core's path fills these
         self.envelope_in = np.zeros(ENVELOPE_WORDS, dtype=np.int64)
         self.envelope_out_bytes, self.envelope_in_bytes = byte_view(self.envelope_out), byte_view(self.envelope_in)
@@ -107,11 +108,18 @@ class _Matcher:
 
     def _core_program(self, rank: int, receiving: bool):
         """The core's program for an envelope to or from group rank ``rank``
-        (None: the core can't), where the world is alive."""
+        (None: the core can't), where the world is alive and nothing broke
+        (collie.p2p.core_run's rule: the callers run it under the lock they
+        hold for the envelope)."""
         w, net = _group._world, self.network
-        if w is None or w.network is not net or core.EXECUTE is not core.execute:
+        if w is None or w.network is not net or net._abort is not None or net._lost \
+                or core.EXECUTE is not core.execute:
             return None
-        return core_program(net, self.group.ranks[rank], 8 * ENVELOPE_WORDS, receiving, True)
+        found = self.core_programs.get((rank, receiving), False)
+        if found is False:
+            found = self.core_programs[rank, receiving] = core_program(
+                net, self.group.ranks[rank], 8 * ENVELOPE_WORDS, receiving, receiving)
+        return found
 
     def core_send(self, data: memoryview, dest: int, tag: int) -> bool:
         """A blocking standard send of ``data`` (bytes) to another rank by
@@ -127,7 +135,7 @@ class _Matcher:
             head[0], head[1], head[2] = tag, nbytes, 0
             if nbytes:
                 self.envelope_out_bytes[_HEAD_BYTES:_HEAD_BYTES + nbytes] = data
-            return core_run(self.network, program, head, self.etag)
+            return program.run((head,), 0, self.etag, 0)[0] == 1
 
     def core_recv(self, dst: Optional[memoryview], source: int, tag: int) -> Optional[tuple]:
         """A blocking receive from ``source`` into ``dst`` (bytes; None: an
@@ -142,7 +150,7 @@ class _Matcher:
             return None
         head = self.envelope_in
         with self.network.lock:  # the envelope is this communicator's, for any thread
-            if not core_run(self.network, program, head, self.etag):
+            if not program.run((head,), 0, self.etag, 0)[0]:
                 return None
             got, nbytes, sync = head[:3].tolist()
             wanted = got == tag or (tag == ANY_TAG and got >= 0)
@@ -168,7 +176,7 @@ class _Matcher:
             return False
         head = self.envelope_in
         with self.network.lock:
-            if not core_run(self.network, program, head, self.etag):
+            if not program.run((head,), 0, self.etag, 0)[0]:
                 return False
             self._envelope(source, head)
         return True
