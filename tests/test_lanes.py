@@ -56,6 +56,7 @@ def _repeated_body(rank, size, sizes):
                 collie.broadcast(z, src=src)
                 if not np.array_equal(z, _data(src, call, n, dtype)):
                     wrong.append(("broadcast", n, dtype.__name__, call))
+                collie.barrier()
     lanes = group.world().group.lanes
     return wrong, sorted({key[0] for key, lane in lanes.items() if lane is not None})
 
@@ -70,7 +71,7 @@ def test_repeated_calls_give_numpy_results(executor, size, backend, sizes):
     for wrong, laned in run_ranks(_repeated_body, size, sizes, backend=backend, timeout=200):
         assert wrong == []
         if executor == "c":  # the calls did take lanes
-            assert laned == ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
+            assert laned == ["all_gather", "all_reduce", "all_to_all", "barrier", "broadcast", "reduce_scatter"]
         else:
             assert laned == []
 
@@ -108,9 +109,13 @@ def _roots_body(rank, size):
 
 def _glance_body(rank, size):
     import collie
-    from collie.wire import COLLECTIVE_BIT, CONTEXT_SHIFT
+    from collie import core
+    from collie.wire import COLLECTIVE_BIT, CONTEXT_SHIFT, MAX_TAG
     net = collie.group.world().network
-    shm = net.shm
+    glance = core.glance(net, [1 - rank])
+
+    def nothing_stale(tag):
+        return glance.nothing_stale(tag, MAX_TAG)
 
     def tag(context, seq):
         return context << CONTEXT_SHIFT | COLLECTIVE_BIT | seq
@@ -121,13 +126,13 @@ def _glance_body(rank, size):
         time.sleep(1.0)
     else:
         time.sleep(0.3)  # no receive posted meanwhile: the message stays at the ring's head
-        seen += [shm.nothing_stale([1], tag(7, 4)),   # the next call's data: nothing to sweep
-                 shm.nothing_stale([1], tag(7, 5)),   # data of the call just finished: stale
-                 shm.nothing_stale([1], tag(7, 6)),   # of an earlier call: stale
-                 shm.nothing_stale([1], tag(8, 4))]   # another group's: a closer look
+        seen += [nothing_stale(tag(7, 4)),   # the next call's data: nothing to sweep
+                 nothing_stale(tag(7, 5)),   # data of the call just finished: stale
+                 nothing_stale(tag(7, 6)),   # of an earlier call: stale
+                 nothing_stale(tag(8, 4))]   # another group's: a closer look
         got = bytearray(4)
         net.wait([net.irecv(1, tag(7, 5), memoryview(got))])
-        seen += [bytes(got), shm.nothing_stale([1], tag(7, 5))]  # taken: the ring is empty
+        seen += [bytes(got), nothing_stale(tag(7, 5))]  # taken: the ring is empty
     collie.barrier()
     return seen
 
@@ -166,6 +171,57 @@ def test_a_dead_peer_inside_a_lane_is_named(executor):
                     init_kwargs={"timeout": timedelta(seconds=20)})
     kind, text = got[0]
     assert kind == "PeerError" and "rank 1" in text, got[0]
+
+
+def _barrier_body(rank, size):
+    import collie
+    from collie import group
+    late, left = [], []
+    for i in range(3 * size):
+        if i % size == rank:  # this rank comes late to barrier i
+            time.sleep(0.05)
+            late.append((i, time.time()))
+        collie.barrier()
+        left.append((i, time.time()))
+    return late, left, [key for key, lane in group.world().group.lanes.items() if key[0] == "barrier" and lane]
+
+
+def test_barriers_in_their_lane_wait_for_the_last_rank(executor):
+    """Each rank in turn comes 50 ms late: no rank may leave that barrier
+    before the late one arrived (the same clock: one host)."""
+    got = run_ranks(_barrier_body, 3, timeout=60)
+    arrived = dict(pair for late, _, _ in got for pair in late)
+    for _, left, lanes in got:
+        assert all(t >= arrived[i] for i, t in left), (left, arrived)
+        assert lanes == ([("barrier", None)] if executor == "c" else [])
+
+
+def _barrier_breaks_body(rank, size, how):
+    import os
+
+    import collie
+    for _ in range(5):
+        collie.barrier()  # a lane from the second call on
+    try:
+        if how == "dead" and rank == 1:
+            os._exit(0)
+        if how == "mismatch" and rank == 1:
+            collie.all_reduce(np.ones(4, np.float32))
+        else:
+            collie.barrier()
+    except collie.CollieError as exc:
+        return type(exc).__name__, str(exc)
+    return "no error", ""
+
+
+@pytest.mark.parametrize("how,error", [("mismatch", "MismatchError"), ("dead", "PeerError")])
+def test_a_barrier_lane_reports_a_mismatch_or_a_dead_peer(executor, how, error):
+    from datetime import timedelta
+    got = run_ranks(_barrier_breaks_body, 2, how, timeout=60, expect_errors=how == "dead",
+                    init_kwargs={"timeout": timedelta(seconds=20)})
+    for kind, text in got[:1] if how == "dead" else got:
+        assert kind == error, (kind, text)
+        assert ("rank 1" in text) if how == "dead" else ("barrier" in text and "all_reduce" in text), text
 
 
 def _async_then_blocking_body(rank, size):

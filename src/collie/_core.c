@@ -198,6 +198,15 @@ static PyObject *py_combine(PyObject *self, PyObject *args) {
 
 /* ------------------------------------------------------------------ rings */
 
+/* Letting the GIL go and taking it back costs about as much as a small
+ * call's whole exchange with a peer that is already there, so a run of a
+ * small program keeps it while it waits, for at most GIL_HOLD seconds, and
+ * lets it go only for longer waits (and for the whole of a larger run, whose
+ * copies and reductions other threads should not wait on). */
+#define SMALL_BYTES (64 * 1024)
+#define GIL_HOLD 20e-6
+typedef struct { PyThreadState *saved; int hold; } gil_t;
+
 #define LINE 64
 #define RDV (-1)
 #define ACKS 64             /* acknowledgement words per ring (ring.ACKS) */
@@ -223,6 +232,7 @@ typedef struct {
     sem_t *bell;            /* its doorbell */
     int64_t *sleepers;      /* its sleepers word */
     PyObject *out_obj, *in_obj;  /* ring.Out and ring.In: the Python ends' books */
+    PyObject *out_dict, *in_dict;  /* their __dict__s, read directly on every run (rings_free) */
     int pid;                /* its process, for single-copy reads (0: none) */
     int64_t cma_bytes;      /* our sends to it of at least this size go single copy (Out.cma_bytes) */
     int64_t next_id;        /* the last rendezvous id used (Out.next_id) */
@@ -355,12 +365,14 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     int nbufs, nsteps, npeers, dtype, op, itemsize, crowded, maxsend;
+    int small;              /* it moves few bytes: a run keeps the GIL while it is short (see gil_t) */
     double spin;            /* seconds a receive spins before Python takes over */
     int64_t *need;          /* bytes each buffer must have */
     char *writes;           /* whether the program writes each buffer */
     step_t *steps;
     peer_t *peers;
     PyObject *transport;    /* the ShmTransport (None without shm peers) */
+    PyObject *transport_dict;  /* its __dict__ (NULL without shm peers) */
     int64_t passes;         /* passes of the receive loops so far (see peer_t.behind) */
     int64_t *rids;          /* the step's single-copy sends in flight: rids[j] for send j (0: none) */
 } CoreProgram;
@@ -378,6 +390,8 @@ static void program_dealloc(CoreProgram *self) {
         for (int i = 0; i < self->npeers; i++) {
             Py_XDECREF(self->peers[i].out_obj);
             Py_XDECREF(self->peers[i].in_obj);
+            Py_XDECREF(self->peers[i].out_dict);
+            Py_XDECREF(self->peers[i].in_dict);
         }
         PyMem_Free(self->peers);
     }
@@ -385,6 +399,7 @@ static void program_dealloc(CoreProgram *self) {
     PyMem_Free(self->writes);
     PyMem_Free(self->rids);
     Py_XDECREF(self->transport);
+    Py_XDECREF(self->transport_dict);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -447,6 +462,10 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->spin = spin;
     self->crowded = crowded;
     self->transport = Py_NewRef(transport);
+    if (transport != Py_None && !(self->transport_dict = PyObject_GenericGetDict(transport, NULL))) {
+        Py_DECREF(self);
+        return NULL;
+    }
     self->nbufs = (int)PySequence_Size(need);
     self->need = PyMem_Calloc(self->nbufs + 1, sizeof(int64_t));
     self->writes = PyMem_Calloc(self->nbufs + 1, 1);
@@ -477,6 +496,8 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             }
             Py_INCREF(p->out_obj);
             Py_INCREF(p->in_obj);
+            if (!(p->out_dict = PyObject_GenericGetDict(p->out_obj, NULL))
+                || !(p->in_dict = PyObject_GenericGetDict(p->in_obj, NULL))) { Py_DECREF(t); goto fail; }
             p->bell = (sem_t *)(uintptr_t)bell;
             p->sleepers = (int64_t *)(uintptr_t)(bell + 64);
             p->cma_bytes = cma_bytes > 0 && p->pid ? cma_bytes : INT64_MAX;
@@ -523,6 +544,14 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         for (int j = 0; j < s->nrecv; j++)
             if (s->recv[j].reduce && op < 0) { PyErr_SetString(PyExc_ValueError, "a reduction needs an op"); goto fail; }
     }
+    int64_t moved = 0;
+    for (int i = 0; i < self->nsteps; i++) {
+        step_t *s = &self->steps[i];
+        for (int j = 0; j < s->nlocal; j++) moved += s->local[j].nbytes;
+        for (int j = 0; j < s->nsend; j++) moved += s->send[j].nbytes;
+        for (int j = 0; j < s->nrecv; j++) moved += s->recv[j].nbytes;
+    }
+    self->small = moved <= SMALL_BYTES;
     self->rids = PyMem_Calloc(self->maxsend + 1, sizeof(int64_t));
     if (!self->rids) goto fail;
     return (PyObject *)self;
@@ -535,12 +564,14 @@ fail:
  * below run on every call, and a name made from a C string each time cost
  * a good part of a small call. */
 enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN,
-       N_UNEXPECTED, N_HEAD, N_TAIL, N_NEXT_ID, NNAMES };
+       N_UNEXPECTED, N_HEAD, N_TAIL, N_NEXT_ID, N_SEQ, N_ABORT, N_LOST, N_TRACE, N_LOCK, N_DONE, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
-                                           "tail", "next_id"};
+                                           "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
+                                           "done"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
+static PyObject *zero;         /* the int 0: a finished call's network.current */
 
 static int attr_is(PyObject *obj, int name, PyObject *value) {
     PyObject *v = PyObject_GetAttr(obj, names[name]);
@@ -550,30 +581,43 @@ static int attr_is(PyObject *obj, int name, PyObject *value) {
     return same;
 }
 
-static int attr_empty(PyObject *obj, int name) {
-    PyObject *v = PyObject_GetAttr(obj, names[name]);
+/* Attribute ``name`` of ``obj`` whose __dict__ is ``dict``, borrowed: the
+ * checks below run on every call, and a look in the dict costs a fraction of
+ * PyObject_GetAttr's (these classes have no properties or slots). */
+static PyObject *dict_attr(PyObject *dict, PyObject *obj, int name) {
+    PyObject *v = PyDict_GetItemWithError(dict, names[name]);
+    if (!v && !PyErr_Occurred()) PyErr_Format(PyExc_AttributeError, "%R has no attribute %R", obj, names[name]);
+    return v;
+}
+
+static int dict_is(PyObject *dict, PyObject *obj, int name, PyObject *value) {
+    PyObject *v = dict_attr(dict, obj, name);
+    return v ? v == value : -1;
+}
+
+static int dict_empty(PyObject *dict, PyObject *obj, int name) {
+    PyObject *v = dict_attr(dict, obj, name);
     if (!v) return -1;
-    int empty = !PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return empty;
+    int full = PyObject_IsTrue(v);
+    return full < 0 ? -1 : !full;
 }
 
 /* Whether the Python end of every shm ring has nothing in flight, so that
  * this core may use the rings directly: -1 on error, 0 no, 1 yes. */
 static int rings_free(CoreProgram *self) {
     if (self->transport == Py_None) return 1;
-    int ok = attr_is(self->transport, N_CLOSED, Py_False);
-    if (ok == 1) ok = attr_is(self->transport, N_STASH, Py_False);
+    int ok = dict_is(self->transport_dict, self->transport, N_CLOSED, Py_False);
+    if (ok == 1) ok = dict_is(self->transport_dict, self->transport, N_STASH, Py_False);
     for (int i = 0; ok == 1 && i < self->npeers; i++) {
         peer_t *p = &self->peers[i];
         if (!p->shm) continue;
         static const int out_empty[] = {N_QUEUE, N_PENDING, -1};
         static const int in_empty[] = {N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN, N_UNEXPECTED, -1};
-        ok = attr_is(p->out_obj, N_ERROR, Py_None);
-        if (ok == 1) ok = attr_is(p->in_obj, N_ERROR, Py_None);
-        if (ok == 1) ok = attr_is(p->in_obj, N_CURRENT, Py_None);
-        for (int j = 0; ok == 1 && out_empty[j] >= 0; j++) ok = attr_empty(p->out_obj, out_empty[j]);
-        for (int j = 0; ok == 1 && in_empty[j] >= 0; j++) ok = attr_empty(p->in_obj, in_empty[j]);
+        ok = dict_is(p->out_dict, p->out_obj, N_ERROR, Py_None);
+        if (ok == 1) ok = dict_is(p->in_dict, p->in_obj, N_ERROR, Py_None);
+        if (ok == 1) ok = dict_is(p->in_dict, p->in_obj, N_CURRENT, Py_None);
+        for (int j = 0; ok == 1 && out_empty[j] >= 0; j++) ok = dict_empty(p->out_dict, p->out_obj, out_empty[j]);
+        for (int j = 0; ok == 1 && in_empty[j] >= 0; j++) ok = dict_empty(p->in_dict, p->in_obj, in_empty[j]);
     }
     return ok;
 }
@@ -587,21 +631,21 @@ static int update_books(CoreProgram *self) {
         if (head != p->head0) {
             PyObject *v = PyLong_FromLongLong(head);
             PyObject *seen = PyLong_FromLongLong(__atomic_load_n(p->out.tail, __ATOMIC_ACQUIRE));
-            int bad = !v || !seen || PyObject_SetAttr(p->out_obj, names[N_HEAD], v)
-                      || PyObject_SetAttr(p->out_obj, names[N_TAIL], seen);
+            int bad = !v || !seen || PyDict_SetItem(p->out_dict, names[N_HEAD], v)
+                      || PyDict_SetItem(p->out_dict, names[N_TAIL], seen);
             Py_XDECREF(v);
             Py_XDECREF(seen);
             if (bad) return -1;
         }
         if (tail != p->tail0) {
             PyObject *v = PyLong_FromLongLong(tail);
-            int bad = !v || PyObject_SetAttr(p->in_obj, names[N_TAIL], v);
+            int bad = !v || PyDict_SetItem(p->in_dict, names[N_TAIL], v);
             Py_XDECREF(v);
             if (bad) return -1;
         }
         if (p->next_id != p->next_id0) {
             PyObject *v = PyLong_FromLongLong(p->next_id);
-            int bad = !v || PyObject_SetAttr(p->out_obj, names[N_NEXT_ID], v);
+            int bad = !v || PyDict_SetItem(p->out_dict, names[N_NEXT_ID], v);
             Py_XDECREF(v);
             if (bad) return -1;
         }
@@ -667,7 +711,7 @@ static __thread double thread_spin = -1;
  * start and end (seconds since the epoch, as time.time()) go to
  * times[2i] and times[2i + 1]: what a trace records. */
 static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag, uint64_t meta,
-                     int *locals_done, uint64_t *mask, double *times) {
+                     int *locals_done, uint64_t *mask, double *times, gil_t *gil) {
     double spin = thread_spin >= 0 && thread_spin < self->spin ? thread_spin : self->spin;
     int crowded = self->crowded;
     kernel_t kernel = self->op >= 0 ? kernels[self->dtype] : NULL;
@@ -735,6 +779,7 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
             double t = now_seconds();
             if (!spun) { deadline = t + spin; spun = 1; }
             else if (t >= deadline) return i;  /* Python sleeps on the doorbell and watches for faults */
+            else if (!gil->saved && t + spin - deadline > GIL_HOLD) gil->saved = PyEval_SaveThread();
             if (crowded) sched_yield();
             else __builtin_ia32_pause();
         }
@@ -744,43 +789,37 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
     return self->nsteps;
 }
 
-/* run(buffers, start, tag, meta[, times]) -> (step, locals_done, mask, inflight):
- * the step it stopped at (len(steps): the call is done); bit j of mask: send
- * j posted, bit nsend + j: receive j done; inflight: the requests of that
- * step's sends still waiting for a reader (see adopt_inflight). ``times``: a
- * writable float64 buffer of 2 x len(steps) for each step's start and end. */
-static PyObject *program_run(CoreProgram *self, PyObject *args) {
-    PyObject *buffers;
-    int start;
-    long long tag;
-    unsigned long long meta;
-    PyObject *times_obj = Py_None;
-    if (!PyArg_ParseTuple(args, "OiLK|O", &buffers, &start, &tag, &meta, &times_obj)) return NULL;
-    if (!PyTuple_Check(buffers) || PyTuple_GET_SIZE(buffers) != self->nbufs) {
-        PyErr_Format(PyExc_ValueError, "run() needs a tuple of %d buffers", self->nbufs);
-        return NULL;
-    }
+/* What one run of the core ended with: see run(). */
+typedef struct { int step, locals_done; uint64_t mask; PyObject *inflight; } outcome_t;
+
+/* Run the program on ``objs`` (its nbufs buffers, in compile()'s order) from
+ * step ``start``: fills *out (a new reference in out->inflight) and returns
+ * 0, or -1 with an exception set. ``times_obj``: None, or a writable
+ * float64 buffer of 2 x nsteps (see run()). */
+static int run_core(CoreProgram *self, PyObject *const *objs, int start, int64_t tag, uint64_t meta,
+                    PyObject *times_obj, outcome_t *out) {
     if (start < 0 || start > self->nsteps) {
         PyErr_SetString(PyExc_ValueError, "run(): no such step");
-        return NULL;
+        return -1;
     }
     int free_ = rings_free(self);
-    if (free_ < 0) return NULL;
-    if (!free_) return Py_BuildValue("iiKO", start, 0, 0ull, no_requests);
+    if (free_ < 0) return -1;
+    if (!free_) {
+        *out = (outcome_t){start, 0, 0, Py_NewRef(no_requests)};
+        return 0;
+    }
     Py_buffer bufs[self->nbufs + 1], times = {0};
-    int got = 0;
-    PyObject *result = NULL;
+    int got = 0, rc = -1;
     if (times_obj != Py_None) {
-        if (PyObject_GetBuffer(times_obj, &times, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+        if (PyObject_GetBuffer(times_obj, &times, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
         if (times.len < (Py_ssize_t)(2 * self->nsteps * sizeof(double))) {
             PyErr_Format(PyExc_ValueError, "run(): times needs %d float64s", 2 * self->nsteps);
             goto done;
         }
     }
     for (; got < self->nbufs; got++) {
-        PyObject *b = PyTuple_GET_ITEM(buffers, got);
-        if (PyObject_GetBuffer(b, &bufs[got], self->writes[got] ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS
-                                                              : PyBUF_C_CONTIGUOUS) < 0) goto done;
+        if (PyObject_GetBuffer(objs[got], &bufs[got], self->writes[got] ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS
+                                                                     : PyBUF_C_CONTIGUOUS) < 0) goto done;
         if (bufs[got].len < self->need[got]) {
             PyErr_Format(PyExc_ValueError, "buffer %d has %zd bytes; the program needs %lld", got,
                          bufs[got].len, (long long)self->need[got]);
@@ -804,24 +843,91 @@ static PyObject *program_run(CoreProgram *self, PyObject *args) {
     memset(self->rids, 0, (self->maxsend + 1) * sizeof(int64_t));
     int locals_done = 0, step;
     uint64_t mask = 0;
-    Py_BEGIN_ALLOW_THREADS  /* the caller holds the network's lock: no Python end moves meanwhile */
-    step = run_steps(self, bufs, start, tag, (uint64_t)meta, &locals_done, &mask, times.buf);
-    Py_END_ALLOW_THREADS
+    /* The caller holds the network's lock: no Python end moves meanwhile.
+     * A thread running asynchronous calls (its own spin bound set) always
+     * lets the GIL go: its process computes beside it. */
+    gil_t gil = {NULL, self->small && thread_spin < 0};
+    if (!gil.hold) gil.saved = PyEval_SaveThread();
+    step = run_steps(self, bufs, start, tag, meta, &locals_done, &mask, times.buf, &gil);
+    if (gil.saved) PyEval_RestoreThread(gil.saved);
     if (update_books(self) == 0) {
         PyObject *inflight = step < self->nsteps ? adopt_inflight(self, bufs, step, tag, meta) : Py_NewRef(no_requests);
         if (inflight) {
-            result = Py_BuildValue("iiKO", step, locals_done, (unsigned long long)mask, inflight);
-            Py_DECREF(inflight);
+            *out = (outcome_t){step, locals_done, mask, inflight};
+            rc = 0;
         }
     }
 done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
     if (times.obj) PyBuffer_Release(&times);
-    return result;
+    return rc;
+}
+
+static PyObject *outcome_tuple(outcome_t *o) {
+    PyObject *t = o->inflight ? Py_BuildValue("iiKO", o->step, o->locals_done, (unsigned long long)o->mask, o->inflight) : NULL;
+    Py_XDECREF(o->inflight);
+    return t;
+}
+
+/* run(buffers, start, tag, meta[, times]) -> (step, locals_done, mask, inflight):
+ * the step it stopped at (len(steps): the call is done); bit j of mask: send
+ * j posted, bit nsend + j: receive j done; inflight: the requests of that
+ * step's sends still waiting for a reader (see adopt_inflight). ``times``: a
+ * writable float64 buffer of 2 x len(steps) for each step's start and end. */
+static PyObject *program_run(CoreProgram *self, PyObject *args) {
+    PyObject *buffers;
+    int start;
+    long long tag;
+    unsigned long long meta;
+    PyObject *times_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OiLK|O", &buffers, &start, &tag, &meta, &times_obj)) return NULL;
+    if (!PyTuple_Check(buffers) || PyTuple_GET_SIZE(buffers) != self->nbufs) {
+        PyErr_Format(PyExc_ValueError, "run() needs a tuple of %d buffers", self->nbufs);
+        return NULL;
+    }
+    outcome_t o;
+    if (run_core(self, ((PyTupleObject *)buffers)->ob_item, start, tag, meta, times_obj, &o) < 0) return NULL;
+    return outcome_tuple(&o);
+}
+
+/* For the peers of ``g`` (all on shared
+ * memory): whether the sweep for stale data at the end of collective ``tag``
+ * would find nothing: no Python end busy or holding messages, and each ring
+ * empty or holding at its head a later call of the same group (the common
+ * end of a repeated rooted call, whose root is already sending the next).
+ * -1 on error, 0 when a closer look is needed, 1 when nothing is stale. */
+static int nothing_stale(CoreProgram *g, int64_t tag, int64_t max_tag) {
+    int64_t call = tag & ~max_tag, seq = tag & max_tag;
+    for (int i = 0; i < g->npeers; i++) {
+        peer_t *p = &g->peers[i];
+        if (!p->shm) return 0;
+        int ok = dict_is(p->in_dict, p->in_obj, N_ERROR, Py_None);
+        if (ok == 1) ok = dict_is(p->in_dict, p->in_obj, N_CURRENT, Py_None);
+        if (ok == 1) ok = dict_empty(p->in_dict, p->in_obj, N_UNEXPECTED);
+        if (ok != 1) return ok;
+        ring_t *r = &p->in;
+        int64_t tail = __atomic_load_n(r->tail, __ATOMIC_RELAXED);
+        if (__atomic_load_n(r->head, __ATOMIC_ACQUIRE) != tail) {
+            int64_t head_tag;
+            memcpy(&head_tag, r->headers + tail % r->slots * LINE, sizeof head_tag);
+            if ((head_tag & ~max_tag) != call || (head_tag & max_tag) <= seq) return 0;
+        }
+    }
+    return 1;
+}
+
+/* nothing_stale(tag, max_tag): see nothing_stale() (a program of no steps, core.glance). */
+static PyObject *program_nothing_stale(CoreProgram *self, PyObject *args) {
+    long long tag, max_tag;
+    if (!PyArg_ParseTuple(args, "LL", &tag, &max_tag)) return NULL;
+    int clean = nothing_stale(self, tag, max_tag);
+    return clean < 0 ? NULL : PyBool_FromLong(clean);
 }
 
 static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)program_run, METH_VARARGS, "Run steps until one needs Python."},
+    {"nothing_stale", (PyCFunction)program_nothing_stale, METH_VARARGS,
+     "nothing_stale(tag, max_tag): whether the peers' rings hold nothing stale once call tag is over."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -834,6 +940,227 @@ static PyTypeObject ProgramType = {
     .tp_new = program_new,
     .tp_dealloc = (destructor)program_dealloc,
     .tp_methods = program_methods,
+};
+
+/* ------------------------------------------------------------------ lanes */
+
+/* A lane: a repeated blocking collective of one shape on one group, run
+ * from its first step to its last without Python (collectives._lane says
+ * when a call may take one). Per call it does what the Python end of a call
+ * would: the group's sequence number, the call's tag as the network's
+ * current one, the core's run under the network's lock, and the books of a
+ * finished call. Anything else (a trace on, an abort or a lost peer, a step
+ * the core hands back) goes to ``slow(seq, resume, *arrays)``, Python's
+ * full path, with ``resume`` None (from the start, as a first call) or the
+ * run's (step, locals_done, mask, inflight). */
+typedef struct {
+    PyObject_HEAD
+    CoreProgram *core;
+    PyObject *group, *network, *acquire, *release, *done, *context, *meta_obj, *module_dict;
+    PyObject *extra;        /* the buffers after the call's arrays: a tuple, or a function giving them */
+    PyObject *slow, *end;   /* end(seq, tag): a rooted call's books (None: the plain ones, here) */
+    PyObject *glance;       /* a rooted call's: a program whose peers are the group's others (see
+                               nothing_stale), or None */
+    int64_t fixed, max_tag;
+    uint64_t meta;
+    int narrays;
+} Lane;
+
+static void lane_dealloc(Lane *self) {
+    Py_XDECREF(self->core);
+    Py_XDECREF(self->group);
+    Py_XDECREF(self->network);
+    Py_XDECREF(self->acquire);
+    Py_XDECREF(self->release);
+    Py_XDECREF(self->done);
+    Py_XDECREF(self->context);
+    Py_XDECREF(self->meta_obj);
+    Py_XDECREF(self->module_dict);
+    Py_XDECREF(self->extra);
+    Py_XDECREF(self->slow);
+    Py_XDECREF(self->end);
+    Py_XDECREF(self->glance);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Lane(program, narrays, group, network, context, fixed, max_tag, meta, extra, slow, end, glance,
+ * module_dict): see collectives._lane. */
+static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *core, *group, *network, *context, *extra, *slow, *end, *glance, *module_dict;
+    int narrays;
+    long long fixed, max_tag;
+    unsigned long long meta;
+    if (!PyArg_ParseTuple(args, "O!iOOOLLKOOOOO!", &ProgramType, &core, &narrays, &group, &network, &context, &fixed,
+                          &max_tag, &meta, &extra, &slow, &end, &glance, &PyDict_Type, &module_dict)) return NULL;
+    if (glance != Py_None && !PyObject_TypeCheck(glance, &ProgramType)) {
+        PyErr_SetString(PyExc_TypeError, "Lane: glance must be a Program or None");
+        return NULL;
+    }
+    int nextra = PyTuple_Check(extra) ? (int)PyTuple_GET_SIZE(extra) : -1;
+    if (narrays < 0 || (nextra >= 0 && narrays + nextra != ((CoreProgram *)core)->nbufs)) {
+        PyErr_SetString(PyExc_ValueError, "Lane: the arrays and extra buffers must be the program's buffers");
+        return NULL;
+    }
+    Lane *self = (Lane *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->core = (CoreProgram *)Py_NewRef(core);
+    self->narrays = narrays;
+    self->group = Py_NewRef(group);
+    self->network = Py_NewRef(network);
+    self->context = Py_NewRef(context);
+    self->fixed = fixed;
+    self->max_tag = max_tag;
+    self->meta = meta;
+    self->extra = Py_NewRef(extra);
+    self->slow = Py_NewRef(slow);
+    self->end = Py_NewRef(end);
+    self->glance = Py_NewRef(glance);
+    self->module_dict = Py_NewRef(module_dict);
+    PyObject *lock = PyObject_GetAttr(network, names[N_LOCK]);
+    if (lock) {
+        self->acquire = PyObject_GetAttrString(lock, "acquire");
+        self->release = PyObject_GetAttrString(lock, "release");
+        Py_DECREF(lock);
+    }
+    self->done = PyObject_GetAttr(network, names[N_DONE]);
+    self->meta_obj = PyLong_FromUnsignedLongLong(meta);
+    if (!self->acquire || !self->release || !self->done || !self->meta_obj) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+/* slow(seq, resume, *arrays); steals ``resume``. */
+static PyObject *lane_slow(Lane *self, PyObject *seq, PyObject *resume, PyObject *args) {
+    if (!resume) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    PyObject *call = PyTuple_New(n + 2);
+    if (!call) { Py_DECREF(resume); return NULL; }
+    PyTuple_SET_ITEM(call, 0, Py_NewRef(seq));
+    PyTuple_SET_ITEM(call, 1, resume);
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(call, i + 2, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+    PyObject *result = PyObject_Call(self->slow, call, NULL);
+    Py_DECREF(call);
+    return result;
+}
+
+/* Whether the network is broken (an abort, a lost peer): -1 on error. */
+static int network_broken(PyObject *network) {
+    PyObject *abort = PyObject_GetAttr(network, names[N_ABORT]);
+    if (!abort) return -1;
+    int broken = abort != Py_None;
+    Py_DECREF(abort);
+    if (broken) return 1;
+    PyObject *lost = PyObject_GetAttr(network, names[N_LOST]);
+    if (!lost) return -1;
+    broken = PyObject_IsTrue(lost);
+    Py_DECREF(lost);
+    return broken;
+}
+
+/* The core's run of a lane's call, and its end (see lane_run). */
+static PyObject *lane_core(Lane *self, PyObject *seq, int64_t tag, PyObject *tag_obj, PyObject *args) {
+    PyObject *result = NULL;
+    int quiet = 0;
+    CoreProgram *core = self->core;
+    PyObject *objs[core->nbufs + 1];
+    PyObject *extra = PyTuple_Check(self->extra) ? Py_NewRef(self->extra) : PyObject_CallNoArgs(self->extra);
+    if (!extra) goto out;
+    if (!PyTuple_Check(extra) || self->narrays + PyTuple_GET_SIZE(extra) != core->nbufs) {
+        PyErr_SetString(PyExc_ValueError, "a lane's extra buffers do not fit its program");
+        Py_DECREF(extra);
+        goto out;
+    }
+    for (int i = 0; i < self->narrays; i++) objs[i] = PyTuple_GET_ITEM(args, i);
+    for (int i = self->narrays; i < core->nbufs; i++) objs[i] = PyTuple_GET_ITEM(extra, i - self->narrays);
+    PyObject *held = PyObject_CallNoArgs(self->acquire);
+    if (!held) { Py_DECREF(extra); goto out; }
+    Py_DECREF(held);
+    outcome_t o;
+    int rc = run_core(core, objs, 0, tag, self->meta, Py_None, &o);
+    Py_DECREF(extra);
+    PyObject *exc_type, *exc, *tb;
+    PyErr_Fetch(&exc_type, &exc, &tb);  /* the lock goes back whatever happened */
+    PyObject *released = PyObject_CallNoArgs(self->release);
+    if (!released) {
+        Py_XDECREF(exc_type); Py_XDECREF(exc); Py_XDECREF(tb);
+        if (rc == 0) Py_DECREF(o.inflight);
+        goto out;
+    }
+    Py_DECREF(released);
+    PyErr_Restore(exc_type, exc, tb);
+    if (rc < 0) goto out;
+    if (o.step == core->nsteps && (quiet = attr_is(self->network, N_ABORT, Py_None)) == 1) {  /* the usual end */
+        Py_DECREF(o.inflight);
+        int clean = self->end == Py_None ? 1 : self->glance == Py_None ? 0
+                    : nothing_stale((CoreProgram *)self->glance, tag, self->max_tag);
+        if (clean < 0) goto out;
+        if (!clean) {
+            result = PyObject_CallFunctionObjArgs(self->end, seq, tag_obj, NULL);
+            goto out;
+        }
+        PyObject *entry = PyTuple_Pack(2, seq, self->meta_obj);
+        if (entry && PyDict_SetItem(self->done, self->context, entry) == 0
+            && PyObject_SetAttr(self->network, names[N_CURRENT], zero) == 0) result = Py_NewRef(Py_None);
+        Py_XDECREF(entry);
+        goto out;
+    }
+    if (quiet < 0) { Py_DECREF(o.inflight); goto out; }
+    result = lane_slow(self, seq, outcome_tuple(&o), args);
+out:
+    return result;
+}
+
+static PyObject *lane_run(Lane *self, PyObject *seq, long long s, PyObject *args) {
+    PyObject *trace = PyDict_GetItemWithError(self->module_dict, names[N_TRACE]);
+    if (!trace && PyErr_Occurred()) return NULL;
+    if (trace && trace != Py_None)  /* traced: the tracer runs it */
+        return lane_slow(self, seq, Py_NewRef(Py_None), args);
+    int64_t tag = self->fixed | (s & self->max_tag);
+    PyObject *tag_obj = PyLong_FromLongLong(tag);
+    if (!tag_obj || PyObject_SetAttr(self->network, names[N_CURRENT], tag_obj) < 0) {
+        Py_XDECREF(tag_obj);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int broken = network_broken(self->network);
+    if (broken < 0) goto out;
+    if (broken) {  /* Python's checks, step by step */
+        result = lane_slow(self, seq, Py_BuildValue("iiiO", 0, 0, 0, no_requests), args);
+        goto out;
+    }
+    result = lane_core(self, seq, tag, tag_obj, args);
+out:
+    Py_DECREF(tag_obj);
+    return result;
+}
+
+static PyObject *lane_call(Lane *self, PyObject *args, PyObject *kwds) {
+    if ((kwds && PyDict_GET_SIZE(kwds)) || PyTuple_GET_SIZE(args) != self->narrays) {
+        PyErr_Format(PyExc_TypeError, "a lane takes its call's %d arrays", self->narrays);
+        return NULL;
+    }
+    PyObject *seq = PyObject_GetAttr(self->group, names[N_SEQ]);
+    if (!seq) return NULL;
+    long long s = PyLong_AsLongLong(seq);
+    PyObject *next = s == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(s + 1);
+    PyObject *result = NULL;
+    if (next && PyObject_SetAttr(self->group, names[N_SEQ], next) == 0) result = lane_run(self, seq, s, args);
+    Py_XDECREF(next);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collie._core.Lane",
+    .tp_basicsize = sizeof(Lane),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A repeated collective of one shape, run whole by the core (see collectives._lane).",
+    .tp_new = lane_new,
+    .tp_dealloc = (destructor)lane_dealloc,
+    .tp_call = (ternaryfunc)lane_call,
 };
 
 /* set_thread_spin(seconds) -> the bound it had: from now on this thread's
@@ -889,10 +1216,13 @@ PyMODINIT_FUNC PyInit__core(void) {
     for (int i = 0; i < NNAMES; i++)
         if (!names[i] && !(names[i] = PyUnicode_InternFromString(name_strings[i]))) return NULL;
     if (!no_requests && !(no_requests = PyTuple_New(0))) return NULL;
-    if (PyType_Ready(&ProgramType) < 0) return NULL;
+    if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
+    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&LaneType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&ProgramType);
     if (PyModule_AddObject(m, "Program", (PyObject *)&ProgramType) < 0) return NULL;
+    Py_INCREF(&LaneType);
+    if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) return NULL;
     return m;
 }

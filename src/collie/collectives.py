@@ -227,11 +227,12 @@ TRACE = None
 def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_name: str,
          op: Optional[ReduceOp] = None, root: int = 0, count: int = 0, nbytes: int = 0,
          algorithm: Optional[str] = None, async_op: bool = False, after=None, timeout=None,
-         lane_key: Optional[tuple] = None):
+         lane_key: Optional[tuple] = None, lane_takes: Optional[tuple] = None):
     """Run collective ``name`` on the laid-out ``arrays``; ``after`` runs on
     completion (copy-backs, AVG's division...). ``timeout`` (seconds)
     replaces the group's for this call. ``lane_key``: the call may take a
-    lane (see _lane) from now on, found by that key."""
+    lane (see _lane) from now on, found by that key, called with the arrays
+    named ``lane_takes`` (default: all of ``arrays``)."""
     # The op enters as its code: a call's program and meta word depend on
     # nothing else of it (PREMUL_SUM's factor is applied before the call),
     # and an int hashes without calling Python code.
@@ -257,7 +258,7 @@ def _run(g: ProcessGroup, name: str, arrays: dict, block_sizes: dict, *, dtype_n
     if lane_key is not None and lane_key not in g.lanes:
         if len(g.lanes) >= _PREPARED_PER_GROUP:  # shapes of one size can be many: bounded too
             g.lanes.clear()
-        g.lanes[lane_key] = _lane(g, name, prepared)
+        g.lanes[lane_key] = _lane(g, name, prepared, tuple(sorted(arrays)) if lane_takes is None else lane_takes)
     return None
 
 
@@ -309,54 +310,47 @@ def _execute(g: ProcessGroup, name: str, prepared: _Prepared, arrays: dict, seq:
 #
 # A blocking call on a plain contiguous NumPy array, with the shape, dtype,
 # op and algorithm of an earlier call on the same group, needs none of the
-# checks and lookups above: they came out the same last time. Its lane is a
-# closure over everything that call worked out (the prepared program, the
-# compiled core, the tag's fixed bits) and does only what changes per call:
-# the sequence number, the core's run, and the books of a finished call.
-# Anything unusual (a step the core hands back, an abort, a lost peer) goes
-# on in _execute exactly as a first call would. Lanes are for programs the
-# compiled core runs; each has a scratch of its own where the schedule
-# needs one, and a group's lanes go with its prepared calls.
+# checks and lookups above: they came out the same last time. Its lane
+# (collie._core.Lane, in C) holds everything that call worked out (the
+# prepared program, compiled for the core, the tag's fixed bits) and does
+# only what changes per call: the sequence number, the core's run, and the
+# books of a finished call. Anything unusual (a trace, a step the core hands
+# back, an abort, a lost peer) goes on in _execute exactly as a first call
+# would. Lanes are for programs the compiled core runs; each has a scratch of
+# its own where the schedule needs one, and a group's lanes go with its
+# prepared calls. A lane takes the call's arrays by position, in the order
+# of their names ("in" before "out"), of any shape.
 
-def _lane(g: ProcessGroup, name: str, prepared: _Prepared):
-    """The lane of ``prepared`` on ``g``, or None where the call can't take one."""
+def _lane(g: ProcessGroup, name: str, prepared: _Prepared, arrays: tuple):
+    """The lane of ``prepared`` on ``g``, or None where the call can't take
+    one. ``arrays``: the names of the call's arrays, as its callers pass them."""
     if core.EXECUTE is not core.execute:
         return None
     found = core.lane(prepared.program, g.network)
-    if found is None:
+    if found is None or found[1] != arrays:  # the core must take every array the callers pass
         return None
-    run, arrays_of, spare = found
-    network, program, meta, context = g.network, prepared.program, prepared.meta, g.context
-    lock, done, nsteps = network.lock, network.done, len(prepared.program.steps)
-    rooted, ranks = prepared.rooted, g.ranks
-    # A rooted call ends with a sweep for data a peer sent it by mistake
-    # (network.finish); where every peer is on shared memory, a look at the
-    # rings' heads says first whether there is anything to sweep.
-    shm, peers = network.shm, tuple(p for p in ranks if p != network.rank)
-    glance = shm.nothing_stale if rooted and shm is not None and all(
-        network.routes[p] is shm for p in peers) else None
-    fixed = (context << (TAG_BITS + 1)) | COLLECTIVE_BIT  # as ProcessGroup.collective_tag
+    program, names, extra, spare = found
+    network, meta, context, ranks = g.network, prepared.meta, g.context, g.ranks
 
-    def lane(arrays: dict) -> None:
-        seq = g.seq
-        g.seq = seq + 1
-        if TRACE is not None:  # traced: the tracer runs it (on the core, which times its steps)
-            return _execute(g, name, prepared, arrays, seq, None, g.timeout)
-        tag = fixed | (seq & MAX_TAG)
-        network.current = tag
-        resume = None
-        if network._abort is None and not network._lost:
-            with lock:
-                resume = run(arrays_of(arrays), 0, tag, meta)
-            if resume[0] == nsteps and network._abort is None:  # as _execute's end:
-                if rooted and (glance is None or not glance(peers, tag)):
-                    network.finish(tag, meta, ranks)
-                else:
-                    done[context] = (seq, meta)
-                    network.current = 0
-                return
-        _execute(g, name, prepared, arrays, seq, None, g.timeout, (spare,) + (resume or (0, 0, 0, ())))
-    return lane
+    def slow(seq: int, resume: Optional[tuple], *arrays):
+        """The call from where the lane stopped (None: from the start)."""
+        laid_out = {n: a if a.ndim == 1 else a.reshape(-1) for n, a in zip(names, arrays)}
+        if resume is not None:
+            resume = (spare,) + resume
+        return _execute(g, name, prepared, laid_out, seq, None, g.timeout, resume)
+
+    end = glance = None
+    if prepared.rooted:
+        # A rooted call ends with a sweep for data a peer sent it by mistake
+        # (network.finish); where every peer is on shared memory, a look at
+        # the rings' heads (in C: the glance's peers) says first whether
+        # there is anything to sweep.
+        glance = core.glance(network, [p for p in ranks if p != network.rank])
+        end = lambda seq, tag: network.finish(tag, meta, ranks)  # noqa: E731 - (seq, tag) as the lane calls it
+
+    fixed = (context << (TAG_BITS + 1)) | COLLECTIVE_BIT  # as ProcessGroup.collective_tag
+    return core.Lane(program, len(names), g, network, context, fixed, MAX_TAG, meta, extra, slow, end, glance,
+                     globals())
 
 
 def _lane_key(name: str, arr: np.ndarray, *shape) -> tuple:
@@ -402,7 +396,7 @@ def _two_array_lane(name: str, group, output, input, async_op: bool, extra: Opti
     lane = _find_lane(group, key, out)
     if lane is None or not inp.flags.c_contiguous:
         return False, key
-    lane({"in": inp if inp.ndim == 1 else inp.reshape(-1), "out": out if out.ndim == 1 else out.reshape(-1)})
+    lane(inp, out)
     return True, key
 
 
@@ -448,7 +442,7 @@ def broadcast(tensor, src: Optional[int] = None, group=None, async_op: bool = Fa
         key = _lane_key("broadcast", arr, src, group_src, algorithm)
         lane = _find_lane(group, key, arr)
         if lane is not None:
-            return lane({"out": arr if arr.ndim == 1 else arr.reshape(-1)})
+            return lane(arr)
     else:
         key = None
     g = _member(group, "broadcast")
@@ -472,7 +466,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
         key = _lane_key("all_reduce", arr, op.code, algorithm)
         lane = _find_lane(group, key, arr)
         if lane is not None:
-            return lane({"out": arr if arr.ndim == 1 else arr.reshape(-1)})
+            return lane(arr)
     else:
         key = None
     g = _member(group, "all_reduce")
@@ -796,12 +790,18 @@ def barrier(group=None, async_op: bool = False, device_ids=None, timeout=None,
             algorithm: Optional[str] = None):
     """Return only once every rank of the group has called barrier;
     ``timeout`` (a timedelta or seconds) replaces the group's for this call."""
+    key = None
+    if not async_op and timeout is None:
+        key = ("barrier", algorithm)
+        lane = _find_lane(group, key, _BARRIER_TOKEN)
+        if lane is not None:
+            return lane()  # its messages are empty: it takes no arrays
     g = _member(group, "barrier")
     seconds = timeout_seconds(timeout, "barrier", default=g.timeout)
     if g.size == 1:
         return CompletedWork() if async_op else None
     return _run(g, "barrier", {"out": _BARRIER_TOKEN}, {"out": (0,)}, dtype_name="uint8",
-                algorithm=algorithm, async_op=async_op, timeout=seconds)
+                algorithm=algorithm, async_op=async_op, timeout=seconds, lane_key=key, lane_takes=())
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:

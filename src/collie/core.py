@@ -33,6 +33,7 @@ from .transports.ring import LINE
 
 try:
     from . import _core
+    Lane = _core.Lane  # collectives' lanes
     _WHY_NOT = ""
 except ImportError:  # not built: no C compiler (or Python headers) at install time
     _core = None
@@ -86,8 +87,9 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
     cannot run any of it (a reduction without a compiled kernel): (core
     program, arrays_of(arrays) -> the call's arrays it uses in order,
     whether the call takes a scratch, whether the core uses it, the group
-    ranks whose shared windows it uses). Steps it cannot run (messages of
-    several pieces) are marked for Python."""
+    ranks whose shared windows it uses, the names of the call's arrays it
+    uses in that order). Steps it cannot run (messages of several pieces)
+    are marked for Python."""
     kernel = program.reduce_kernel
     op = -1
     dtype = _NO_KERNEL
@@ -184,7 +186,7 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
     named = names[:len(names) - len(windows) - tmp]
     arrays_of = (itemgetter(*named) if len(named) > 1 else (lambda arrays, name=named[0]: (arrays[name],))
                  if named else (lambda arrays: ()))
-    return core, arrays_of, schedule.tmp_like is not None, tmp, windows
+    return core, arrays_of, schedule.tmp_like is not None, tmp, windows, tuple(named)
 
 
 def _peer(network, g: int) -> Optional[tuple]:
@@ -225,6 +227,15 @@ def p2p_program(network, peer: int, nbytes: int, receiving: bool, spin: float):
                          network._crowded)
 
 
+def glance(network, peers: list):
+    """A program of no steps whose peers are ``peers``, for a lane's look at
+    their rings (_core.c's nothing_stale); None unless all are on shared memory."""
+    entries = tuple(_peer(network, p) for p in peers)
+    if _core is None or not entries or None in entries:
+        return None
+    return _core.Program((), (), (), entries, _NO_KERNEL, -1, network.shm, 0.0, network._crowded)
+
+
 def _sends_may_go_first(local: list, sends: list, names: list) -> bool:
     """Whether a step's sends may be posted before its local operations
     (then a peer reads our message, single copy: from our memory, while we
@@ -262,7 +273,7 @@ def _compiled(program: engine.Program, network) -> Optional[tuple]:
 def _buffers(program: engine.Program, compiled: tuple, arrays: dict, network, spare) -> tuple:
     """What a run of the core takes, in compile()'s order: the call's arrays,
     the scratch (where the core uses it), the peers' windows as they are now."""
-    _, named, _, tmp, windows = compiled
+    _, named, _, tmp, windows, _ = compiled
     bufs = named(arrays)
     if tmp:
         bufs += (spare[1],)
@@ -298,23 +309,23 @@ def execute(program: engine.Program, arrays: dict, network, tag: int, meta: int,
 
 
 def lane(program: engine.Program, network):
-    """(run, arrays_of, spare) for a program the core runs on ``network``,
-    else None. ``spare`` is a scratch of the lane's own (None if the schedule
-    needs none); ``run(arrays_of(arrays), 0, tag, meta)`` is the core's run
-    from the first step, on the buffers execute() would hand it; what it
-    returns, (step, locals_done, done, inflight), goes to resume() when
-    that is not the end."""
+    """(core program, names, extra, spare) for a program the core runs on
+    ``network``, else None: a lane (collectives._lane) hands the core the
+    call's arrays in the order of ``names``, then ``extra``: the buffers
+    after them (the scratch, where the core uses one), a tuple, or for a
+    program that reads peers' shared windows a function giving them as they
+    are now. ``spare`` is a scratch of the lane's own (None if the schedule
+    needs none)."""
     compiled = _compiled(program, network)
     if compiled is None:
         return None
-    core, named, needs_spare, tmp, windows = compiled
+    core, _, needs_spare, tmp, windows, names = compiled
     spare = engine.take_spare(program) if needs_spare else None
-    if windows:
-        return core.run, lambda arrays: _buffers(program, compiled, arrays, network, spare), spare
-    if not tmp:
-        return core.run, named, spare  # the common case: one itemgetter
-    scratch = (spare[1],)
-    return core.run, lambda arrays: named(arrays) + scratch, spare
+    scratch = (spare[1],) if tmp else ()
+    if not windows:
+        return core, names, scratch, spare
+    peers = tuple(program.peers[g] for g in windows)
+    return core, names, lambda: scratch + tuple(network.window(p) for p in peers), spare
 
 
 def resume(program: engine.Program, arrays: dict, network, tag: int, meta: int,

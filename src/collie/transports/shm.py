@@ -55,14 +55,12 @@ import errno
 import json
 import mmap
 import os
-import struct
 from collections import deque
 from typing import Optional
 
 import numpy as np
 
 from ..errors import CollieError, PeerError
-from ..wire import MAX_TAG
 from . import cma
 from .base import Combine, MessageMismatch, Request, Transport
 from .doorbell import Doorbell
@@ -70,7 +68,6 @@ from .ring import (ACKS, HEADER, LINE, PAGE, RDV, RDV_BODY, In, Message, Out, Re
                    acknowledge, align, deliver, freed, put, ring_bytes, seen_tail, take_posted)
 from .segment import Segment, close_mapping, map_peer, sweep_segments
 
-_TAG = struct.Struct("<q")  # the first field of a slot's header
 
 DEFAULT_SLOTS = 8
 DEFAULT_SLOT_BYTES = 256 * 1024
@@ -584,25 +581,6 @@ class ShmTransport(Transport):
     def _stale(self, peer: int, tag: int, meta: int, nbytes: int) -> bool:
         """Whether a message no receive is posted for will never have one."""
         return self.unexpected is not None and self.unexpected(peer, tag, meta, nbytes)
-
-    def nothing_stale(self, peers, tag: int) -> bool:
-        """Whether drop_stale(peers) would find nothing once collective
-        ``tag`` is over: nothing set aside from them, and each ring empty or
-        holding at its head a later call of the same group (the common end
-        of a repeated rooted call, whose root is already sending the next).
-        False whenever a closer look is needed. A repeated call's lane asks
-        this first: the full sweep is most of a small broadcast's time."""
-        call, seq = tag & ~MAX_TAG, tag & MAX_TAG  # the group's calls, and which one
-        for peer in peers:
-            inb = self._in.get(peer)
-            if inb is None or inb.error is not None or inb.current is not None or inb.unexpected:
-                return False
-            ring = inb.ring
-            if ring.head[0] != inb.tail:
-                head = _TAG.unpack_from(ring.mm, ring.headers + inb.tail % ring.slots * LINE)[0]
-                if head & ~MAX_TAG != call or head & MAX_TAG <= seq:
-                    return False
-        return True
 
     def drop_stale(self, peers) -> None:
         for peer in peers:

@@ -1343,7 +1343,7 @@ class Intracomm(Comm):
                 lane = _coll._find_lane(group, _coll._lane_key("broadcast", data, group.ranks[root], None, None),
                                         data)
                 if lane is not None:
-                    return lane({"out": data})
+                    return lane(data)
         self._Bcast_any(buf, root)
 
     Ibcast = _nonblocking(_Bcast)
@@ -1392,13 +1392,12 @@ class Intracomm(Comm):
         if recvbuf.__class__ is np.ndarray and op.__class__ is Op and op._lane is not None and group is not None:
             lane = _coll._find_lane(group, _coll._lane_key("all_reduce", recvbuf, op._lane, None), recvbuf)
             if lane is not None:
-                flat = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
                 if sendbuf is IN_PLACE or sendbuf is None:
-                    return lane({"out": flat})
+                    return lane(recvbuf)
                 if (sendbuf.__class__ is np.ndarray and sendbuf.dtype == recvbuf.dtype
                         and sendbuf.size == recvbuf.size):
-                    np.copyto(flat, sendbuf.reshape(-1))
-                    return lane({"out": flat})
+                    np.copyto(recvbuf.reshape(-1), sendbuf.reshape(-1))
+                    return lane(recvbuf)
         self._Allreduce_any(sendbuf, recvbuf, op)
 
     Iallreduce = _nonblocking(_Allreduce)
