@@ -131,6 +131,44 @@ def test_lowercase_collectives(n):
     assert run(_objects_body, n) == [True] * n
 
 
+def _mpi_pickle_body(rank, size):
+    import json
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    calls = []
+
+    def dumps(obj):
+        calls.append("dumps")
+        return json.dumps(obj).encode()
+
+    def loads(data):
+        calls.append("loads")
+        return json.loads(bytes(data))
+
+    big = ["x" * 600] * 2  # over the first round's slot: a second round
+    MPI.pickle.__init__(dumps, loads)
+    try:
+        got = [comm.bcast((1, 2) if rank == 0 else None, root=0),   # json makes the tuple a list
+               comm.bcast(big if rank == size - 1 else None, root=size - 1),
+               comm.allgather((rank,)), comm.allgather(big if rank == 0 else rank),
+               comm.allreduce([rank], op=MPI.SUM)]
+    finally:
+        MPI.pickle.__init__()
+    return got, calls.count("dumps"), calls.count("loads")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_object_collectives_pickle_with_mpi_pickle(n):
+    """The object collectives use MPI.pickle's dumps and loads, as mpi4py's
+    do (an application may set dill, or json, there), small or large."""
+    big = ["x" * 600] * 2
+    for rank, (got, dumps, loads) in enumerate(run(_mpi_pickle_body, n)):
+        assert got == [(1, 2) if rank == 0 else [1, 2], big, [[r] for r in range(n)], [big] + list(range(1, n)),
+                       list(range(n))]
+        # a root pickles its object once; each allgather pickles once and loads every rank's
+        assert (dumps, loads) == ((rank == 0) + (rank == n - 1) + 3, (rank != 0) + (rank != n - 1) + 3 * n)
+
+
 # ---- uppercase: buffers ----
 
 def _buffers_body(rank, size):

@@ -564,11 +564,13 @@ fail:
  * below run on every call, and a name made from a C string each time cost
  * a good part of a small call. */
 enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN,
-       N_UNEXPECTED, N_HEAD, N_TAIL, N_NEXT_ID, N_SEQ, N_ABORT, N_LOST, N_TRACE, N_LOCK, N_DONE, NNAMES };
+       N_UNEXPECTED, N_HEAD, N_TAIL, N_NEXT_ID, N_SEQ, N_ABORT, N_LOST, N_TRACE, N_LOCK, N_DONE, N_WORLD, N_GROUP, N_NETWORK, N_LANES, N_BACKGROUND,
+       N_DRAIN, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
-                                           "done"};
+                                           "done", "_world", "group", "network", "lanes", "background",
+                                           "drain"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -1163,6 +1165,73 @@ static PyTypeObject LaneType = {
     .tp_call = (ternaryfunc)lane_call,
 };
 
+/* find_lane(group, key, tensor) -> the lane of a blocking call of shape
+ * ``key`` on ``tensor`` (a NumPy array), with this process's async calls
+ * done, or None: the caller takes the full path. ``group``: a ProcessGroup
+ * of the live world, or None for its default group. (What every repeated
+ * call looks up first, so it is here rather than in collectives.py.) */
+static PyObject *group_module_dict, *group_type;  /* set by lane_context() */
+
+static PyObject *py_lane_context(PyObject *self, PyObject *args) {
+    PyObject *dict, *type;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &dict, &PyType_Type, &type)) return NULL;
+    Py_XSETREF(group_module_dict, Py_NewRef(dict));
+    Py_XSETREF(group_type, Py_NewRef(type));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_find_lane(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "find_lane(group, key, tensor)");
+        return NULL;
+    }
+    if (!group_module_dict) Py_RETURN_NONE;
+    PyObject *group = args[0], *key = args[1], *tensor = args[2];
+    PyObject *world = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
+    if (!world) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    if (world == Py_None) Py_RETURN_NONE;
+    PyObject *g, *lane = NULL, *result = NULL;
+    if (group == Py_None) {
+        if (!(g = PyObject_GetAttr(world, names[N_GROUP]))) return NULL;
+    } else {
+        if ((PyObject *)Py_TYPE(group) != group_type) Py_RETURN_NONE;
+        PyObject *mine = PyObject_GetAttr(group, names[N_NETWORK]), *its = PyObject_GetAttr(world, names[N_NETWORK]);
+        int same = mine && its && mine == its;
+        Py_XDECREF(mine);
+        Py_XDECREF(its);
+        if (!same) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        g = Py_NewRef(group);
+    }
+    PyObject *lanes = PyObject_GetAttr(g, names[N_LANES]);
+    Py_DECREF(g);
+    if (!lanes) return NULL;
+    lane = PyDict_Check(lanes) ? PyDict_GetItemWithError(lanes, key) : NULL;
+    Py_XINCREF(lane);
+    Py_DECREF(lanes);
+    if (!lane || lane == Py_None) {
+        Py_XDECREF(lane);
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    }
+    Py_buffer view;  /* a lane writes its arrays in place: C-contiguous and writable, or no lane */
+    if (PyObject_GetBuffer(tensor, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        Py_DECREF(lane);
+        Py_RETURN_NONE;
+    }
+    PyBuffer_Release(&view);
+    PyObject *background = PyObject_GetAttr(world, names[N_BACKGROUND]);
+    if (background && background != Py_None) {  /* the async_op=True calls before it finish first */
+        PyObject *drained = PyObject_CallMethodNoArgs(background, names[N_DRAIN]);
+        if (drained) result = lane;
+        Py_XDECREF(drained);
+    } else if (background) {
+        result = lane;
+    }
+    Py_XDECREF(background);
+    if (!result) Py_DECREF(lane);
+    return result;
+}
+
 /* set_thread_spin(seconds) -> the bound it had: from now on this thread's
  * receives spin at most that long before handing back (a negative value:
  * the programs' own spin). For a thread that runs asynchronous calls beside
@@ -1205,6 +1274,10 @@ static PyMethodDef methods[] = {
     {"vm_read", py_vm_read, METH_VARARGS, "vm_read(pid, dst, address): fill dst from address in process pid."},
     {"vm_write", py_vm_write, METH_VARARGS, "vm_write(pid, address, src): all of src to address in process pid."},
     {"combine", py_combine, METH_VARARGS, "combine(dst, src, dtype, op): dst = dst op src in place."},
+    {"find_lane", (PyCFunction)(void (*)(void))py_find_lane, METH_FASTCALL,
+     "find_lane(group, key, tensor) -> the lane of a repeated call, or None (collectives._find_lane)."},
+    {"lane_context", py_lane_context, METH_VARARGS,
+     "lane_context(group module's dict, ProcessGroup): where find_lane looks for the world."},
     {"set_thread_spin", py_set_thread_spin, METH_VARARGS,
      "set_thread_spin(seconds) -> previous: bound this thread's receive spin (negative: none)."},
     {NULL, NULL, 0, NULL},

@@ -360,25 +360,22 @@ def _lane_key(name: str, arr: np.ndarray, *shape) -> tuple:
     return (name, arr.dtype, arr.size) + shape
 
 
-def _find_lane(group, key: tuple, tensor: np.ndarray):
-    """The lane of a blocking call of shape ``key`` on ``tensor`` (a plain
-    NumPy array), with this process's async calls done, or None: the caller
-    takes the full path."""
-    w = _group._world
-    if w is None:
-        return None
-    g = w.group if group is None else group
-    if g.__class__ is not ProcessGroup or g.network is not w.network:
-        return None
-    lane = g.lanes.get(key)
-    if lane is None:
-        return None
-    flags = tensor.flags
-    if not (flags.c_contiguous and flags.writeable):
-        return None
-    if w.background is not None:
-        w.background.drain()  # as _after_async_calls
-    return lane
+def _two_array_key(name: str, out: np.ndarray, inp: np.ndarray, extra: tuple) -> tuple:
+    """What a call from ``inp`` into ``out``'s lane is found by (as _lane_key)."""
+    return (name, out.dtype, inp.shape, out.shape) + extra
+
+
+def _no_lane(group, key: tuple, tensor: np.ndarray):
+    return None
+
+
+# _find_lane(group, key, tensor): the lane of a blocking call of shape ``key``
+# on ``tensor`` (a plain NumPy array), with this process's async calls done,
+# or None: the caller takes the full path. In C (every repeated call looks it
+# up first); without the compiled core there are no lanes.
+_find_lane = core.find_lane if core.find_lane is not None else _no_lane
+if core.find_lane is not None:
+    core.lane_context(vars(_group), ProcessGroup)
 
 
 def _two_array_lane(name: str, group, output, input, async_op: bool, extra: Optional[tuple]):
@@ -392,7 +389,7 @@ def _two_array_lane(name: str, group, output, input, async_op: bool, extra: Opti
     inp = input if input.__class__ is np.ndarray else numpy_view(input)
     if out is None or inp is None or out.dtype != inp.dtype:
         return False, None
-    key = (name, out.dtype, inp.shape, out.shape) + extra
+    key = _two_array_key(name, out, inp, extra)
     lane = _find_lane(group, key, out)
     if lane is None or not inp.flags.c_contiguous:
         return False, key

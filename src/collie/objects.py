@@ -19,7 +19,8 @@ from typing import Optional
 
 import numpy as np
 
-from .collectives import _member, _root, all_gather, all_gather_into_tensor, broadcast, gather, scatter
+from .collectives import (_find_lane, _lane_key, _member, _root, _two_array_key, all_gather, all_gather_into_tensor,
+                          broadcast, gather, scatter)
 from .group import ProcessGroup
 
 __all__ = ["broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list"]
@@ -41,11 +42,12 @@ _SIZE = struct.Struct("<q")
 def _slots(g: ProcessGroup) -> tuple:
     """``g``'s first-round buffers, made once (a small object's call is
     mostly bookkeeping, and making them each time was a third of it): this
-    rank's slot and every rank's, each with its memoryview. Blocking calls
-    on a group run one at a time, and every use ends within its call."""
+    rank's slot and every rank's, each with its memoryview, and the key of
+    the all-gather lane between them. Blocking calls on a group run one at a
+    time, and every use ends within its call."""
     if g.object_slots is None:
         mine, every = np.zeros(SLOT, dtype=np.uint8), np.zeros(g.size * SLOT, dtype=np.uint8)
-        g.object_slots = (mine, mine.data, every, every.data)
+        g.object_slots = (mine, mine.data, every, every.data, _two_array_key("all_gather", every, mine, (None,)))
     return g.object_slots
 
 
@@ -67,6 +69,45 @@ def _sizes(g: ProcessGroup, mine: int) -> np.ndarray:
     return np.concatenate(sizes)
 
 
+def broadcast_pickle(g: ProcessGroup, payload: Optional[bytes], gsrc: int):
+    """Rank ``gsrc``'s ``payload`` (a pickle, given there only) on every rank
+    of ``g``, as a buffer: in the first round's slot when it fits, by a
+    second round otherwise. The slot is reused by the group's next call."""
+    slot, view, _, _, _ = _slots(g)
+    if payload is not None:
+        _fill(view, payload)
+    lane = _find_lane(g, _lane_key("broadcast", slot, gsrc, None, None), slot)
+    if lane is None:
+        broadcast(slot, src=gsrc, group=g)
+    else:
+        lane(slot)
+    size = _SIZE.unpack_from(view)[0]
+    if size <= _FITS:
+        return view[8:8 + size]
+    data = np.frombuffer(payload, dtype=np.uint8) if payload is not None else np.empty(size, dtype=np.uint8)
+    broadcast(data, src=gsrc, group=g)  # a second round, of the whole pickle
+    return data
+
+
+def all_gather_pickles(g: ProcessGroup, payload: bytes) -> list:
+    """Every rank's ``payload`` (a pickle), in rank order, as buffers: in the
+    first round's slots when all fit, by a second round otherwise."""
+    slot, mine, slots, view, key = _slots(g)
+    _fill(mine, payload)
+    lane = _find_lane(g, key, slots)
+    if lane is None:
+        all_gather_into_tensor(slots, slot, group=g)
+    else:
+        lane(slot, slots)
+    unpack = _SIZE.unpack_from
+    sizes = [unpack(view, r * SLOT)[0] for r in range(g.size)]
+    if max(sizes) <= _FITS:
+        return [view[r * SLOT + 8:r * SLOT + 8 + n] for r, n in enumerate(sizes)]
+    outs = [np.empty(n, dtype=np.uint8) for n in sizes]  # a second round, of every pickle at its size
+    all_gather(outs, np.frombuffer(payload, dtype=np.uint8), group=g)
+    return outs
+
+
 def broadcast_object_list(object_list: list, src: Optional[int] = None, group=None, device=None,
                           group_src: Optional[int] = None) -> None:
     """Replace ``object_list``'s items on every rank with those of rank ``src``
@@ -74,24 +115,14 @@ def broadcast_object_list(object_list: list, src: Optional[int] = None, group=No
     g = _member(group, "broadcast_object_list")
     root = _root(g, src, group_src, "src", "broadcast_object_list")
     gsrc = g.ranks[root]
-    slot, view, _, _ = _slots(g)
-    payload = None
     if g.rank == root:
-        payload = _dumps(list(object_list))
-        _fill(view, payload)
-    broadcast(slot, src=gsrc, group=g)
-    size = _slot_size(view)
-    if size > _FITS:  # a second round, of the whole pickle
-        data = np.frombuffer(payload, dtype=np.uint8) if payload is not None else np.empty(size, dtype=np.uint8)
-        broadcast(data, src=gsrc, group=g)
-    else:
-        data = view[8:8 + size]
-    if g.rank != root:
-        objects = _loads(data)
-        if len(objects) != len(object_list):
-            raise ValueError(f"broadcast_object_list: rank {gsrc} sent {len(objects)} objects but "
-                             f"this rank's list has {len(object_list)}")
-        object_list[:] = objects
+        broadcast_pickle(g, _dumps(list(object_list)), gsrc)
+        return
+    objects = _loads(broadcast_pickle(g, None, gsrc))
+    if len(objects) != len(object_list):
+        raise ValueError(f"broadcast_object_list: rank {gsrc} sent {len(objects)} objects but "
+                         f"this rank's list has {len(object_list)}")
+    object_list[:] = objects
 
 
 def all_gather_object(object_list: list, obj, group=None) -> None:
@@ -99,17 +130,7 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
     g = _member(group, "all_gather_object")
     if not isinstance(object_list, list) or len(object_list) != g.size:
         raise ValueError(f"all_gather_object: object_list must be a list of {g.size} items (one per rank)")
-    payload = _dumps(obj)
-    slot, mine, slots, view = _slots(g)
-    _fill(mine, payload)
-    all_gather_into_tensor(slots, slot, group=g)
-    sizes = [_slot_size(view, r * SLOT) for r in range(g.size)]
-    if max(sizes) > _FITS:  # a second round, of every pickle at its size
-        outs = [np.empty(s, dtype=np.uint8) for s in sizes]
-        all_gather(outs, np.frombuffer(payload, dtype=np.uint8), group=g)
-    else:
-        outs = [view[r * SLOT + 8:r * SLOT + 8 + s] for r, s in enumerate(sizes)]
-    object_list[:] = [_loads(o) for o in outs]
+    object_list[:] = [_loads(data) for data in all_gather_pickles(g, _dumps(obj))]
 
 
 def gather_object(obj, object_gather_list: Optional[list] = None, dst: Optional[int] = None, group=None,

@@ -93,6 +93,8 @@ class Comm(_Handled, _Attributed):
     Construction is in __new__, as in mpi4py, so that a subclass's __new__
     may pass another communicator than the one it was given."""
 
+    _bcast_lock = None  # bcast's lock from the lock table, once looked up
+
     def __new__(cls, comm=None, name: str = "MPI_COMM_NULL"):
         self = super().__new__(cls)
         group = comm
@@ -1438,13 +1440,18 @@ class Intracomm(Comm):
     # ---- collectives on objects ----
 
     def bcast(self, obj=None, root: int = 0) -> Any:
-        """root's object, on every rank."""
+        """root's object, on every rank (MPI.pickle turns it into bytes)."""
         g = self._g("bcast")
-        root = self._root(g, root, "bcast")
-        box = [obj]
-        with _comm_lock(self, "bcast"):  # as mpi4py: one object bcast at a time per communicator
-            _objects.broadcast_object_list(box, src=g.ranks[root], group=g)
-        return box[0]
+        if root.__class__ is not int or not 0 <= root < g.size:
+            root = self._root(g, root, "bcast")  # raises, or makes it an int
+        lock = self._bcast_lock
+        if lock is None:  # as mpi4py: one object bcast at a time per communicator (and its copies)
+            lock = self._bcast_lock = _comm_lock(self, "bcast")
+        with lock:
+            if g.rank == root:
+                _objects.broadcast_pickle(g, _pickle.dumps(obj), g.ranks[root])
+                return obj
+            return _pickle.loads(_objects.broadcast_pickle(g, None, g.ranks[root]))
 
     def scatter(self, sendobj=None, root: int = 0) -> Any:
         """Item r of root's sequence, on rank r."""
@@ -1466,10 +1473,10 @@ class Intracomm(Comm):
         return out
 
     def allgather(self, sendobj) -> list:
+        """Every rank's object, in rank order (MPI.pickle turns them into bytes)."""
         g = self._g("allgather")
-        out = [None] * g.size
-        _objects.all_gather_object(out, sendobj, group=g)
-        return out
+        loads = _pickle.loads
+        return [loads(data) for data in _objects.all_gather_pickles(g, _pickle.dumps(sendobj))]
 
     def alltoall(self, sendobj) -> list:
         """Item q of rank r's sequence becomes item r of rank q's result."""

@@ -37,9 +37,10 @@ class _Context:
 
 def _comm_lock_table(comm) -> dict:
     """The locks of ``comm``, by key (mpi4py's internal lock table)."""
-    g = comm._g("_comm_lock_table")
-    table = _locks.get(g)  # made once: object bcasts take this on every call
+    g = comm._group
+    table = None if g is None else _locks.get(g)  # made once: object bcasts take this on every call
     if table is None:
+        g = comm._g("_comm_lock_table")
         with _guard:
             table = _locks.setdefault(g, {})
     return table
