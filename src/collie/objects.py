@@ -42,12 +42,15 @@ _SIZE = struct.Struct("<q")
 def _slots(g: ProcessGroup) -> tuple:
     """``g``'s first-round buffers, made once (a small object's call is
     mostly bookkeeping, and making them each time was a third of it): this
-    rank's slot and every rank's, each with its memoryview, and the key of
-    the all-gather lane between them. Blocking calls on a group run one at a
-    time, and every use ends within its call."""
+    rank's slot and every rank's, each with its memoryview, the key of the
+    all-gather lane between them, a function reading every rank's size from
+    theirs, and where each rank's pickle starts there. Blocking calls on a
+    group run one at a time, and every use ends within its call."""
     if g.object_slots is None:
         mine, every = np.zeros(SLOT, dtype=np.uint8), np.zeros(g.size * SLOT, dtype=np.uint8)
-        g.object_slots = (mine, mine.data, every, every.data, _two_array_key("all_gather", every, mine, (None,)))
+        sizes = struct.Struct("<" + f"q{_FITS}x" * g.size).unpack_from  # every rank's size at once
+        g.object_slots = (mine, mine.data, every, every.data, _two_array_key("all_gather", every, mine, (None,)),
+                          sizes, range(8, g.size * SLOT, SLOT))
     return g.object_slots
 
 
@@ -57,10 +60,6 @@ def _fill(slot: memoryview, payload: bytes) -> None:
     _SIZE.pack_into(slot, 0, n)
     if n <= _FITS:
         slot[8:8 + n] = payload
-
-
-def _slot_size(slots: memoryview, at: int = 0) -> int:
-    return _SIZE.unpack_from(slots, at)[0]
 
 
 def _sizes(g: ProcessGroup, mine: int) -> np.ndarray:
@@ -73,7 +72,7 @@ def broadcast_pickle(g: ProcessGroup, payload: Optional[bytes], gsrc: int):
     """Rank ``gsrc``'s ``payload`` (a pickle, given there only) on every rank
     of ``g``, as a buffer: in the first round's slot when it fits, by a
     second round otherwise. The slot is reused by the group's next call."""
-    slot, view, _, _, _ = _slots(g)
+    slot, view = _slots(g)[:2]
     if payload is not None:
         _fill(view, payload)
     lane = _find_lane(g, _lane_key("broadcast", slot, gsrc, None, None), slot)
@@ -92,17 +91,16 @@ def broadcast_pickle(g: ProcessGroup, payload: Optional[bytes], gsrc: int):
 def all_gather_pickles(g: ProcessGroup, payload: bytes) -> list:
     """Every rank's ``payload`` (a pickle), in rank order, as buffers: in the
     first round's slots when all fit, by a second round otherwise."""
-    slot, mine, slots, view, key = _slots(g)
+    slot, mine, slots, view, key, sizes_of, starts = _slots(g)
     _fill(mine, payload)
     lane = _find_lane(g, key, slots)
     if lane is None:
         all_gather_into_tensor(slots, slot, group=g)
     else:
         lane(slot, slots)
-    unpack = _SIZE.unpack_from
-    sizes = [unpack(view, r * SLOT)[0] for r in range(g.size)]
+    sizes = sizes_of(view)
     if max(sizes) <= _FITS:
-        return [view[r * SLOT + 8:r * SLOT + 8 + n] for r, n in enumerate(sizes)]
+        return [view[at:at + n] for at, n in zip(starts, sizes)]
     outs = [np.empty(n, dtype=np.uint8) for n in sizes]  # a second round, of every pickle at its size
     all_gather(outs, np.frombuffer(payload, dtype=np.uint8), group=g)
     return outs
@@ -130,7 +128,7 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
     g = _member(group, "all_gather_object")
     if not isinstance(object_list, list) or len(object_list) != g.size:
         raise ValueError(f"all_gather_object: object_list must be a list of {g.size} items (one per rank)")
-    object_list[:] = [_loads(data) for data in all_gather_pickles(g, _dumps(obj))]
+    object_list[:] = map(_loads, all_gather_pickles(g, _dumps(obj)))
 
 
 def gather_object(obj, object_gather_list: Optional[list] = None, dst: Optional[int] = None, group=None,

@@ -1475,8 +1475,7 @@ class Intracomm(Comm):
     def allgather(self, sendobj) -> list:
         """Every rank's object, in rank order (MPI.pickle turns them into bytes)."""
         g = self._g("allgather")
-        loads = _pickle.loads
-        return [loads(data) for data in _objects.all_gather_pickles(g, _pickle.dumps(sendobj))]
+        return list(map(_pickle.loads, _objects.all_gather_pickles(g, _pickle.dumps(sendobj))))
 
     def alltoall(self, sendobj) -> list:
         """Item q of rank r's sequence becomes item r of rank q's result."""
