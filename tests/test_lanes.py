@@ -224,6 +224,80 @@ def test_a_barrier_lane_reports_a_mismatch_or_a_dead_peer(executor, how, error):
         assert ("rank 1" in text) if how == "dead" else ("barrier" in text and "all_reduce" in text), text
 
 
+def _subgroup_and_threads_body(rank, size):
+    """Lanes of a sub-group (rank 1 outside it), and of two groups run at
+    once from two threads of each rank."""
+    import threading
+
+    import collie
+    pair = collie.new_group([0, 2])
+    twin = collie.new_group(list(range(size)))
+    wrong = []
+    if rank != 1:
+        for call in range(20):
+            x = np.full(3, float(rank + call))
+            collie.all_reduce(x, group=pair)
+            if x.tolist() != [float(2 + 2 * call)] * 3:
+                wrong.append(("all_reduce", call, x.tolist()))
+            y = np.full(5, float(rank)) if call % 2 else np.full(5, -1.0)
+            collie.broadcast(y, src=2 if call % 2 else 0, group=pair)
+            if y.tolist() != ([2.0] * 5 if call % 2 else [-1.0] * 5):
+                wrong.append(("broadcast", call, y.tolist()))
+            collie.barrier(group=pair)
+
+    def sums(group, n, out):
+        for call in range(200):
+            z = np.full(n, float(rank * call))
+            collie.all_reduce(z, group=group)
+            out.append(z[0] == sum(r * call for r in range(size)))
+
+    ours, theirs = [], []
+    other = threading.Thread(target=sums, args=(twin, 7, theirs))
+    other.start()
+    sums(None, 4, ours)
+    other.join()
+    laned = sorted(key[0] for g in (pair, twin) if g.rank >= 0 for key, lane in g.lanes.items() if lane)
+    return wrong, all(ours) and all(theirs) and len(ours) == len(theirs) == 200, laned
+
+
+def test_lanes_of_sub_groups_and_of_two_threads(executor):
+    got = run_ranks(_subgroup_and_threads_body, 3, timeout=120)
+    for rank, (wrong, sums_right, laned) in enumerate(got):
+        assert wrong == [] and sums_right
+        if executor == "c":
+            assert laned == (["all_reduce"] if rank == 1 else ["all_reduce", "all_reduce", "barrier", "broadcast",
+                                                               "broadcast"])
+
+
+def _reinit_body(rank, size):
+    import collie
+    x = np.ones(4, np.float32)
+    old = collie.new_group([0, 1])
+    for _ in range(3):
+        collie.all_reduce(x)
+        collie.all_reduce(x, group=old)
+    collie.destroy_process_group()
+    try:
+        collie.all_reduce(x)  # no world: the full path says so, not a lane
+    except collie.CollieError as exc:
+        before = type(exc).__name__
+    collie.init_process_group()
+    try:
+        collie.all_reduce(x, group=old)  # a group of the destroyed world: its lanes are not taken
+    except collie.CollieError as exc:
+        stale = str(exc)
+    y = np.ones(4, np.float32)
+    for _ in range(3):
+        collie.all_reduce(y)  # the new world's own calls, and lanes
+    return before, stale, float(x[0]), float(y[0])
+
+
+def test_lanes_end_with_their_world(executor):
+    for before, stale, x0, y0 in run_ranks(_reinit_body, 2, timeout=60):
+        assert before == "CollieError" and "destroyed" in stale
+        assert (x0, y0) == (64.0, 8.0)
+
+
 def _async_then_blocking_body(rank, size):
     import collie
     x = np.full(3, rank + 1.0)

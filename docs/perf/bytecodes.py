@@ -41,7 +41,8 @@ def _call(op: str, nbytes: int):
             "sendrecv": sendrecv,
             "Allreduce": lambda: MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),  # collie.MPI
             "allreduce": lambda: MPI.COMM_WORLD.allreduce(1),
-            "bcast": lambda: MPI.COMM_WORLD.bcast({"step": 1}, root=1)}[op]
+            "bcast": lambda: MPI.COMM_WORLD.bcast({"step": 1}, root=1),
+            "Sendrecv": lambda: MPI.COMM_WORLD.Sendrecv(x, peer, 0, single, peer, 0)}[op]
 
 
 def body(rank: int, op: str, nbytes: int, calls: int) -> None:
@@ -92,7 +93,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--op", default="all_reduce",
                    choices=("all_reduce", "broadcast", "all_gather", "all_to_all", "sendrecv",
-                            "Allreduce", "allreduce", "bcast"))
+                            "Allreduce", "allreduce", "bcast", "Sendrecv"))
     p.add_argument("--bytes", type=int, default=8)
     p.add_argument("--calls", type=int, default=200)
     opts = p.parse_args(argv)
