@@ -375,6 +375,7 @@ typedef struct {
     PyObject *transport_dict;  /* its __dict__ (NULL without shm peers) */
     int64_t passes;         /* passes of the receive loops so far (see peer_t.behind) */
     int64_t *rids;          /* the step's single-copy sends in flight: rids[j] for send j (0: none) */
+    char *envelope;         /* a one-message program's own copy of its message (send_envelope) */
 } CoreProgram;
 
 static void program_dealloc(CoreProgram *self) {
@@ -398,6 +399,7 @@ static void program_dealloc(CoreProgram *self) {
     PyMem_Free(self->need);
     PyMem_Free(self->writes);
     PyMem_Free(self->rids);
+    PyMem_Free(self->envelope);
     Py_XDECREF(self->transport);
     Py_XDECREF(self->transport_dict);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -798,6 +800,39 @@ typedef struct { int step, locals_done; uint64_t mask; PyObject *inflight; } out
  * step ``start``: fills *out (a new reference in out->inflight) and returns
  * 0, or -1 with an exception set. ``times_obj``: None, or a writable
  * float64 buffer of 2 x nsteps (see run()). */
+/* run_core() once the buffers are in hand (the rings already found free). */
+static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag, uint64_t meta, double *times,
+                       outcome_t *out) {
+    for (int i = 0; i < self->npeers; i++) {
+        peer_t *p = &self->peers[i];
+        if (!p->shm) continue;
+        p->head0 = *p->out.head;
+        p->tail0 = *p->in.tail;
+        if (p->rdv) {
+            PyObject *v = PyObject_GetAttr(p->out_obj, names[N_NEXT_ID]);
+            p->next_id = v ? PyLong_AsLongLong(v) : -1;
+            Py_XDECREF(v);
+            if (PyErr_Occurred()) return -1;
+        }
+        p->next_id0 = p->next_id;
+    }
+    memset(self->rids, 0, (self->maxsend + 1) * sizeof(int64_t));
+    int locals_done = 0, step;
+    uint64_t mask = 0;
+    /* The caller holds the network's lock: no Python end moves meanwhile.
+     * A thread running asynchronous calls (its own spin bound set) always
+     * lets the GIL go: its process computes beside it. */
+    gil_t gil = {NULL, self->small && thread_spin < 0};
+    if (!gil.hold) gil.saved = PyEval_SaveThread();
+    step = run_steps(self, bufs, start, tag, meta, &locals_done, &mask, times, &gil);
+    if (gil.saved) PyEval_RestoreThread(gil.saved);
+    if (update_books(self) < 0) return -1;
+    PyObject *inflight = step < self->nsteps ? adopt_inflight(self, bufs, step, tag, meta) : Py_NewRef(no_requests);
+    if (!inflight) return -1;
+    *out = (outcome_t){step, locals_done, mask, inflight};
+    return 0;
+}
+
 static int run_core(CoreProgram *self, PyObject *const *objs, int start, int64_t tag, uint64_t meta,
                     PyObject *times_obj, outcome_t *out) {
     if (start < 0 || start > self->nsteps) {
@@ -829,36 +864,7 @@ static int run_core(CoreProgram *self, PyObject *const *objs, int start, int64_t
             goto done;
         }
     }
-    for (int i = 0; i < self->npeers; i++) {
-        peer_t *p = &self->peers[i];
-        if (!p->shm) continue;
-        p->head0 = *p->out.head;
-        p->tail0 = *p->in.tail;
-        if (p->rdv) {
-            PyObject *v = PyObject_GetAttr(p->out_obj, names[N_NEXT_ID]);
-            p->next_id = v ? PyLong_AsLongLong(v) : -1;
-            Py_XDECREF(v);
-            if (PyErr_Occurred()) goto done;
-        }
-        p->next_id0 = p->next_id;
-    }
-    memset(self->rids, 0, (self->maxsend + 1) * sizeof(int64_t));
-    int locals_done = 0, step;
-    uint64_t mask = 0;
-    /* The caller holds the network's lock: no Python end moves meanwhile.
-     * A thread running asynchronous calls (its own spin bound set) always
-     * lets the GIL go: its process computes beside it. */
-    gil_t gil = {NULL, self->small && thread_spin < 0};
-    if (!gil.hold) gil.saved = PyEval_SaveThread();
-    step = run_steps(self, bufs, start, tag, meta, &locals_done, &mask, times.buf, &gil);
-    if (gil.saved) PyEval_RestoreThread(gil.saved);
-    if (update_books(self) == 0) {
-        PyObject *inflight = step < self->nsteps ? adopt_inflight(self, bufs, step, tag, meta) : Py_NewRef(no_requests);
-        if (inflight) {
-            *out = (outcome_t){step, locals_done, mask, inflight};
-            rc = 0;
-        }
-    }
+    rc = run_buffers(self, bufs, start, tag, meta, times.buf, out);
 done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
     if (times.obj) PyBuffer_Release(&times);
@@ -918,6 +924,134 @@ static int nothing_stale(CoreProgram *g, int64_t tag, int64_t max_tag) {
     return 1;
 }
 
+/* ---- one-message programs (core.p2p_program): point to point, and the
+ * MPI layer's envelopes, without run()'s tuples */
+
+/* Move the program's one message (a send from, or a receive into, the
+ * need[0] bytes at ``data``) with ``tag``: 1 moved, 0 not (a Python end
+ * busy, a peer late: the caller's full path goes on), -1 on error. */
+static int move_bytes(CoreProgram *self, char *data, int64_t tag) {
+    int free_ = rings_free(self);
+    if (free_ <= 0) return free_;
+    Py_buffer b = {0};
+    b.buf = data;
+    b.len = self->need[0];
+    outcome_t o;
+    if (run_buffers(self, &b, 0, tag, 0, NULL, &o) < 0) return -1;
+    Py_DECREF(o.inflight);  /* (): one slot, never single copy (p2p_program) */
+    return o.step == self->nsteps;
+}
+
+static int one_message(CoreProgram *self) {
+    step_t *s = self->nsteps == 1 && self->nbufs == 1 ? &self->steps[0] : NULL;
+    if (s && !s->python && !s->nlocal && s->nsend + s->nrecv == 1 && !self->peers[0].rdv) return 1;
+    PyErr_SetString(PyExc_ValueError, "not a program of one message (core.p2p_program)");
+    return 0;
+}
+
+/* move(buf, tag) -> whether the message went (see move_bytes). */
+static PyObject *program_move(CoreProgram *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long tag;
+    if (nargs != 2 || ((tag = PyLong_AsLongLong(args[1])) == -1 && PyErr_Occurred())) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "move(buf, tag)");
+        return NULL;
+    }
+    if (!one_message(self)) return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[0], &b, self->writes[0] ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS
+                                                        : PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    int moved = -1;
+    if (b.len < self->need[0])
+        PyErr_Format(PyExc_ValueError, "move(): the buffer has %zd bytes, the message %lld", b.len,
+                     (long long)self->need[0]);
+    else
+        moved = move_bytes(self, b.buf, tag);
+    PyBuffer_Release(&b);
+    return moved < 0 ? NULL : PyBool_FromLong(moved);
+}
+
+/* The MPI layer's envelope (compat/mpi/p2p.py): three int64 words (the MPI
+ * tag, the payload's size, a sync id), then a payload of up to need[0] - 24
+ * bytes in place. */
+#define ENVELOPE_HEAD 24
+
+static char *envelope_of(CoreProgram *self) {
+    if (!self->envelope && !(self->envelope = PyMem_Calloc(1, self->need[0] > ENVELOPE_HEAD ? self->need[0] : ENVELOPE_HEAD)))
+        PyErr_NoMemory();
+    return self->envelope;
+}
+
+/* send_envelope(etag, tag, data) -> whether the envelope of a standard send
+ * of ``data`` (bytes that fit in place) went. */
+static PyObject *program_send_envelope(CoreProgram *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long etag, tag;
+    if (nargs != 3 || ((etag = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())
+        || ((tag = PyLong_AsLongLong(args[1])) == -1 && PyErr_Occurred())) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "send_envelope(etag, tag, data)");
+        return NULL;
+    }
+    char *env = one_message(self) ? envelope_of(self) : NULL;
+    if (!env) return NULL;
+    Py_buffer d;
+    if (PyObject_GetBuffer(args[2], &d, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    int moved = 0;
+    if (d.len <= self->need[0] - ENVELOPE_HEAD) {
+        int64_t head[3] = {tag, d.len, 0};
+        memcpy(env, head, sizeof head);
+        memcpy(env + ENVELOPE_HEAD, d.buf, d.len);
+        moved = move_bytes(self, env, etag);
+    }
+    PyBuffer_Release(&d);
+    return moved < 0 ? NULL : PyBool_FromLong(moved);
+}
+
+/* recv_envelope(etag, tag, dst, spill): take the next envelope. None: none
+ * came. (tag, size, payload): a standard send's envelope whose tag is
+ * ``tag`` (any tag >= 0 where ``tag`` < 0), its payload in place and fitting
+ * ``dst`` (copied there; payload None), or as bytes where ``dst`` is None.
+ * False: any other envelope (``tag`` None: every one), copied whole into
+ * ``spill`` for the matcher. */
+static PyObject *program_recv_envelope(CoreProgram *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long etag;
+    if (nargs != 4 || ((etag = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "recv_envelope(etag, tag, dst, spill)");
+        return NULL;
+    }
+    int any = 0;
+    long long want = 0;
+    if (args[1] != Py_None && (want = PyLong_AsLongLong(args[1])) == -1 && PyErr_Occurred()) return NULL;
+    any = args[1] != Py_None && want < 0;
+    char *env = one_message(self) ? envelope_of(self) : NULL;
+    if (!env) return NULL;
+    int moved = move_bytes(self, env, etag);
+    if (moved <= 0) return moved < 0 ? NULL : Py_NewRef(Py_None);
+    int64_t head[3];
+    memcpy(head, env, sizeof head);
+    int wanted = args[1] != Py_None && (head[0] == want || (any && head[0] >= 0));
+    if (wanted && !head[2] && head[1] >= 0 && head[1] <= self->need[0] - ENVELOPE_HEAD) {
+        if (args[2] == Py_None) {
+            PyObject *payload = PyBytes_FromStringAndSize(env + ENVELOPE_HEAD, head[1]);
+            return payload ? Py_BuildValue("LLN", (long long)head[0], (long long)head[1], payload) : NULL;
+        }
+        Py_buffer d;
+        if (PyObject_GetBuffer(args[2], &d, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+        int fits = head[1] <= d.len;
+        if (fits) memcpy(d.buf, env + ENVELOPE_HEAD, head[1]);
+        PyBuffer_Release(&d);
+        if (fits) return Py_BuildValue("LLO", (long long)head[0], (long long)head[1], Py_None);
+    }
+    Py_buffer sp;
+    if (PyObject_GetBuffer(args[3], &sp, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    int fits = sp.len >= self->need[0];
+    if (fits) memcpy(sp.buf, env, self->need[0]);
+    PyBuffer_Release(&sp);
+    if (!fits) {
+        PyErr_SetString(PyExc_ValueError, "recv_envelope(): spill is smaller than an envelope");
+        return NULL;
+    }
+    Py_RETURN_FALSE;
+}
+
 /* nothing_stale(tag, max_tag): see nothing_stale() (a program of no steps, core.glance). */
 static PyObject *program_nothing_stale(CoreProgram *self, PyObject *args) {
     long long tag, max_tag;
@@ -928,6 +1062,12 @@ static PyObject *program_nothing_stale(CoreProgram *self, PyObject *args) {
 
 static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)program_run, METH_VARARGS, "Run steps until one needs Python."},
+    {"move", (PyCFunction)(void (*)(void))program_move, METH_FASTCALL,
+     "move(buf, tag) -> whether a one-message program's message went."},
+    {"send_envelope", (PyCFunction)(void (*)(void))program_send_envelope, METH_FASTCALL,
+     "send_envelope(etag, tag, data) -> whether an MPI envelope with data in place went."},
+    {"recv_envelope", (PyCFunction)(void (*)(void))program_recv_envelope, METH_FASTCALL,
+     "recv_envelope(etag, tag, dst, spill) -> None, (tag, size, payload) or False (see _core.c)."},
     {"nothing_stale", (PyCFunction)program_nothing_stale, METH_VARARGS,
      "nothing_stale(tag, max_tag): whether the peers' rings hold nothing stale once call tag is over."},
     {NULL, NULL, 0, NULL},

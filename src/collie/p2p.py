@@ -137,7 +137,7 @@ def core_run(network, program, buf, tag: int) -> bool:
     if network._abort is not None or network._lost:
         return False
     with network.lock:
-        return program.run((buf,), 0, tag, 0)[0] == 1
+        return program.move(buf, tag)
 
 
 _TAG_SHIFT = TAG_BITS + 1  # a p2p tag is (context << _TAG_SHIFT) | tag, as ProcessGroup.p2p_tag

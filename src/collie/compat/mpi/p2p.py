@@ -22,7 +22,7 @@ __all__ = []
 # ---- point-to-point matching (see the module docstring) ----
 
 ENVELOPE_WORDS = 32                          # every envelope is 32 int64s (256 bytes):
-_HEAD_BYTES = 24                             # MPI tag, payload size, sync id,
+_HEAD_BYTES = 24                             # MPI tag, payload size, sync id (_core.c: ENVELOPE_HEAD),
 INLINE_BYTES = 8 * ENVELOPE_WORDS - _HEAD_BYTES  # then a payload of up to 232 bytes in place
 
 class _Message:
@@ -91,9 +91,7 @@ class _Matcher:
         self.acks_in: dict[int, tuple] = {}    # group rank -> (ack array, its receive)
         self.acks_out: list = []               # (ack array, its send) still in flight
         self.core_programs: dict = {}  # (group rank, receiving) -> core_program's for its envelopes
-        self.envelope_out = np.zeros(ENVELOPE_WORDS, dtype=np.int64)  # the core's path fills these
-        self.envelope_in = np.zeros(ENVELOPE_WORDS, dtype=np.int64)
-        self.envelope_out_bytes, self.envelope_in_bytes = byte_view(self.envelope_out), byte_view(self.envelope_in)
+        self.envelope_in = np.zeros(ENVELOPE_WORDS, dtype=np.int64)  # an envelope the core took for the matcher
         _register(self)
 
     # The compiled core's path (core.p2p_program): a send of a payload that
@@ -124,18 +122,13 @@ class _Matcher:
     def core_send(self, data: memoryview, dest: int, tag: int) -> bool:
         """A blocking standard send of ``data`` (bytes) to another rank by
         the core; False if it did not (the full path sends it)."""
-        nbytes = data.nbytes
-        if nbytes > INLINE_BYTES or dest == self.rank:
+        if data.nbytes > INLINE_BYTES or dest == self.rank:
             return False
         program = self._core_program(dest, False)
         if program is None:
             return False
-        head = self.envelope_out
-        with self.network.lock:  # the envelope is this communicator's, for any thread
-            head[0], head[1], head[2] = tag, nbytes, 0
-            if nbytes:
-                self.envelope_out_bytes[_HEAD_BYTES:_HEAD_BYTES + nbytes] = data
-            return program.run((head,), 0, self.etag, 0)[0] == 1
+        with self.network.lock:
+            return program.send_envelope(self.etag, tag, data)  # the envelope, data in place
 
     def core_recv(self, dst: Optional[memoryview], source: int, tag: int) -> Optional[tuple]:
         """A blocking receive from ``source`` into ``dst`` (bytes; None: an
@@ -148,21 +141,14 @@ class _Matcher:
         program = self._core_program(source, True)
         if program is None:
             return None
-        head = self.envelope_in
-        with self.network.lock:  # the envelope is this communicator's, for any thread
-            if not program.run((head,), 0, self.etag, 0)[0]:
+        with self.network.lock:  # the envelope scratch is this communicator's, for any thread
+            got = program.recv_envelope(self.etag, tag, dst, self.envelope_in)
+            if got is None:
                 return None
-            got, nbytes, sync = head[:3].tolist()
-            wanted = got == tag or (tag == ANY_TAG and got >= 0)
-            if wanted and not sync and nbytes <= INLINE_BYTES and (dst is None or nbytes <= dst.nbytes):
-                payload = self.envelope_in_bytes[_HEAD_BYTES:_HEAD_BYTES + nbytes]
-                if dst is None:
-                    return (source, got, nbytes, False), bytes(payload)
-                if nbytes:
-                    dst[:nbytes] = payload
-                return (source, got, nbytes, False), None
-            self._envelope(source, head)
-        return None
+            if got is False:  # not this receive's: the matcher's, as progress would have it
+                self._envelope(source, self.envelope_in)
+                return None
+        return (source, got[0], got[1], False), got[2]
 
     def core_envelope(self, source: int) -> bool:
         """Have the core take ``source``'s next envelope, waiting for it as
@@ -174,11 +160,10 @@ class _Matcher:
         program = self._core_program(source, True)
         if program is None:
             return False
-        head = self.envelope_in
         with self.network.lock:
-            if not program.run((head,), 0, self.etag, 0)[0]:
+            if program.recv_envelope(self.etag, None, None, self.envelope_in) is None:
                 return False
-            self._envelope(source, head)
+            self._envelope(source, self.envelope_in)
         return True
 
     def isend(self, data: memoryview, dest: int, tag: int, sync: Optional[_SyncSend] = None) -> tuple:
