@@ -14,6 +14,7 @@ import pickle
 import numpy as np
 import pytest
 
+from collie.arrays import byte_view
 from harness import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -343,6 +344,33 @@ def test_blocking_send_and_recv_through_the_core_keep_mpi_matching():
     assert got == [2.0, 1.0, (3.0, 9), True, (8.0, 12), True, {"a": 1}, (8.0, True, 7.0), 5, (0, 22)]
     from collie import core
     assert core_took == (core.EXECUTOR == "c")
+
+
+def _send_beside_a_posted_receive_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    peer = 1 - rank
+    m = comm._p2p("test")
+    got, sent_by_core = np.zeros(3), []
+    for i in range(20):
+        req = comm.Irecv(got, peer, 4)
+        req.Test()  # a progress pass: the envelope receive from the peer is now the transport's
+        mine = np.full(3, float(i + 10 * rank))
+        sent_by_core.append(m.core_send(byte_view(mine), peer, 4))
+        if not sent_by_core[-1]:
+            comm.Send(mine, peer, 4)
+        req.Wait()
+        assert got.tolist() == [float(i + 10 * peer)] * 3
+    return sent_by_core
+
+
+def test_a_send_takes_the_core_beside_a_receive_from_the_same_peer_waiting_in_python():
+    """The core's send only needs the ring towards the peer idle: an
+    envelope receive from that peer already in the transport's books (an
+    Irecv after a progress pass) does not send it the full way."""
+    from collie import core
+    for sent_by_core in run(_send_beside_a_posted_receive_body, 2):
+        assert sent_by_core == [core.EXECUTOR == "c"] * 20
 
 
 def _pickle_body(rank, size):

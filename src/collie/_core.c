@@ -238,6 +238,7 @@ typedef struct {
     int64_t next_id;        /* the last rendezvous id used (Out.next_id) */
     int64_t head0, tail0, next_id0;  /* when a run began (to update the books) */
     int rdv;                /* the program may send it single-copy messages */
+    int sends, recvs;       /* the program sends to it, receives from it (in its own steps) */
     int64_t behind;         /* the last pass of a receive loop (CoreProgram.passes)
                                in which an earlier receive from it stayed open */
 } peer_t;
@@ -542,9 +543,12 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         for (int j = 0; j < s->nsend; j++) {
             peer_t *p = &self->peers[s->send[j].peer];
             if (p->shm && s->send[j].nbytes >= p->cma_bytes) p->rdv = 1;
+            p->sends = 1;
         }
-        for (int j = 0; j < s->nrecv; j++)
+        for (int j = 0; j < s->nrecv; j++) {
             if (s->recv[j].reduce && op < 0) { PyErr_SetString(PyExc_ValueError, "a reduction needs an op"); goto fail; }
+            self->peers[s->recv[j].peer].recvs = 1;
+        }
     }
     int64_t moved = 0;
     for (int i = 0; i < self->nsteps; i++) {
@@ -606,8 +610,11 @@ static int dict_empty(PyObject *dict, PyObject *obj, int name) {
     return full < 0 ? -1 : !full;
 }
 
-/* Whether the Python end of every shm ring has nothing in flight, so that
- * this core may use the rings directly: -1 on error, 0 no, 1 yes. */
+/* Whether the Python end of every shm ring this program uses has nothing
+ * in flight, so that the core may use the rings directly: -1 on error, 0
+ * no, 1 yes. Only the directions it uses count: a program that only sends
+ * to a peer may run while a receive from that peer waits in Python (an
+ * MPI Irecv's envelope receive, posted before its Isend). */
 static int rings_free(CoreProgram *self) {
     if (self->transport == Py_None) return 1;
     int ok = dict_is(self->transport_dict, self->transport, N_CLOSED, Py_False);
@@ -617,11 +624,15 @@ static int rings_free(CoreProgram *self) {
         if (!p->shm) continue;
         static const int out_empty[] = {N_QUEUE, N_PENDING, -1};
         static const int in_empty[] = {N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN, N_UNEXPECTED, -1};
-        ok = dict_is(p->out_dict, p->out_obj, N_ERROR, Py_None);
-        if (ok == 1) ok = dict_is(p->in_dict, p->in_obj, N_ERROR, Py_None);
-        if (ok == 1) ok = dict_is(p->in_dict, p->in_obj, N_CURRENT, Py_None);
-        for (int j = 0; ok == 1 && out_empty[j] >= 0; j++) ok = dict_empty(p->out_dict, p->out_obj, out_empty[j]);
-        for (int j = 0; ok == 1 && in_empty[j] >= 0; j++) ok = dict_empty(p->in_dict, p->in_obj, in_empty[j]);
+        if (p->sends) {
+            ok = dict_is(p->out_dict, p->out_obj, N_ERROR, Py_None);
+            for (int j = 0; ok == 1 && out_empty[j] >= 0; j++) ok = dict_empty(p->out_dict, p->out_obj, out_empty[j]);
+        }
+        if (p->recvs && ok == 1) {
+            ok = dict_is(p->in_dict, p->in_obj, N_ERROR, Py_None);
+            if (ok == 1) ok = dict_is(p->in_dict, p->in_obj, N_CURRENT, Py_None);
+            for (int j = 0; ok == 1 && in_empty[j] >= 0; j++) ok = dict_empty(p->in_dict, p->in_obj, in_empty[j]);
+        }
     }
     return ok;
 }
