@@ -3,8 +3,9 @@ each function of collie executes per call, on rank 0 of 2.
 
     python docs/perf/bytecodes.py [--op all_reduce|...|sendrecv] [--bytes 8] [--calls 200]
 
---op Allreduce, allreduce and bcast count collie.MPI's calls (the buffer
-Allreduce in place, and small pickled objects) instead.
+--op Allreduce, allreduce, bcast, Sendrecv and Irecv+Isend+Waitall count
+collie.MPI's calls (the buffer Allreduce in place, small pickled objects,
+point to point) instead.
 
 Timings on a shared 2-core machine move by 20-100% between runs; bytecode
 counts do not (rank 0 runs traced, about fifty times slower, so its peer's
@@ -42,7 +43,9 @@ def _call(op: str, nbytes: int):
             "Allreduce": lambda: MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),  # collie.MPI
             "allreduce": lambda: MPI.COMM_WORLD.allreduce(1),
             "bcast": lambda: MPI.COMM_WORLD.bcast({"step": 1}, root=1),
-            "Sendrecv": lambda: MPI.COMM_WORLD.Sendrecv(x, peer, 0, single, peer, 0)}[op]
+            "Sendrecv": lambda: MPI.COMM_WORLD.Sendrecv(x, peer, 0, single, peer, 0),
+            "Irecv+Isend+Waitall": lambda: MPI.Request.Waitall([MPI.COMM_WORLD.Irecv(single, peer, 0),
+                                                                MPI.COMM_WORLD.Isend(x, peer, 0)])}[op]
 
 
 def body(rank: int, op: str, nbytes: int, calls: int) -> None:
@@ -93,7 +96,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--op", default="all_reduce",
                    choices=("all_reduce", "broadcast", "all_gather", "all_to_all", "sendrecv",
-                            "Allreduce", "allreduce", "bcast", "Sendrecv"))
+                            "Allreduce", "allreduce", "bcast", "Sendrecv", "Irecv+Isend+Waitall"))
     p.add_argument("--bytes", type=int, default=8)
     p.add_argument("--calls", type=int, default=200)
     opts = p.parse_args(argv)
