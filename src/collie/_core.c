@@ -379,7 +379,24 @@ typedef struct {
     char *envelope;         /* a one-message program's own copy of its message (send_envelope) */
 } CoreProgram;
 
+/* A program refers to the rings' Python ends and their transport, which may
+ * lead back to it (the transport's callbacks into its Network, whose p2p
+ * programs these are): the cycle collector must see those references. (No
+ * tp_clear: the dicts and instances in such a cycle break it.) */
+static int program_traverse(CoreProgram *self, visitproc visit, void *arg) {
+    for (int i = 0; self->peers && i < self->npeers; i++) {
+        Py_VISIT(self->peers[i].out_obj);
+        Py_VISIT(self->peers[i].in_obj);
+        Py_VISIT(self->peers[i].out_dict);
+        Py_VISIT(self->peers[i].in_dict);
+    }
+    Py_VISIT(self->transport);
+    Py_VISIT(self->transport_dict);
+    return 0;
+}
+
 static void program_dealloc(CoreProgram *self) {
+    PyObject_GC_UnTrack(self);
     if (self->steps) {
         for (int i = 0; i < self->nsteps; i++) {
             PyMem_Free(self->steps[i].local);
@@ -1088,7 +1105,8 @@ static PyTypeObject ProgramType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "collie._core.Program",
     .tp_basicsize = sizeof(CoreProgram),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)program_traverse,
     .tp_doc = "A bound engine.Program, compiled for the core (see collie/core.py).",
     .tp_new = program_new,
     .tp_dealloc = (destructor)program_dealloc,
@@ -1119,20 +1137,45 @@ typedef struct {
     int narrays;
 } Lane;
 
+/* A lane and its group refer to each other (group.lanes, and the group a
+ * lane numbers its calls on): the cycle collector must see lanes. */
+static int lane_traverse(Lane *self, visitproc visit, void *arg) {
+    Py_VISIT(self->core);
+    Py_VISIT(self->group);
+    Py_VISIT(self->network);
+    Py_VISIT(self->acquire);
+    Py_VISIT(self->release);
+    Py_VISIT(self->done);
+    Py_VISIT(self->context);
+    Py_VISIT(self->meta_obj);
+    Py_VISIT(self->module_dict);
+    Py_VISIT(self->extra);
+    Py_VISIT(self->slow);
+    Py_VISIT(self->end);
+    Py_VISIT(self->glance);
+    return 0;
+}
+
+static int lane_clear(Lane *self) {
+    Py_CLEAR(self->core);
+    Py_CLEAR(self->group);
+    Py_CLEAR(self->network);
+    Py_CLEAR(self->acquire);
+    Py_CLEAR(self->release);
+    Py_CLEAR(self->done);
+    Py_CLEAR(self->context);
+    Py_CLEAR(self->meta_obj);
+    Py_CLEAR(self->module_dict);
+    Py_CLEAR(self->extra);
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->end);
+    Py_CLEAR(self->glance);
+    return 0;
+}
+
 static void lane_dealloc(Lane *self) {
-    Py_XDECREF(self->core);
-    Py_XDECREF(self->group);
-    Py_XDECREF(self->network);
-    Py_XDECREF(self->acquire);
-    Py_XDECREF(self->release);
-    Py_XDECREF(self->done);
-    Py_XDECREF(self->context);
-    Py_XDECREF(self->meta_obj);
-    Py_XDECREF(self->module_dict);
-    Py_XDECREF(self->extra);
-    Py_XDECREF(self->slow);
-    Py_XDECREF(self->end);
-    Py_XDECREF(self->glance);
+    PyObject_GC_UnTrack(self);
+    lane_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1290,6 +1333,10 @@ out:
 }
 
 static PyObject *lane_call(Lane *self, PyObject *args, PyObject *kwds) {
+    if (!self->core) {
+        PyErr_SetString(PyExc_RuntimeError, "a lane whose group is gone");
+        return NULL;
+    }
     if ((kwds && PyDict_GET_SIZE(kwds)) || PyTuple_GET_SIZE(args) != self->narrays) {
         PyErr_Format(PyExc_TypeError, "a lane takes its call's %d arrays", self->narrays);
         return NULL;
@@ -1309,7 +1356,9 @@ static PyTypeObject LaneType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "collie._core.Lane",
     .tp_basicsize = sizeof(Lane),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)lane_traverse,
+    .tp_clear = (inquiry)lane_clear,
     .tp_doc = "A repeated collective of one shape, run whole by the core (see collectives._lane).",
     .tp_new = lane_new,
     .tp_dealloc = (destructor)lane_dealloc,
