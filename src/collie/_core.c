@@ -588,12 +588,12 @@ fail:
  * a good part of a small call. */
 enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN,
        N_UNEXPECTED, N_HEAD, N_TAIL, N_NEXT_ID, N_SEQ, N_ABORT, N_LOST, N_TRACE, N_LOCK, N_DONE, N_WORLD, N_GROUP, N_NETWORK, N_LANES, N_BACKGROUND,
-       N_DRAIN, NNAMES };
+       N_DRAIN, N_RANK, N_RANKS, N_INDEX, N_DTYPE, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
                                            "done", "_world", "group", "network", "lanes", "background",
-                                           "drain"};
+                                           "drain", "rank", "ranks", "_index", "dtype"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -1365,43 +1365,57 @@ static PyTypeObject LaneType = {
     .tp_call = (ternaryfunc)lane_call,
 };
 
+/* What the look-ups below need from the Python side, set once by
+ * set_context() (collectives.py, at import): the collie.group module's
+ * dict (its _world), the ProcessGroup class, numpy.ndarray, arrays.numpy_view,
+ * the dtypes collie moves (arrays._NAMES) and the largest tag. */
+static PyObject *group_module_dict, *group_type, *ndarray_type, *numpy_view, *dtype_names;
+static long long max_tag_value;
+
+static PyObject *py_set_context(PyObject *self, PyObject *args) {
+    PyObject *dict, *type, *ndarray, *view, *dtypes;
+    long long max_tag;
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!L", &PyDict_Type, &dict, &PyType_Type, &type, &PyType_Type, &ndarray,
+                          &view, &PyDict_Type, &dtypes, &max_tag)) return NULL;
+    Py_XSETREF(group_module_dict, Py_NewRef(dict));
+    Py_XSETREF(group_type, Py_NewRef(type));
+    Py_XSETREF(ndarray_type, Py_NewRef(ndarray));
+    Py_XSETREF(numpy_view, Py_NewRef(view));
+    Py_XSETREF(dtype_names, Py_NewRef(dtypes));
+    max_tag_value = max_tag;
+    Py_RETURN_NONE;
+}
+
+/* The live world's group ``group`` (None: its default group), a new
+ * reference; NULL with no error where there is none (no world, another
+ * world's group, not a ProcessGroup); ``world`` gets the world (borrowed). */
+static PyObject *live_group(PyObject *group, PyObject **world) {
+    if (!group_module_dict) return NULL;
+    PyObject *w = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
+    if (!w || w == Py_None) return NULL;
+    *world = w;
+    if (group == Py_None) return PyObject_GetAttr(w, names[N_GROUP]);
+    if ((PyObject *)Py_TYPE(group) != group_type) return NULL;
+    PyObject *mine = PyObject_GetAttr(group, names[N_NETWORK]), *its = PyObject_GetAttr(w, names[N_NETWORK]);
+    int same = mine && its && mine == its;
+    Py_XDECREF(mine);
+    Py_XDECREF(its);
+    return same ? Py_NewRef(group) : NULL;
+}
+
 /* find_lane(group, key, tensor) -> the lane of a blocking call of shape
  * ``key`` on ``tensor`` (a NumPy array), with this process's async calls
  * done, or None: the caller takes the full path. ``group``: a ProcessGroup
  * of the live world, or None for its default group. (What every repeated
  * call looks up first, so it is here rather than in collectives.py.) */
-static PyObject *group_module_dict, *group_type;  /* set by lane_context() */
-
-static PyObject *py_lane_context(PyObject *self, PyObject *args) {
-    PyObject *dict, *type;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &dict, &PyType_Type, &type)) return NULL;
-    Py_XSETREF(group_module_dict, Py_NewRef(dict));
-    Py_XSETREF(group_type, Py_NewRef(type));
-    Py_RETURN_NONE;
-}
-
 static PyObject *py_find_lane(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "find_lane(group, key, tensor)");
         return NULL;
     }
-    if (!group_module_dict) Py_RETURN_NONE;
-    PyObject *group = args[0], *key = args[1], *tensor = args[2];
-    PyObject *world = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
-    if (!world) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-    if (world == Py_None) Py_RETURN_NONE;
-    PyObject *g, *lane = NULL, *result = NULL;
-    if (group == Py_None) {
-        if (!(g = PyObject_GetAttr(world, names[N_GROUP]))) return NULL;
-    } else {
-        if ((PyObject *)Py_TYPE(group) != group_type) Py_RETURN_NONE;
-        PyObject *mine = PyObject_GetAttr(group, names[N_NETWORK]), *its = PyObject_GetAttr(world, names[N_NETWORK]);
-        int same = mine && its && mine == its;
-        Py_XDECREF(mine);
-        Py_XDECREF(its);
-        if (!same) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-        g = Py_NewRef(group);
-    }
+    PyObject *key = args[1], *tensor = args[2], *world = NULL, *lane = NULL, *result = NULL;
+    PyObject *g = live_group(args[0], &world);
+    if (!g) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
     PyObject *lanes = PyObject_GetAttr(g, names[N_LANES]);
     Py_DECREF(g);
     if (!lanes) return NULL;
@@ -1430,6 +1444,71 @@ static PyObject *py_find_lane(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_XDECREF(background);
     if (!result) Py_DECREF(lane);
     return result;
+}
+
+/* p2p_target(tensor, rank, group_rank, group, tag, writable) -> (group,
+ * peer, array) for a point-to-point call the core may run (collie.p2p's
+ * _on_core): a live world's group this rank is in, a peer of it other than
+ * this rank (by global ``rank`` or ``group_rank``), a tag in range, an
+ * array (a NumPy array, or the view numpy_view gives of a torch tensor)
+ * C-contiguous (and writable, to receive into) of a dtype collie moves.
+ * Else None: the full path checks and explains. */
+static PyObject *py_p2p_target(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "p2p_target(tensor, rank, group_rank, group, tag, writable)");
+        return NULL;
+    }
+    PyObject *tensor = args[0], *rank = args[1], *group_rank = args[2], *tag = args[4], *world = NULL;
+    int writable = PyObject_IsTrue(args[5]);
+    if (writable < 0) return NULL;
+    if (!PyLong_CheckExact(tag)) Py_RETURN_NONE;
+    long long t = PyLong_AsLongLong(tag);
+    if (t < 0 || t > max_tag_value) {
+        PyErr_Clear();  /* too large for a long long: out of range all the same */
+        Py_RETURN_NONE;
+    }
+    PyObject *g = live_group(args[3], &world);
+    if (!g) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    PyObject *peer = NULL, *arr = NULL, *result = NULL, *index = NULL, *me = NULL, *network = NULL, *ranks = NULL;
+    PyObject *member = PyObject_GetAttr(g, names[N_RANK]);
+    long long mine = member ? PyLong_AsLongLong(member) : -1;
+    Py_XDECREF(member);
+    if (mine < 0) goto out;  /* not in the group */
+    if (group_rank != Py_None) {
+        if (rank != Py_None || !PyLong_CheckExact(group_rank) || !(ranks = PyObject_GetAttr(g, names[N_RANKS])))
+            goto out;
+        Py_ssize_t i = PyLong_AsSsize_t(group_rank);
+        if (i < 0 || !PyTuple_Check(ranks) || i >= PyTuple_GET_SIZE(ranks)) goto out;
+        peer = Py_NewRef(PyTuple_GET_ITEM(ranks, i));
+    } else {
+        peer = Py_NewRef(rank);
+    }
+    if (!PyLong_CheckExact(peer) || !(index = PyObject_GetAttr(g, names[N_INDEX]))) goto out;
+    if ((PyDict_Check(index) ? PyDict_Contains(index, peer) : 0) <= 0) goto out;
+    if (!(network = PyObject_GetAttr(world, names[N_NETWORK])) || !(me = PyObject_GetAttr(network, names[N_RANK])))
+        goto out;
+    if (PyObject_RichCompareBool(peer, me, Py_EQ) != 0) goto out;  /* itself (or an error) */
+    arr = (PyObject *)Py_TYPE(tensor) == ndarray_type ? Py_NewRef(tensor) : PyObject_CallOneArg(numpy_view, tensor);
+    if (!arr || arr == Py_None) goto out;
+    Py_buffer view;  /* C-contiguous, and writable where it receives */
+    if (PyObject_GetBuffer(arr, &view, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS : PyBUF_C_CONTIGUOUS) < 0)
+        goto out;
+    PyBuffer_Release(&view);
+    PyObject *dtype = PyObject_GetAttr(arr, names[N_DTYPE]);
+    int moved = dtype ? PyDict_Contains(dtype_names, dtype) : -1;
+    Py_XDECREF(dtype);
+    if (moved > 0) result = PyTuple_Pack(3, g, peer, arr);
+out:
+    /* An error here the full path finds again and explains (an interrupt stays). */
+    if (!result && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
+    Py_XDECREF(index);
+    Py_XDECREF(me);
+    Py_XDECREF(network);
+    Py_XDECREF(ranks);
+    Py_XDECREF(peer);
+    Py_XDECREF(arr);
+    Py_DECREF(g);
+    return result ? result : PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
 }
 
 /* set_thread_spin(seconds) -> the bound it had: from now on this thread's
@@ -1476,8 +1555,10 @@ static PyMethodDef methods[] = {
     {"combine", py_combine, METH_VARARGS, "combine(dst, src, dtype, op): dst = dst op src in place."},
     {"find_lane", (PyCFunction)(void (*)(void))py_find_lane, METH_FASTCALL,
      "find_lane(group, key, tensor) -> the lane of a repeated call, or None (collectives._find_lane)."},
-    {"lane_context", py_lane_context, METH_VARARGS,
-     "lane_context(group module's dict, ProcessGroup): where find_lane looks for the world."},
+    {"p2p_target", (PyCFunction)(void (*)(void))py_p2p_target, METH_FASTCALL,
+     "p2p_target(tensor, rank, group_rank, group, tag, writable) -> (group, peer, array) or None (collie.p2p)."},
+    {"set_context", py_set_context, METH_VARARGS,
+     "set_context(group module's dict, ProcessGroup, ndarray, numpy_view, dtype names, max tag): see _core.c."},
     {"set_thread_spin", py_set_thread_spin, METH_VARARGS,
      "set_thread_spin(seconds) -> previous: bound this thread's receive spin (negative: none)."},
     {NULL, NULL, 0, NULL},

@@ -37,7 +37,7 @@ import numpy as np
 
 from . import algorithms, core, engine
 from . import group as _group
-from .arrays import Buffer, numpy_view
+from .arrays import _NAMES, Buffer, numpy_view
 from .errors import CollieError, CollieTimeout, MismatchError, PeerError
 from .group import ProcessGroup, resolve, world
 from .ops import ReduceOp, as_op, average, check_op, kernel, scale
@@ -374,8 +374,8 @@ def _no_lane(group, key: tuple, tensor: np.ndarray):
 # or None: the caller takes the full path. In C (every repeated call looks it
 # up first); without the compiled core there are no lanes.
 _find_lane = core.find_lane if core.find_lane is not None else _no_lane
-if core.find_lane is not None:
-    core.lane_context(vars(_group), ProcessGroup)
+if core.set_context is not None:  # where the core's look-ups find the world, and what they accept
+    core.set_context(vars(_group), ProcessGroup, np.ndarray, numpy_view, _NAMES, MAX_TAG)
 
 
 def _two_array_lane(name: str, group, output, input, async_op: bool, extra: Optional[tuple]):

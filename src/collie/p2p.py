@@ -15,8 +15,7 @@ from typing import Optional
 import numpy as np
 
 from . import core
-from . import group as _group
-from .arrays import _NAMES, Buffer, byte_view, numpy_view
+from .arrays import Buffer, byte_view
 from .group import ProcessGroup, resolve
 from .wire import MAX_TAG, TAG_BITS
 from .work import CompletedWork, Work
@@ -147,28 +146,11 @@ def _on_core(tensor, rank, group_rank, group, tag, writable: bool):
     """(group, peer, array) for a call the core may run: the core chosen, a
     live world, a plain or viewable torch tensor that is contiguous (and
     writable, to receive into) of a dtype collie moves, a valid peer and
-    tag. Else None: the full path checks and explains."""
-    w = _group._world
-    if w is None or core.EXECUTE is not core.execute:
+    tag (checked in C: core.p2p_target). Else None: the full path checks
+    and explains."""
+    if core.EXECUTE is not core.execute:
         return None
-    g = w.group if group is None else group
-    if g.__class__ is not ProcessGroup or g.network is not w.network or g.rank < 0:
-        return None
-    if group_rank is not None:
-        if rank is not None or type(group_rank) is not int or not 0 <= group_rank < g.size:
-            return None
-        rank = g.ranks[group_rank]
-    if type(rank) is not int or rank not in g._index or rank == w.network.rank:
-        return None
-    if type(tag) is not int or not 0 <= tag <= MAX_TAG:
-        return None
-    arr = tensor if tensor.__class__ is np.ndarray else numpy_view(tensor)
-    if arr is None:
-        return None
-    flags = arr.flags
-    if not flags.c_contiguous or (writable and not flags.writeable) or arr.dtype not in _NAMES:
-        return None
-    return g, rank, arr
+    return core.p2p_target(tensor, rank, group_rank, group, tag, writable)
 
 
 def _core_send(g: ProcessGroup, peer: int, arr: np.ndarray, tag: int) -> bool:
