@@ -642,6 +642,29 @@ def scatter(tensor, scatter_list: Optional[list] = None, src: Optional[int] = No
                 nbytes=out.nbytes, algorithm=algorithm, async_op=async_op, after=out.finish)
 
 
+def rooted_blocks(name: str, g: ProcessGroup, mine: np.ndarray, every: Optional[np.ndarray], root: int) -> None:
+    """A gather (``name`` "gather") of every rank's ``mine`` into the root's
+    ``every``, or a scatter of the root's ``every`` into every rank's
+    ``mine``: one contiguous array of the group's blocks at group rank
+    ``root`` (None elsewhere), equal blocks. What the object collectives'
+    first rounds run (objects.py): unlike gather and scatter, with no list
+    to copy to or from, so that a repeated call takes its lane."""
+    key = (name, mine.dtype, mine.size, root)
+    lane = _find_lane(g, key, mine)
+    if lane is not None:  # its arrays in sorted order: "in", then "out"
+        if every is None:
+            lane(mine)
+        elif name == "gather":
+            lane(mine, every)
+        else:
+            lane(every, mine)
+        return
+    mine_is, every_is = ("in", "out") if name == "gather" else ("out", "in")
+    arrays = {mine_is: mine} if every is None else {mine_is: mine, every_is: every}
+    _run(g, name, arrays, {mine_is: (mine.size,), every_is: (mine.size,) * g.size}, dtype_name=_NAMES[mine.dtype],
+         root=root, count=mine.size, nbytes=mine.nbytes, lane_key=key)
+
+
 def reduce_scatter(output, input_list: list, op=ReduceOp.SUM, group=None, async_op: bool = False,
                    algorithm: Optional[str] = None):
     """Reduce ``input_list[r]`` across the group into rank r's ``output``.
