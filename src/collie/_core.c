@@ -1134,7 +1134,9 @@ typedef struct {
                                nothing_stale), or None */
     int64_t fixed, max_tag;
     uint64_t meta;
-    int narrays;
+    int narrays;            /* the call's arrays, as it passes them */
+    int used;               /* those the program takes: narrays, or 0 for a program of no buffers
+                               (a group of one, whose call moves nothing) */
 } Lane;
 
 /* A lane and its group refer to each other (group.lanes, and the group a
@@ -1193,7 +1195,8 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         return NULL;
     }
     int nextra = PyTuple_Check(extra) ? (int)PyTuple_GET_SIZE(extra) : -1;
-    if (narrays < 0 || (nextra >= 0 && narrays + nextra != ((CoreProgram *)core)->nbufs)) {
+    int used = nextra == 0 && ((CoreProgram *)core)->nbufs == 0 ? 0 : narrays;
+    if (narrays < 0 || (nextra >= 0 && used + nextra != ((CoreProgram *)core)->nbufs)) {
         PyErr_SetString(PyExc_ValueError, "Lane: the arrays and extra buffers must be the program's buffers");
         return NULL;
     }
@@ -1201,6 +1204,7 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (!self) return NULL;
     self->core = (CoreProgram *)Py_NewRef(core);
     self->narrays = narrays;
+    self->used = used;
     self->group = Py_NewRef(group);
     self->network = Py_NewRef(network);
     self->context = Py_NewRef(context);
@@ -1263,13 +1267,13 @@ static PyObject *lane_core(Lane *self, PyObject *seq, int64_t tag, PyObject *tag
     PyObject *objs[core->nbufs + 1];
     PyObject *extra = PyTuple_Check(self->extra) ? Py_NewRef(self->extra) : PyObject_CallNoArgs(self->extra);
     if (!extra) goto out;
-    if (!PyTuple_Check(extra) || self->narrays + PyTuple_GET_SIZE(extra) != core->nbufs) {
+    if (!PyTuple_Check(extra) || self->used + PyTuple_GET_SIZE(extra) != core->nbufs) {
         PyErr_SetString(PyExc_ValueError, "a lane's extra buffers do not fit its program");
         Py_DECREF(extra);
         goto out;
     }
-    for (int i = 0; i < self->narrays; i++) objs[i] = PyTuple_GET_ITEM(args, i);
-    for (int i = self->narrays; i < core->nbufs; i++) objs[i] = PyTuple_GET_ITEM(extra, i - self->narrays);
+    for (int i = 0; i < self->used; i++) objs[i] = PyTuple_GET_ITEM(args, i);
+    for (int i = self->used; i < core->nbufs; i++) objs[i] = PyTuple_GET_ITEM(extra, i - self->used);
     PyObject *held = PyObject_CallNoArgs(self->acquire);
     if (!held) { Py_DECREF(extra); goto out; }
     Py_DECREF(held);

@@ -327,7 +327,9 @@ def _lane(g: ProcessGroup, name: str, prepared: _Prepared, arrays: tuple):
     if core.EXECUTE is not core.execute:
         return None
     found = core.lane(prepared.program, g.network)
-    if found is None or found[1] != arrays:  # the core must take every array the callers pass
+    # The core must take every array the callers pass, or none and nothing
+    # else (a group of one: the call moves nothing, the lane keeps its books).
+    if found is None or (found[1] != arrays and (found[1] or found[2] != ())):
         return None
     program, names, extra, spare = found
     network, meta, context, ranks = g.network, prepared.meta, g.context, g.ranks
@@ -349,7 +351,7 @@ def _lane(g: ProcessGroup, name: str, prepared: _Prepared, arrays: tuple):
         end = lambda seq, tag: network.finish(tag, meta, ranks)  # noqa: E731 - (seq, tag) as the lane calls it
 
     fixed = (context << (TAG_BITS + 1)) | COLLECTIVE_BIT  # as ProcessGroup.collective_tag
-    return core.Lane(program, len(names), g, network, context, fixed, MAX_TAG, meta, extra, slow, end, glance,
+    return core.Lane(program, len(arrays), g, network, context, fixed, MAX_TAG, meta, extra, slow, end, glance,
                      globals())
 
 
