@@ -438,7 +438,7 @@ def broadcast(tensor, src: Optional[int] = None, group=None, async_op: bool = Fa
     """
     arr = tensor if tensor.__class__ is np.ndarray else numpy_view(tensor)
     if arr is not None and not async_op:
-        key = _lane_key("broadcast", arr, src, group_src, algorithm)
+        key = ("broadcast", arr.dtype, arr.size, src, group_src, algorithm)  # _lane_key's, written out
         lane = _find_lane(group, key, arr)
         if lane is not None:
             return lane(arr)
@@ -462,7 +462,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     """
     arr = tensor if tensor.__class__ is np.ndarray else numpy_view(tensor)
     if arr is not None and op.__class__ is ReduceOp and not async_op:
-        key = _lane_key("all_reduce", arr, op.code, algorithm)
+        key = ("all_reduce", arr.dtype, arr.size, op.code, algorithm)  # _lane_key's, written out
         lane = _find_lane(group, key, arr)
         if lane is not None:
             return lane(arr)
