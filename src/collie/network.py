@@ -119,7 +119,8 @@ class Network:
 
     def __init__(self, rank: int, size: int, store, job_id: str, *, backend: str = "auto",
                  timeout: float = 300.0, token: bytes | None = None,
-                 master_addr: str = "127.0.0.1", local_world_size: int | None = None):
+                 master_addr: str = "127.0.0.1", local_world_size: int | None = None,
+                 topology=None):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
         self.rank, self.size, self.timeout = rank, size, timeout
@@ -144,8 +145,9 @@ class Network:
         self.groups: dict[int, tuple[tuple, str]] = {}
         self._closed = False
         self.p2p = None  # collie.p2p's state for the compiled core (p2p._CoreP2P), made on first use
+        self.topology = None  # the hosts and the link between them (topology.settle, at init)
 
-        hosts = self._exchange_hosts(store, job_id)
+        hosts = self._exchange_hosts(store, job_id, topology)
         self.hosts = tuple(hosts)  # each rank's host: what topological algorithms group by
         local = [p for p in range(size) if p != rank and hosts[p] == hosts[rank]]
         remote = [p for p in range(size) if p != rank and hosts[p] != hosts[rank]]
@@ -190,9 +192,33 @@ class Network:
             t.unexpected = self._unexpected
         self.backend_of = ["self" if p == rank else self.routes[p].name for p in range(size)]
 
-    def _exchange_hosts(self, store, job_id: str) -> list[str]:
-        store.set(f"host/{job_id}/{self.rank}", host_identity().encode())
-        return [store.get(f"host/{job_id}/{p}").decode() for p in range(self.size)]
+    def _exchange_hosts(self, store, job_id: str, spec) -> list[str]:
+        """Each rank's host: its machine (``machines``), or where
+        COLLIE_TOPOLOGY (``spec``, parsed) puts it. Every rank checks that
+        all ranks were given the same COLLIE_TOPOLOGY, so that a bad one
+        raises the same error on all of them."""
+        from . import topology
+        text = "" if spec is None else spec.text
+        store.set(f"host/{job_id}/{self.rank}", f"{host_identity()}\0{text}".encode())
+        every = [store.get(f"host/{job_id}/{p}").decode().split("\0", 1) for p in range(self.size)]
+        self.machines = tuple(machine for machine, _ in every)  # what shares memory
+        self.hosts_source = "COLLIE_HOST_ID" if os.environ.get("COLLIE_HOST_ID") else "hostnames"
+        try:
+            differ = next((p for p, (_, t) in enumerate(every) if t != every[0][1]), None)
+            if differ is not None:
+                raise ValueError(f"{topology.ENV} differs between ranks: rank 0 has {every[0][1]!r}, "
+                                 f"rank {differ} has {every[differ][1]!r}")
+            if spec is None or spec.hosts is None and spec.per_host is None:
+                return list(self.machines)
+            stated = topology.assign(spec, self.size)
+            topology.check_machines(stated, self.machines)
+        except ValueError:
+            # Every rank saw the same and raises the same: let all read before rank 0's store goes.
+            from .rendezvous import store_barrier
+            store_barrier(store, f"host/{job_id}/failed", self.size, self.timeout)
+            raise
+        self.hosts_source = topology.ENV
+        return [f"host {h} of {topology.ENV}" for h in stated]
 
     # ---- called from transport threads: record, then wake the waiter ----
 
