@@ -493,8 +493,7 @@ class CollieComm(DistComm):
             from .group import resolve
             g = resolve(None)
             nbytes = 0 if op == "all_to_all" else lay.nbytes
-            return collectives.tuner().choose(op, nbytes, self.size, collectives._transport(g),
-                                              hosts=g.hosts).algorithm
+            return collectives.choose(g, op, nbytes).algorithm
         except Exception:  # noqa: BLE001 - only a label
             return "auto"
 

@@ -3,9 +3,19 @@
 Inputs: the collective, the bytes each rank contributes, the group size and
 the transport between the group's ranks ("shm" when every peer is on this
 host, else "tcp"). The choice is a short table of crossovers measured with
-`collie bench --algo all` (docs/performance.md), not a model: small messages
-want the fewest steps (latency), large ones the fewest bytes per rank
-(bandwidth).
+`collie bench --algo all` (docs/performance.md): small messages want the
+fewest steps (latency), large ones the fewest bytes per rank (bandwidth).
+
+Across hosts, where the link between them is known (measured at setup or
+stated in COLLIE_TOPOLOGY, collie/topology.py), a model replaces the table
+for the collectives that have a hierarchical algorithm, where the link
+bounds the call: collie.sim runs every algorithm's real schedule on an
+alpha-beta model of that link (the ranks of a host sharing it) and of
+shared memory inside a host, and the fastest predicted wins (``modelled``).
+It is decided once per collective, power-of-two size band and layout of
+hosts, at the band's lower end, and cached: every rank of a group computes
+the same answer from the same inputs, and later calls pay a dictionary
+look-up.
 
 Users override it per call (algorithm="ring") or per process with
 COLLIE_ALGO: "ring" forces ring on every collective that has it,
@@ -16,6 +26,7 @@ NCCL_DEBUG_SUBSYS=TUNING does.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import NamedTuple, Optional
@@ -51,13 +62,89 @@ def _segments(nbytes: int, pieces: int, target: int) -> int:
     return max(1, min(64, nbytes // max(1, pieces * target)))
 
 
+def _hier_segments(nbytes: int) -> int:
+    """hier all_reduce pipelines pieces of 512 KiB, up to 8: each piece's
+    phases inside the hosts then overlap other pieces' transfers between
+    them. On the test bed (2 hosts x 2 ranks, 1 Gbit/s, docs/multihost.md)
+    a 4 MiB call took 46.8 ms unpipelined and 37.4 ms in 8 pieces; 1 MiB
+    gained nothing from 2 pieces or more, 16 MiB was link-bound either way."""
+    return max(1, min(8, nbytes // (512 * KiB)))
+
+
 def _hierarchical(hosts) -> bool:
     """Several hosts, and some host with several ranks: where hier pays."""
     return hosts is not None and len(set(hosts)) > 1 and len(set(hosts)) < len(hosts)
 
 
-def default_choice(collective: str, nbytes: int, nranks: int, transport: str, hosts=None) -> Choice:
-    """The tuned default for one call.
+# What the model (modelled) assumes inside a host: shared memory, in round
+# numbers of the order this 2-core machine reaches (docs/scale.md's fit:
+# 13 GB/s, 11 GB/s reduce, 24 GB/s copy, 17 us a message; halved here for
+# ranks that share cores with their TCP threads).
+INTRA = (10e-6, 1 / 6e9)           # alpha (s), beta (s/byte)
+REDUCE_RATE, COPY_RATE = 5e9, 10e9  # bytes/s
+MODELLED = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
+MODEL_MAX_RANKS = 256  # above, the table (a simulation would cost more than it saves)
+# Where the model decides, from the test bed's side-by-side runs of its picks
+# and the table's (docs/multihost.md): on a link of 1 Gbit/s it picked as
+# well or better (tree broadcast and reduce 1.9-2x direct at 1 MiB, hier
+# all_gather 1.3-1.9x direct at 4 MiB) once the bytes that must cross took
+# MODEL_MIN_SECONDS; below, a call on this shared 2-core machine is ruled by
+# ranks waiting for a core (stalls of 2-4 ms), which the model does not see
+# (hier all_gather of 64 KiB-1 MiB: 0.1-0.8x). On the unshaped bed (0.3-1
+# GB/s measured) TCP is bound by the cores, which parallel connections
+# scale past, not by a link, and the model lost to the table in most cells.
+MODEL_MAX_RATE = 200e6      # bytes/s: the link must be slower
+MODEL_MIN_SECONDS = 5e-3    # to cross at that rate
+
+
+def default_choice(collective: str, nbytes: int, nranks: int, transport: str, hosts=None,
+                   link=None, exclude=()) -> Choice:
+    """The tuned default for one call: the model's pick where a ``link``
+    between hosts (topology.Link) is known and the group spans hosts, else
+    the table's. ``exclude``: algorithms that cannot run this call."""
+    if (link is not None and collective in MODELLED and hosts is not None and len(set(hosts)) > 1
+            and nranks <= MODEL_MAX_RANKS and 1 / link[1] <= MODEL_MAX_RATE):
+        picked = modelled(collective, max(nbytes, 1).bit_length(), tuple(hosts), tuple(link),
+                          frozenset(exclude) - {"shm"})  # shm never runs across hosts
+        if picked is not None:
+            return Choice(picked[0], _segments_for(picked[0], nbytes, nranks), picked[1])
+    return table_choice(collective, nbytes, nranks, transport, hosts)
+
+
+def _segments_for(algorithm: str, nbytes: int, nranks: int) -> int:
+    """Segments of an algorithm over TCP where the model picked it."""
+    return _hier_segments(nbytes) if algorithm == "hier" else _segments(nbytes, nranks, 4 * MiB)
+
+
+@functools.lru_cache(maxsize=1024)
+def modelled(collective: str, band: int, hosts: tuple, link: tuple, exclude: frozenset) -> Optional[tuple]:
+    """(algorithm, why): the one collie.sim predicts fastest for sizes of
+    ``band`` (bit length: 2**(band-1) to 2**band - 1 bytes), simulated at
+    the band's lower end on ``hosts`` (each rank's host) joined by ``link``
+    ((alpha, beta) of the link between hosts, shared by a host's ranks).
+    None where the bytes that must cross take under MODEL_MIN_SECONDS."""
+    from . import sim
+    from .bench import link_bytes
+    size = 1 << (band - 1)
+    n = len(hosts)
+    if link_bytes(collective, hosts, size) * link[1] < MODEL_MIN_SECONDS:
+        return None
+    model = sim.Model(sim.Link(*INTRA), sim.Link(*link), 1 / REDUCE_RATE, 1 / COPY_RATE, host_nic=True)
+    times = {}
+    for name in algorithms.algorithms_for(collective):
+        if name == "shm" or name in exclude:
+            continue
+        times[name] = sim.simulate(collective, name, n, size, model=model, hosts=hosts,
+                                   segments=_segments_for(name, size, n)).seconds
+    ranked = sorted(times, key=times.get)
+    best = ranked[0]
+    runner = f", then {ranked[1]} {times[ranked[1]] * 1e3:.3g} ms" if len(ranked) > 1 else ""
+    return best, (f"fastest in a model of the link between hosts ({1 / link[1] / 1e6:.0f} MB/s, "
+                  f"{link[0] * 1e6:.0f} us): {times[best] * 1e3:.3g} ms at {size} bytes{runner}")
+
+
+def table_choice(collective: str, nbytes: int, nranks: int, transport: str, hosts=None) -> Choice:
+    """The measured table's choice for one call.
 
     Crossovers measured with `collie bench --algo all` on a 2-core machine
     (docs/performance.md). Over shared memory, messages from 256 KiB go
@@ -79,8 +166,8 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str, ho
         if _hierarchical(hosts) and nbytes >= 4 * MiB:
             # On the test bed (2 hosts x 2 ranks, docs/multihost.md) hier won
             # from 4 MiB, shaped to 1 Gbit/s or not, and lost at 1 MiB.
-            return Choice("hier", 1, "several hosts with several ranks each: shared memory inside "
-                                     "hosts, each byte across the network once each way")
+            return Choice("hier", _hier_segments(nbytes), "several hosts with several ranks each: shared "
+                                     "memory inside hosts, each byte across the network once each way")
         if few:
             if nbytes < 128 * KiB:
                 return Choice("direct", 1, "small message, two ranks: one exchange")
@@ -178,6 +265,10 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str, ho
     return Choice("direct", 1, "the default")
 
 
+def _forced_segments(algorithm: str, nbytes: int, nranks: int) -> int:
+    return _hier_segments(nbytes) if algorithm == "hier" else _segments(nbytes, nranks, MiB)
+
+
 class Tuner:
     """Per-process choices: forced ones from COLLIE_ALGO, else the table."""
 
@@ -188,16 +279,18 @@ class Tuner:
 
     def choose(self, collective: str, nbytes: int, nranks: int, transport: str,
                algorithm: Optional[str] = None, rank: int = 0, exclude: Optional[dict] = None,
-               hosts=None) -> Choice:
+               hosts=None, link=None) -> Choice:
         """``exclude`` maps algorithms that cannot run this call to why (bruck
         on an all_to_all with uneven splits): forcing one per call is an
-        error, forcing it with COLLIE_ALGO leaves the call to the table."""
+        error, forcing it with COLLIE_ALGO leaves the call to the tuner.
+        ``hosts``: each rank's host; ``link``: the link between hosts, when
+        known (see default_choice)."""
         exclude = exclude or {}
         have = {name: f for name, f in algorithms.ALGORITHMS[collective].items() if name not in exclude}
         if algorithm in exclude:
             raise ValueError(f"{collective} cannot use algorithm {algorithm!r} for this call "
                              f"({exclude[algorithm]}); choose one of {', '.join(sorted(have))}")
-        default = default_choice(collective, nbytes, nranks, transport, hosts)
+        default = default_choice(collective, nbytes, nranks, transport, hosts, link, exclude)
         if default.algorithm not in have:  # excluded for this call (uneven blocks...)
             default = Choice("direct", 1, f"{default.algorithm} cannot run this call; direct can")
         if algorithm is not None:
@@ -205,15 +298,15 @@ class Tuner:
                 raise ValueError(f"{collective} has no algorithm {algorithm!r}; "
                                  f"choose one of {', '.join(sorted(have))}")
             choice = Choice(algorithm, default.segments if algorithm == default.algorithm else
-                            _segments(nbytes, nranks, MiB), "forced by algorithm=")
+                            _forced_segments(algorithm, nbytes, nranks), "forced by algorithm=")
         elif collective in self.per:
             name = self.per[collective]
             if name not in have:
                 raise ValueError(f"COLLIE_ALGO forces {collective}:{name}, but {collective} has "
                                  f"only {', '.join(sorted(have))}")
-            choice = Choice(name, _segments(nbytes, nranks, MiB), f"forced by COLLIE_ALGO={collective}:{name}")
+            choice = Choice(name, _forced_segments(name, nbytes, nranks), f"forced by COLLIE_ALGO={collective}:{name}")
         elif self.everywhere in have:
-            choice = Choice(self.everywhere, _segments(nbytes, nranks, MiB),
+            choice = Choice(self.everywhere, _forced_segments(self.everywhere, nbytes, nranks),
                             f"forced by COLLIE_ALGO={self.everywhere}")
         else:
             choice = default
