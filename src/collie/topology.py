@@ -52,6 +52,7 @@ ENV = "COLLIE_TOPOLOGY"
 PROBE_ENV = "COLLIE_LINK_PROBE"
 KEYS = ("hosts", "per_host", "rate", "latency")
 DEFAULT_LATENCY = 50e-6
+STATED = f"stated by {ENV}"  # Topology.link_source of a link the user gave
 MAX_PROBED = 3
 PINGS = 5
 PROBE_BYTES = 256 << 10      # a message of a round; 4x more (up to MAX_PROBE_BYTES) while
@@ -192,9 +193,10 @@ def _quantity(value, units: dict, key: str, example: str) -> float:
 def _hosts(value) -> tuple:
     """``hosts`` as a tuple of each host's ranks."""
     if isinstance(value, str):
-        groups = [g for g in (s.strip() for s in value.split("/"))]
         hosts = []
-        for g in groups:
+        for g in (s.strip() for s in value.split("/")):
+            if not g:
+                raise ValueError(f"{ENV}: hosts {value!r} has an empty host")
             ranks = []
             for item in (s.strip() for s in g.split(",")):
                 lo, dash, hi = item.partition("-")
@@ -267,45 +269,42 @@ def settle(network, spec: Optional[Spec], store, job_id: str, timeout: float,
         return Topology(hosts, source, None, "one host: no link between hosts")
     if spec is not None and spec.rate is not None:
         latency = DEFAULT_LATENCY if spec.latency is None else spec.latency
-        return Topology(hosts, source, Link(latency, 1 / spec.rate), f"stated by {ENV}")
+        return Topology(hosts, source, Link(latency, 1 / spec.rate), STATED)
     if not probe:
         return Topology(hosts, source, None, f"not measured ({PROBE_ENV}=0)")
     key = f"collie/{job_id}/link"
+    begin = time.perf_counter()
+    alpha, beta, _ = measure(network, timeout)
     if network.rank == 0:
-        start = time.perf_counter()
-        alpha, beta = measure(network, timeout)
-        took = time.perf_counter() - start
-        store.set(key, json.dumps([alpha, beta, took]).encode())
-    else:
-        if network.rank in _probed(hosts):
-            measure(network, timeout)
-        alpha, beta, took = json.loads(store.get(key, timeout=timeout).decode())
+        store.set(key, json.dumps([alpha, beta, time.perf_counter() - begin]).encode())
+    alpha, beta, took = json.loads(store.get(key, timeout=timeout).decode())
     return Topology(hosts, source, Link(alpha, beta), f"measured at setup in {took * 1e3:.0f} ms")
 
 
-def _probed(hosts: tuple) -> list:
-    """The first rank of each host but rank 0's, up to MAX_PROBED of them."""
-    first: dict = {}
-    for r, h in enumerate(hosts):
-        first.setdefault(h, r)
-    return list(first.values())[1:1 + MAX_PROBED]
-
-
-def measure(network, timeout: float) -> tuple[float, float]:
-    """(alpha, beta) of the slowest link between rank 0 and the ranks it
-    probes; on those ranks, their half of it (rank 0's answer counts)."""
+def measure(network, timeout: float, leaders: Optional[int] = MAX_PROBED, min_round: float = MIN_ROUND,
+            most: int = MAX_PROBE_BYTES, caller: str = "init_process_group") -> tuple[float, float, int]:
+    """(alpha, beta, bytes per message of the rounds that counted) of the
+    slowest link between rank 0 and the first rank of each other host (up
+    to ``leaders`` of them; None: all), as the module docstring says, with
+    messages grown 4x (up to ``most``) while a round takes under
+    ``min_round``. Every rank calls it; those probed get their half of it
+    (rank 0's answer counts), the others zeros at once."""
     from .wire import CONTEXT_SHIFT, SETUP_CONTEXT
     tag = SETUP_CONTEXT << CONTEXT_SHIFT
+    first: dict = {}
+    for r, h in enumerate(network.hosts):
+        first.setdefault(h, r)
+    probed = list(first.values())[1:][:leaders]
     me = network.rank
-    peers = _probed(network.hosts) if me == 0 else [0]
-    alpha, beta = 0.0, 0.0
+    peers = probed if me == 0 else [0] if me in probed else []
+    alpha, beta, size = 0.0, 0.0, 0
     for peer in peers:
 
         def move(sends, recvs, what: str):
             reqs = [network.post_recv(peer, tag, memoryview(b).cast("B"), None, 0) for b in recvs]
             reqs += [network.post_send(peer, tag, memoryview(b).cast("B"), 0) for b in sends]
             network.wait(reqs, timeout=timeout,
-                         describe=lambda: f"init_process_group: measuring the link to rank {peer} ({what})")
+                         describe=lambda: f"{caller}: measuring the link to rank {peer} ({what})")
 
         ping, pong = np.zeros(1, np.float64), np.zeros(1, np.float64)
         trips = []
@@ -328,10 +327,10 @@ def measure(network, timeout: float) -> tuple[float, float]:
             arrived = []
             for req in reqs[:PROBE_MESSAGES]:
                 network.wait([req], timeout=timeout,
-                             describe=lambda: f"init_process_group: measuring the link to rank {peer} (rate)")
+                             describe=lambda: f"{caller}: measuring the link to rank {peer} (rate)")
                 arrived.append(time.perf_counter())
             network.wait(reqs[PROBE_MESSAGES:], timeout=timeout,
-                         describe=lambda: f"init_process_group: measuring the link to rank {peer} (rate)")
+                         describe=lambda: f"{caller}: measuring the link to rank {peer} (rate)")
             # Per byte: after the first message (blind to a shaper's burst, but made too
             # short when this rank woke late for the first), and from the start (never
             # too short, but a burst makes it so): the larger of the two.
@@ -340,10 +339,11 @@ def measure(network, timeout: float) -> tuple[float, float]:
             theirs = np.zeros(2)
             move([mine], [theirs], "rate")  # the pair's slower direction counts: the same on both
             per_byte = max(mine.max(), theirs.max())
-            if not rounds and per_byte * PROBE_MESSAGES * nbytes < MIN_ROUND and nbytes < MAX_PROBE_BYTES:
-                nbytes *= 4  # a fast link: a round this short is mostly the ranks' wake-ups
+            if not rounds and per_byte * PROBE_MESSAGES * nbytes < min_round and nbytes < most:
+                nbytes = min(most, 4 * nbytes)  # a fast link: a round this short is mostly the ranks' wake-ups
                 continue
             rounds.append(per_byte)
         alpha = max(alpha, min(trips) / 2)
         beta = max(beta, sorted(rounds)[len(rounds) // 2])
-    return float(alpha), float(beta)
+        size = max(size, nbytes)
+    return float(alpha), float(beta), size
