@@ -677,7 +677,7 @@ def link_rate(seconds: float = 0.25, most: int = 8 << 20) -> Optional[tuple[floa
     if network.topology is not None and network.topology.link_source == STATED:
         return 1 / network.topology.link.beta, 0
     _, beta, nbytes = measure(network, network.timeout, leaders=None, min_round=seconds, most=most,
-                              caller="collie bench")
+                              budget=None, caller="collie bench")
     found = np.array([1 / beta, nbytes] if collie.get_rank() == 0 else [0.0, 0.0])
     collie.broadcast(found, src=0)
     return float(found[0]), int(found[1])

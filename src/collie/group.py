@@ -481,14 +481,14 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
                           local_world_size=info.local_world_size, topology=spec)
     except BaseException:
         if store is None:
-            info.store.close()
+            _close_failed(info.store)
         raise
     try:
         network.topology = topology.settle(network, spec, info.store, info.job_id, seconds, probe)
     except BaseException:
         network.close()
         if store is None:
-            info.store.close()
+            _close_failed(info.store)
         raise
     if info.rank == 0 and os.environ.get("COLLIE_DEBUG", "").upper() in ("INFO", "TRACE"):
         print(f"collie INFO topology: {network.topology.describe()}", file=sys.stderr, flush=True)
@@ -504,6 +504,18 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         tracing.align_at_setup(info.store, info.job_id, info.world_size)
     import atexit
     atexit.register(_close_at_exit)
+
+
+def _close_failed(store) -> None:
+    """Close the store of an init that failed. Rank 0 serves it and waits
+    up to LEAVE_TIMEOUT for the others to be done with it: ranks that fail
+    alike (a bad COLLIE_TOPOLOGY) then all read what they need and raise
+    the same error, not "lost the connection to the store"."""
+    from .rendezvous import TCPStore
+    if isinstance(store, TCPStore):
+        store.close(linger=LEAVE_TIMEOUT)
+    else:
+        store.close()
 
 
 NO_TOKEN_WARNING = (

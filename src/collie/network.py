@@ -196,27 +196,22 @@ class Network:
         """Each rank's host: its machine (``machines``), or where
         COLLIE_TOPOLOGY (``spec``, parsed) puts it. Every rank checks that
         all ranks were given the same COLLIE_TOPOLOGY, so that a bad one
-        raises the same error on all of them."""
+        raises the same error on all of them (rank 0, which serves the
+        store, waits for the others to be done with it: group.py)."""
         from . import topology
         text = "" if spec is None else spec.text
         store.set(f"host/{job_id}/{self.rank}", f"{host_identity()}\0{text}".encode())
         every = [store.get(f"host/{job_id}/{p}").decode().split("\0", 1) for p in range(self.size)]
         self.machines = tuple(machine for machine, _ in every)  # what shares memory
         self.hosts_source = "COLLIE_HOST_ID" if os.environ.get("COLLIE_HOST_ID") else "hostnames"
-        try:
-            differ = next((p for p, (_, t) in enumerate(every) if t != every[0][1]), None)
-            if differ is not None:
-                raise ValueError(f"{topology.ENV} differs between ranks: rank 0 has {every[0][1]!r}, "
-                                 f"rank {differ} has {every[differ][1]!r}")
-            if spec is None or spec.hosts is None and spec.per_host is None:
-                return list(self.machines)
-            stated = topology.assign(spec, self.size)
-            topology.check_machines(stated, self.machines)
-        except ValueError:
-            # Every rank saw the same and raises the same: let all read before rank 0's store goes.
-            from .rendezvous import store_barrier
-            store_barrier(store, f"host/{job_id}/failed", self.size, self.timeout)
-            raise
+        differ = next((p for p, (_, t) in enumerate(every) if t != every[0][1]), None)
+        if differ is not None:
+            raise ValueError(f"{topology.ENV} differs between ranks: rank 0 has {every[0][1]!r}, "
+                             f"rank {differ} has {every[differ][1]!r}")
+        if spec is None or spec.hosts is None and spec.per_host is None:
+            return list(self.machines)
+        stated = topology.assign(spec, self.size)
+        topology.check_machines(stated, self.machines)
         self.hosts_source = topology.ENV
         return [f"host {h} of {topology.ENV}" for h in stated]
 

@@ -25,15 +25,17 @@ measurement off; the tuner then keeps its measured table of sizes.
 
 The measurement (``measure``): rank 0 and the first rank of each other host
 (up to MAX_PROBED of them, in turn) bounce an 8-byte message PINGS times,
-then, ROUNDS times, send each other PROBE_MESSAGES messages of PROBE_BYTES
-at once, both ways (of 1 MiB where a round of 256 KiB ones takes under 2
-ms). The latency is half the shortest round trip. A round's rate is the
-lower of what arrived after its first message over the time that took
-(the first absorbs a shaper's burst, but a rank that woke late for it
-sees too short a time) and of all it received over the time from the
-start (never too short); the median round counts. At 1 Gbit/s
-that is 3.75 MiB each way, about 35 ms per host probed; on a link of 1
-GB/s, 16 MiB, about 20 ms; nothing on one host. Rank 0 keeps the slowest rate and the longest
+then, in up to ROUNDS rounds, send each other PROBE_MESSAGES messages of
+PROBE_BYTES at once, both ways (of 1 MiB where a round of 256 KiB ones
+takes under 2 ms; no round starts once those counted took 50 ms). The
+latency is half the shortest round trip. A round's rate is the lower of
+what arrived after its first message over the time that took (the first
+absorbs a shaper's burst, but a rank that woke late for it sees too short
+a time) and of all it received over the time from the start (never too
+short); the median round counts. Per host probed, at 1 Gbit/s: three
+rounds of 1.25 MiB each way, 40-50 ms in all on the test bed; on its
+unshaped links (0.3-1 GB/s) 15-30 ms; at 100 Mbit/s one round, about
+0.1 s; nothing on one host. Rank 0 keeps the slowest rate and the longest
 latency and shares them through the store, so every rank holds the same
 link and the tuner picks the same algorithm everywhere.
 """
@@ -60,6 +62,7 @@ MAX_PROBE_BYTES = 1 << 20    # a round takes under MIN_ROUND seconds
 MIN_ROUND = 2e-3
 PROBE_MESSAGES = 5
 ROUNDS = 3
+ROUNDS_SECONDS = 0.05        # no round starts past this much time in counted rounds
 
 _RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
                "b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12}
@@ -282,13 +285,16 @@ def settle(network, spec: Optional[Spec], store, job_id: str, timeout: float,
 
 
 def measure(network, timeout: float, leaders: Optional[int] = MAX_PROBED, min_round: float = MIN_ROUND,
-            most: int = MAX_PROBE_BYTES, caller: str = "init_process_group") -> tuple[float, float, int]:
+            most: int = MAX_PROBE_BYTES, budget: Optional[float] = ROUNDS_SECONDS,
+            caller: str = "init_process_group") -> tuple[float, float, int]:
     """(alpha, beta, bytes per message of the rounds that counted) of the
     slowest link between rank 0 and the first rank of each other host (up
     to ``leaders`` of them; None: all), as the module docstring says, with
     messages grown 4x (up to ``most``) while a round takes under
-    ``min_round``. Every rank calls it; those probed get their half of it
-    (rank 0's answer counts), the others zeros at once."""
+    ``min_round``, and no round started once the counted ones took
+    ``budget`` seconds (None: every round). Every rank calls it; those
+    probed get their half of it (rank 0's answer counts), the others zeros
+    at once."""
     from .wire import CONTEXT_SHIFT, SETUP_CONTEXT
     tag = SETUP_CONTEXT << CONTEXT_SHIFT
     first: dict = {}
@@ -317,8 +323,8 @@ def measure(network, timeout: float, leaders: Optional[int] = MAX_PROBED, min_ro
                 move([], [pong], "latency")
                 move([ping], [], "latency")
             trips.append(time.perf_counter() - start)
-        nbytes, rounds = PROBE_BYTES, []
-        while len(rounds) < ROUNDS:
+        nbytes, rounds, spent = PROBE_BYTES, [], 0.0
+        while len(rounds) < ROUNDS and not (budget and rounds and spent > budget):
             out = [np.ones(nbytes, np.uint8) for _ in range(PROBE_MESSAGES)]
             into = [np.empty(nbytes, np.uint8) for _ in range(PROBE_MESSAGES)]
             start = time.perf_counter()
@@ -343,6 +349,7 @@ def measure(network, timeout: float, leaders: Optional[int] = MAX_PROBED, min_ro
                 nbytes = min(most, 4 * nbytes)  # a fast link: a round this short is mostly the ranks' wake-ups
                 continue
             rounds.append(per_byte)
+            spent += per_byte * PROBE_MESSAGES * nbytes
         alpha = max(alpha, min(trips) / 2)
         beta = max(beta, sorted(rounds)[len(rounds) // 2])
         size = max(size, nbytes)
