@@ -65,9 +65,11 @@ def _segments(nbytes: int, pieces: int, target: int) -> int:
 def _hier_segments(nbytes: int) -> int:
     """hier all_reduce pipelines pieces of 512 KiB, up to 8: each piece's
     phases inside the hosts then overlap other pieces' transfers between
-    them. On the test bed (2 hosts x 2 ranks, 1 Gbit/s, docs/multihost.md)
-    a 4 MiB call took 46.8 ms unpipelined and 37.4 ms in 8 pieces; 1 MiB
-    gained nothing from 2 pieces or more, 16 MiB was link-bound either way."""
+    them. On the test bed (2 hosts x 2 ranks, docs/multihost.md) that is a
+    small gain: at 1 Gbit/s a 4 MiB call took 39.4 ms in 8 pieces and 40.4
+    unpipelined (medians of 10 interleaved rounds, 8 pieces faster in 7),
+    16 MiB 145.7 and 144.4 (link-bound either way); unshaped, 16 MiB took
+    19.1 and 23.7 ms."""
     return max(1, min(8, nbytes // (512 * KiB)))
 
 
@@ -76,14 +78,18 @@ def _hierarchical(hosts) -> bool:
     return hosts is not None and len(set(hosts)) > 1 and len(set(hosts)) < len(hosts)
 
 
-# What the model (modelled) assumes inside a host: shared memory, in round
-# numbers of the order this 2-core machine reaches (docs/scale.md's fit:
-# 13 GB/s, 11 GB/s reduce, 24 GB/s copy, 17 us a message; halved here for
-# ranks that share cores with their TCP threads).
-INTRA = (10e-6, 1 / 6e9)           # alpha (s), beta (s/byte)
+# What the model (modelled) assumes inside a host: shared memory, at about
+# half the rates docs/scale.md fitted for this 2-core machine (13 GB/s, 11
+# GB/s reduce, 24 GB/s copy, 17 us a message), for ranks that share its
+# cores with their TCP threads. The picks across a slow link did not move
+# with these (the same with 10 us or 17 us a message).
+INTRA = (17e-6, 1 / 6e9)           # alpha (s), beta (s/byte)
 REDUCE_RATE, COPY_RATE = 5e9, 10e9  # bytes/s
 MODELLED = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
-MODEL_MAX_RANKS = 256  # above, the table (a simulation would cost more than it saves)
+# Above this many ranks in the group, the table: a first call's simulations
+# took up to 66 ms at 32 ranks (3 hosts taking turns: every rank simulated),
+# 50 ms at 64 in even hosts but 1.1 s at 256.
+MODEL_MAX_RANKS = 32
 # Where the model decides, from the test bed's side-by-side runs of its picks
 # and the table's (docs/multihost.md): on a link of 1 Gbit/s it picked as
 # well or better (tree broadcast and reduce 1.9-2x direct at 1 MiB, hier
