@@ -23,21 +23,22 @@ who knows better states it in COLLIE_TOPOLOGY, one of:
 A stated rate replaces the measurement. COLLIE_LINK_PROBE=0 turns the
 measurement off; the tuner then keeps its measured table of sizes.
 
-The measurement (``measure``): rank 0 and the first rank of each other host
-(up to MAX_PROBED of them, in turn) bounce an 8-byte message PINGS times,
-then, in up to ROUNDS rounds, send each other PROBE_MESSAGES messages of
-PROBE_BYTES at once, both ways (of 1 MiB where a round of 256 KiB ones
-takes under 2 ms; no round starts once those counted took 50 ms). The
-latency is half the shortest round trip. A round's rate is the lower of
-what arrived after its first message over the time that took (the first
-absorbs a shaper's burst, but a rank that woke late for it sees too short
-a time) and of all it received over the time from the start (never too
-short); the median round counts. Per host probed, at 1 Gbit/s: three
-rounds of 1.25 MiB each way, 40-50 ms in all on the test bed; on its
-unshaped links (0.3-1 GB/s) 15-30 ms; at 100 Mbit/s one round, about
-0.1 s; nothing on one host. Rank 0 keeps the slowest rate and the longest
-latency and shares them through the store, so every rank holds the same
-link and the tuner picks the same algorithm everywhere.
+The measurement (``measure``): at setup, rank 0 and the first rank of the
+next host (MAX_PROBED: one; collie bench takes every host, in turn) bounce
+an 8-byte message PINGS times, then, in up to ROUNDS rounds, send each
+other PROBE_MESSAGES messages of PROBE_BYTES at once, both ways (of 1 MiB
+where a round of 256 KiB ones takes under 2 ms; no round starts once
+those counted took 50 ms). The latency is half the shortest round trip.
+A round's rate is the lower of what arrived after its first message over
+the time that took (the first absorbs a shaper's burst, but a rank that
+woke late for it sees too short a time) and of all it received over the
+time from the start (never too short); the median round counts. On the
+test bed at 1 Gbit/s that is three rounds of 1.25 MiB each way, 35-54 ms;
+on its unshaped links (0.2-0.6 GB/s measured) 16-29 ms; at 100 Mbit/s one
+round, about 0.1 s; nothing on one host. With several hosts probed rank 0
+keeps the slowest rate and the longest latency. It shares them through
+the store, so every rank holds the same link and the tuner picks the
+same algorithm everywhere.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ PROBE_ENV = "COLLIE_LINK_PROBE"
 KEYS = ("hosts", "per_host", "rate", "latency")
 DEFAULT_LATENCY = 50e-6
 STATED = f"stated by {ENV}"  # Topology.link_source of a link the user gave
-MAX_PROBED = 3
+MAX_PROBED = 1
 PINGS = 5
 PROBE_BYTES = 256 << 10      # a message of a round; 4x more (up to MAX_PROBE_BYTES) while
 MAX_PROBE_BYTES = 1 << 20    # a round takes under MIN_ROUND seconds
