@@ -81,12 +81,17 @@ def host_identity() -> str:
     override = os.environ.get("COLLIE_HOST_ID")
     if override:
         return override
+    return f"{socket.gethostname()}/{boot_id()}"
+
+
+def boot_id() -> str:
+    """This kernel's boot id: processes that share it share the machine's
+    cores, even under other hostnames (network namespaces, containers)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
+            return f.read().strip()
     except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
+        return ""
 
 
 def _peers_of(requests) -> tuple:
@@ -160,9 +165,12 @@ class Network:
         from .transports.tcp import TcpTransport, striping
         streams, stripe_min = striping(os.environ)  # a bad value fails before anything is made
         self.local_world_size = local_world_size or (len(local) + 1)
-        # More ranks than cores on this host: spin less, and yield while
-        # spinning, so that the peers we wait for get the CPU.
-        self._crowded = self.local_world_size > (os.cpu_count() or 1)
+        # More ranks than cores on this machine (this host's, or more where
+        # hosts share one kernel: the test bed's namespaces): spin less, and
+        # yield while spinning, so that the peers we wait for get the CPU.
+        # Four ranks of two "hosts" spinning 1 ms on the bed's two cores took
+        # a hier all_reduce of 4 MiB from 35 ms to 45-48 (docs/multihost.md).
+        self._crowded = max(self.local_world_size, self._same_kernel) > (os.cpu_count() or 1)
         self._spin = min(SPIN_SECONDS, CROWDED_SPIN_SECONDS) if self._crowded else SPIN_SECONDS
 
         self.shm = None
@@ -200,9 +208,12 @@ class Network:
         store, waits for the others to be done with it: group.py)."""
         from . import topology
         text = "" if spec is None else spec.text
-        store.set(f"host/{job_id}/{self.rank}", f"{host_identity()}\0{text}".encode())
-        every = [store.get(f"host/{job_id}/{p}").decode().split("\0", 1) for p in range(self.size)]
-        self.machines = tuple(machine for machine, _ in every)  # what shares memory
+        boot = boot_id()
+        store.set(f"host/{job_id}/{self.rank}", f"{host_identity()}\0{boot}\0{text}".encode())
+        every = [store.get(f"host/{job_id}/{p}").decode().split("\0", 2) for p in range(self.size)]
+        self.machines = tuple(machine for machine, _, _ in every)  # what shares memory
+        self._same_kernel = sum(b == boot for _, b, _ in every) if boot else 1  # ranks sharing these cores
+        every = [(machine, t) for machine, _, t in every]
         self.hosts_source = "COLLIE_HOST_ID" if os.environ.get("COLLIE_HOST_ID") else "hostnames"
         differ = next((p for p, (_, t) in enumerate(every) if t != every[0][1]), None)
         if differ is not None:
