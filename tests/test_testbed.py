@@ -250,9 +250,9 @@ def test_the_bench_measures_the_link_and_prints_each_ops_bound(tmp_path):
 def test_the_link_is_measured_at_setup_and_the_tuner_uses_it(tmp_path):
     """2 hosts x 2 ranks on a link shaped to 50 Mbit/s: init_process_group
     measures the link between the hosts (the shaper's rate, the same on
-    every rank, said under COLLIE_DEBUG=INFO), and a 256 KiB broadcast, 42
-    ms across that link, takes the model's pick (a tree, which sends the
-    buffer across once) over the table's (direct, which sends it twice)."""
+    every rank, said under COLLIE_DEBUG=INFO), and a 256 KiB broadcast
+    takes the model's pick (a tree, which sends the buffer across once)
+    over the table's (direct, which sends it twice)."""
     script = tmp_path / "link.py"
     script.write_text(textwrap.dedent("""\
         import json

@@ -231,7 +231,7 @@ def test_the_model_picks_once_per_band_and_the_same_everywhere():
     info = tuner.modelled.cache_info()
     assert info.misses == 1 and info.hits == 3
     assert first.algorithm == "hier" and first.segments == 8 and "119 MB/s, 50 us" in first.reason
-    # not across hosts, no link, or a collective the model leaves alone: the table
+    # not across hosts, no link, or a collective the model leaves alone (no size): the table
     for args in (("all_reduce", 4 * MiB, 4, "shm", (0, 0, 0, 0), link),
                  ("all_reduce", 4 * MiB, 4, "tcp", (0, 0, 1, 1), None),
                  ("all_to_all", 0, 4, "tcp", (0, 0, 1, 1), link),
@@ -240,14 +240,10 @@ def test_the_model_picks_once_per_band_and_the_same_everywhere():
     # an excluded algorithm is never picked
     assert tuner.default_choice("all_reduce", 4 * MiB, 4, "tcp", (0, 0, 1, 1), link,
                                 exclude={"hier": "test"}).algorithm != "hier"
-    # where the model does not decide: calls that cross in under 5 ms, links faster than 150 MB/s,
-    # groups of more than 32 ranks
-    for args in (("all_reduce", 256 << 10, 4, "tcp", (0, 0, 1, 1), link),      # 2.2 ms across
-                 ("all_gather", MiB, 4, "tcp", (0, 0, 1, 1), link),             # half of it: 4.4 ms
-                 ("all_reduce", 16 * MiB, 4, "tcp", (0, 0, 1, 1), (50e-6, 1 / 160e6)),
-                 ("all_reduce", 16 * MiB, 34, "tcp", tuple(r // 17 for r in range(34)), link)):  # > 32 ranks
+    # nor on links faster than 150 MB/s, nor for groups of more than 32 ranks
+    for args in (("all_reduce", 16 * MiB, 4, "tcp", (0, 0, 1, 1), (50e-6, 1 / 160e6)),
+                 ("all_reduce", 16 * MiB, 34, "tcp", tuple(r // 17 for r in range(34)), link)):
         assert tuner.default_choice(*args) == tuner.table_choice(*args[:5])
-    assert tuner.default_choice("all_gather", 4 * MiB, 4, "tcp", (0, 0, 1, 1), link).algorithm == "hier"
 
 
 def test_the_model_sees_a_slow_link_and_a_fast_one_differently():
@@ -256,9 +252,10 @@ def test_the_model_sees_a_slow_link_and_a_fast_one_differently():
     modelled = lambda link: tuner.modelled("all_reduce", (64 * MiB).bit_length(), (0, 0, 1, 1), link, frozenset())
     assert modelled(slow)[0] == "hier" and modelled(fast)[0] == "ring"
     # and a broadcast on the slow link goes down a tree, which sends the buffer across once;
-    # the table's direct (for 4 ranks) sends it across twice
-    assert tuner.default_choice("broadcast", MiB, 4, "tcp", (0, 0, 1, 1), slow).algorithm == "tree"
-    assert tuner.table_choice("broadcast", MiB, 4, "tcp", (0, 0, 1, 1)).algorithm == "direct"
+    # the table's direct (for 4 ranks) sends it across twice (2x slower on the test bed)
+    for nbytes in (64 << 10, MiB):
+        assert tuner.default_choice("broadcast", nbytes, 4, "tcp", (0, 0, 1, 1), slow).algorithm == "tree"
+        assert tuner.table_choice("broadcast", nbytes, 4, "tcp", (0, 0, 1, 1)).algorithm == "direct"
 
 
 def test_a_host_link_shared_by_its_ranks_costs_them_its_rate():

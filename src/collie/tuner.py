@@ -7,9 +7,9 @@ host, else "tcp"). The choice is a short table of crossovers measured with
 fewest steps (latency), large ones the fewest bytes per rank (bandwidth).
 
 Across hosts, where the link between them is known (measured at setup or
-stated in COLLIE_TOPOLOGY, collie/topology.py), a model replaces the table
-for the collectives that have a hierarchical algorithm, where the link
-bounds the call: collie.sim runs every algorithm's real schedule on an
+stated in COLLIE_TOPOLOGY, collie/topology.py) and slow enough to bound the
+calls, a model replaces the table for the collectives that have a
+hierarchical algorithm: collie.sim runs every algorithm's real schedule on an
 alpha-beta model of that link (the ranks of a host sharing it) and of
 shared memory inside a host, and the fastest predicted wins (``modelled``).
 It is decided once per collective, power-of-two size band and layout of
@@ -91,17 +91,14 @@ MODELLED = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
 # 50 ms at 64 in even hosts but 1.1 s at 256.
 MODEL_MAX_RANKS = 32
 # Where the model decides, from the test bed's side-by-side runs of its picks
-# and the table's (docs/multihost.md): on a link of 1 Gbit/s it picked as
-# well or better (tree broadcast and reduce 1.9-2x direct at 1 MiB, hier
-# all_gather 1.3-1.9x direct at 4 MiB) once the bytes that must cross took
-# MODEL_MIN_SECONDS; below, a call on this shared 2-core machine is ruled by
-# ranks waiting for a core (stalls of 2-4 ms), which the model does not see
-# (hier all_gather of 64 KiB-1 MiB: 0.1-0.8x). On the unshaped bed (0.2-1
-# GB/s measured) TCP is bound by the cores, which parallel connections
-# scale past, not by a link, and the model lost to the table in most cells.
-# The 1 Gbit/s links measured 104-127 MB/s at setup.
-MODEL_MAX_RATE = 150e6      # bytes/s: the link must be slower
-MODEL_MIN_SECONDS = 5e-3    # to cross at that rate
+# and the table's (docs/multihost.md): on links of 1 Gbit/s (104-127 MB/s
+# measured at setup) it picked as well as the table or better at every size
+# from 64 KiB (tree broadcast and reduce 2x direct, direct reduce_scatter
+# 2.5x rabenseifner on 3 hosts); on the unshaped bed (0.2-1 GB/s measured)
+# TCP is bound by the cores, which parallel connections scale past, not by
+# a link, and it lost to the table in most cells (0.4-0.9x): faster links
+# than MODEL_MAX_RATE keep the table.
+MODEL_MAX_RATE = 150e6      # bytes/s
 
 
 def default_choice(collective: str, nbytes: int, nranks: int, transport: str, hosts=None,
@@ -111,10 +108,9 @@ def default_choice(collective: str, nbytes: int, nranks: int, transport: str, ho
     the table's. ``exclude``: algorithms that cannot run this call."""
     if (link is not None and collective in MODELLED and hosts is not None and len(set(hosts)) > 1
             and nranks <= MODEL_MAX_RANKS and 1 / link[1] <= MODEL_MAX_RATE):
-        picked = modelled(collective, max(nbytes, 1).bit_length(), tuple(hosts), tuple(link),
-                          frozenset(exclude) - {"shm"})  # shm never runs across hosts
-        if picked is not None:
-            return Choice(picked[0], _segments_for(picked[0], nbytes, nranks), picked[1])
+        name, reason = modelled(collective, max(nbytes, 1).bit_length(), tuple(hosts), tuple(link),
+                                frozenset(exclude) - {"shm"})  # shm never runs across hosts
+        return Choice(name, _segments_for(name, nbytes, nranks), reason)
     return table_choice(collective, nbytes, nranks, transport, hosts)
 
 
@@ -124,18 +120,14 @@ def _segments_for(algorithm: str, nbytes: int, nranks: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def modelled(collective: str, band: int, hosts: tuple, link: tuple, exclude: frozenset) -> Optional[tuple]:
+def modelled(collective: str, band: int, hosts: tuple, link: tuple, exclude: frozenset) -> tuple[str, str]:
     """(algorithm, why): the one collie.sim predicts fastest for sizes of
     ``band`` (bit length: 2**(band-1) to 2**band - 1 bytes), simulated at
     the band's lower end on ``hosts`` (each rank's host) joined by ``link``
-    ((alpha, beta) of the link between hosts, shared by a host's ranks).
-    None where the bytes that must cross take under MODEL_MIN_SECONDS."""
+    ((alpha, beta) of the link between hosts, shared by a host's ranks)."""
     from . import sim
-    from .bench import link_bytes
     size = 1 << (band - 1)
     n = len(hosts)
-    if link_bytes(collective, hosts, size) * link[1] < MODEL_MIN_SECONDS:
-        return None
     model = sim.Model(sim.Link(*INTRA), sim.Link(*link), 1 / REDUCE_RATE, 1 / COPY_RATE, host_nic=True)
     times = {}
     for name in algorithms.algorithms_for(collective):
