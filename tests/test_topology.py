@@ -240,8 +240,9 @@ def test_the_model_picks_once_per_band_and_the_same_everywhere():
     # an excluded algorithm is never picked
     assert tuner.default_choice("all_reduce", 4 * MiB, 4, "tcp", (0, 0, 1, 1), link,
                                 exclude={"hier": "test"}).algorithm != "hier"
-    # nor on links faster than 150 MB/s, nor for groups of more than 32 ranks
+    # nor on links faster than 150 MB/s, for groups of more than 32 ranks, or all_reduce under 128 KiB
     for args in (("all_reduce", 16 * MiB, 4, "tcp", (0, 0, 1, 1), (50e-6, 1 / 160e6)),
+                 ("all_reduce", 64 << 10, 4, "tcp", (0, 0, 1, 1), link),
                  ("all_reduce", 16 * MiB, 34, "tcp", tuple(r // 17 for r in range(34)), link)):
         assert tuner.default_choice(*args) == tuner.table_choice(*args[:5])
 
