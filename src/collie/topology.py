@@ -34,8 +34,8 @@ the time that took (the first absorbs a shaper's burst, but a rank that
 woke late for it sees too short a time) and of all it received over the
 time from the start (never too short); the median round counts. On the
 test bed at 1 Gbit/s that is three rounds of 1.25 MiB each way, 35-54 ms;
-on its unshaped links (0.2-0.6 GB/s measured) 16-29 ms; at 100 Mbit/s one
-round, about 0.1 s; nothing on one host. With several hosts probed rank 0
+on its unshaped links (0.2-1 GB/s measured) 10-23 ms; at 100 Mbit/s one
+round, about 0.1 s; nothing on one host (docs/multihost.md). With several hosts probed rank 0
 keeps the slowest rate and the longest latency. It shares them through
 the store, so every rank holds the same link and the tuner picks the
 same algorithm everywhere.

@@ -92,7 +92,7 @@ MODELLED = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
 # 50 ms at 64 in even hosts but 1.1 s at 256.
 MODEL_MAX_RANKS = 32
 # Where the model decides, from the test bed's side-by-side runs of its picks
-# and the table's (docs/multihost.md): on links of 1 Gbit/s (104-127 MB/s
+# and the table's (docs/multihost.md): on links of 1 Gbit/s (97-127 MB/s
 # measured at setup) it picked as well as the table or better at every size
 # from 64 KiB (tree broadcast and reduce 2x direct, direct reduce_scatter
 # 2.5x rabenseifner on 3 hosts); on the unshaped bed (0.2-1 GB/s measured)
