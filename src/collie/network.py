@@ -202,7 +202,8 @@ class Network:
 
     def _exchange_hosts(self, store, job_id: str, spec) -> list[str]:
         """Each rank's host: its machine (``machines``), or where
-        COLLIE_TOPOLOGY (``spec``, parsed) puts it. Every rank checks that
+        COLLIE_TOPOLOGY (``spec``, parsed) puts it; and how many ranks share
+        this rank's kernel (boot id), hence its cores. Every rank checks that
         all ranks were given the same COLLIE_TOPOLOGY, so that a bad one
         raises the same error on all of them (rank 0, which serves the
         store, waits for the others to be done with it: group.py)."""
@@ -211,14 +212,14 @@ class Network:
         boot = boot_id()
         store.set(f"host/{job_id}/{self.rank}", f"{host_identity()}\0{boot}\0{text}".encode())
         every = [store.get(f"host/{job_id}/{p}").decode().split("\0", 2) for p in range(self.size)]
-        self.machines = tuple(machine for machine, _, _ in every)  # what shares memory
-        self._same_kernel = sum(b == boot for _, b, _ in every) if boot else 1  # ranks sharing these cores
-        every = [(machine, t) for machine, _, t in every]
+        self.machines = tuple(f[0] for f in every)  # what shares memory
+        self._same_kernel = sum(f[1] == boot for f in every) if boot else 1  # ranks sharing these cores
+        texts = [f[2] for f in every]
         self.hosts_source = "COLLIE_HOST_ID" if os.environ.get("COLLIE_HOST_ID") else "hostnames"
-        differ = next((p for p, (_, t) in enumerate(every) if t != every[0][1]), None)
+        differ = next((p for p, t in enumerate(texts) if t != texts[0]), None)
         if differ is not None:
-            raise ValueError(f"{topology.ENV} differs between ranks: rank 0 has {every[0][1]!r}, "
-                             f"rank {differ} has {every[differ][1]!r}")
+            raise ValueError(f"{topology.ENV} differs between ranks: rank 0 has {texts[0]!r}, "
+                             f"rank {differ} has {texts[differ]!r}")
         if spec is None or spec.hosts is None and spec.per_host is None:
             return list(self.machines)
         stated = topology.assign(spec, self.size)

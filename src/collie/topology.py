@@ -35,10 +35,10 @@ woke late for it sees too short a time) and of all it received over the
 time from the start (never too short); the median round counts. On the
 test bed at 1 Gbit/s that is three rounds of 1.25 MiB each way, 35-54 ms;
 on its unshaped links (0.2-1 GB/s measured) 10-23 ms; at 100 Mbit/s one
-round, about 0.1 s; nothing on one host (docs/multihost.md). With several hosts probed rank 0
-keeps the slowest rate and the longest latency. It shares them through
-the store, so every rank holds the same link and the tuner picks the
-same algorithm everywhere.
+round, about 0.1 s; nothing on one host (docs/multihost.md). With several
+hosts probed rank 0 keeps the slowest rate and the longest latency. It
+shares them through the store, so every rank holds the same link and the
+tuner picks the same algorithm everywhere.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class Topology(NamedTuple):
     link_source: str        # where the link came from, or why there is none
 
     def as_dict(self) -> dict:
-        """collie.topology()'s answer."""
+        """collie.get_topology()'s answer."""
         order: dict = {}
         for rank, host in enumerate(self.hosts):
             order.setdefault(host, []).append(rank)

@@ -24,6 +24,11 @@ of each rank; hosts may hold different numbers of ranks):
 3. all-gather inside each host: in step s, local rank j sends its parts to
    local rank j+s and takes those of j-s.
 
+With ``segments`` the buffer is cut into that many pieces, each going
+through 1-3, piece i a step after piece i-1: one piece's phases inside a
+host overlap the others' transfers across hosts (the tuner pipelines so
+only across a slow link: on cores that are the bottleneck, steps cost).
+
     2 hosts x 2 ranks (r0 r1 | r2 r3), parts a b, each cut in 2 sub-parts
     1.  r0 -> r1: b    r1 -> r0: a    (and r2 <-> r3)      a at r0, r2; b at r1, r3
     2.  r0 <-> r2 ring over a's sub-parts; r1 <-> r3 over b's
