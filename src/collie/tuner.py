@@ -97,8 +97,8 @@ MODEL_MAX_RANKS = 32
 # from 64 KiB (tree broadcast and reduce 2x direct, direct reduce_scatter
 # 2.5x rabenseifner on 3 hosts); on the unshaped bed (0.2-1 GB/s measured)
 # TCP is bound by the cores, which parallel connections scale past, not by
-# a link, and it lost to the table in most cells (0.4-0.9x): faster links
-# than MODEL_MAX_RATE keep the table.
+# a link, and it lost to the table in many cells (0.37-0.95x), most of 3
+# hosts x 1 rank's: faster links than MODEL_MAX_RATE keep the table.
 MODEL_MAX_RATE = 150e6      # bytes/s
 # The one place on that bed where the model picked worse: all_reduce of 64
 # KiB, its hier 0.81-0.85 ms against the table's tree 0.54-0.64 (--algo all,
