@@ -203,11 +203,19 @@ def excluded(g: ProcessGroup, name: str, block_sizes: Optional[dict] = None) -> 
     return exclude
 
 
+def choose(g: ProcessGroup, name: str, nbytes: int, algorithm: Optional[str] = None,
+           exclude: Optional[dict] = None):
+    """The tuner's choice for a call of ``name`` on ``g``: told the group's
+    transport, each rank's host and the link between hosts (when known)."""
+    topology = g.network.topology
+    return tuner().choose(name, nbytes, g.size, _transport(g), algorithm, g.rank, exclude, g.hosts,
+                          topology.link if topology is not None else None)
+
+
 def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op, root: int, count: int,
              nbytes: int, algorithm: Optional[str]) -> _Prepared:
-    transport = _transport(g)
     exclude = excluded(g, name, block_sizes)
-    choice = tuner().choose(name, nbytes, g.size, transport, algorithm, g.rank, exclude, g.hosts)
+    choice = choose(g, name, nbytes, algorithm, exclude)
     schedule = algorithms.build(name, choice.algorithm, g.size, g.rank, root, choice.segments, g.hosts)
     dtype = np.dtype(np.uint16) if dtype_name == "bfloat16" else np.dtype(dtype_name)  # bfloat16: its bits
     window = g.network.window_capacity() // dtype.itemsize if schedule.win_like is not None else 0

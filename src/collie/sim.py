@@ -38,6 +38,13 @@ rather than wire latency. Without it (0, the default) every rank has a
 core of its own and alpha is latency, as in the closed forms below. It is
 what makes 4 ranks on this 2-core machine predictable (docs/scale.md).
 
+Host links. By default every rank has a link of its own to the other
+hosts (as GPUs with a NIC each). With ``host_nic``, the ranks of a host
+share one: a message between hosts also waits for its sender's host link
+to be free, and its receiver's, ``m beta`` each. That is a CPU host with
+one network port, such as collie's test bed, where two ranks of a host
+sending across at once each get half the link.
+
 Without contention this model is the one of Thakur, Rabenseifner and Gropp
 (2005): ring all_reduce costs 2(p-1) alpha + 2(p-1)/p S beta + (p-1)/p S
 gamma, and so on; tests/test_sim.py checks each closed form of that paper
@@ -95,17 +102,19 @@ class Model(NamedTuple):
     gamma: float
     delta: float
     cores: int = 0  # per host; 0: a core for every rank (see "Cores" in the module docstring)
+    host_nic: bool = False  # the ranks of a host share one link to the others (see "Host links")
 
     def to_json(self) -> dict:
         return {"intra": self.intra._asdict(), "inter": self.inter._asdict(),
-                "gamma": self.gamma, "delta": self.delta, "cores": self.cores}
+                "gamma": self.gamma, "delta": self.delta, "cores": self.cores, "host_nic": self.host_nic}
 
     @classmethod
     def from_json(cls, data: dict) -> "Model":
         try:
             return cls(Link(float(data["intra"]["alpha"]), float(data["intra"]["beta"])),
                        Link(float(data["inter"]["alpha"]), float(data["inter"]["beta"])),
-                       float(data["gamma"]), float(data["delta"]), int(data.get("cores", 0)))
+                       float(data["gamma"]), float(data["delta"]), int(data.get("cores", 0)),
+                       bool(data.get("host_nic", False)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a model (want intra/inter alpha, beta; gamma; delta): {exc}") from None
 
@@ -114,7 +123,8 @@ class Model(NamedTuple):
             return f"alpha {x.alpha * 1e6:.3g} us, {_gbps(x.beta)} GB/s"
         return (f"intra-host {link(self.intra)}; inter-host {link(self.inter)}; "
                 f"reduce {_gbps(self.gamma)} GB/s; local copy {_gbps(self.delta)} GB/s"
-                + (f"; {self.cores} cores per host" if self.cores else ""))
+                + (f"; {self.cores} cores per host" if self.cores else "")
+                + ("; one link per host" if self.host_nic else ""))
 
 
 def _gbps(per_byte: float) -> str:
@@ -283,6 +293,9 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
     cpu_free = [0.0] * g
     cores = model.cores
     pools: dict = {}  # host -> when each of its cores is free (model.cores > 0)
+    nic = model.host_nic
+    nic_tx: dict = {}  # host -> when its link out is free (model.host_nic)
+    nic_rx: dict = {}  # host -> when its link in is free
 
     def occupy(r: int, t: float, d: float) -> float:
         """Start of ``d`` seconds of CPU work that rank r asks for at t: on
@@ -357,15 +370,20 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
             ends[r] = t
             left[r] = len(sends) + len(recvs) + 1  # +1: this posting itself
             for peer, nbytes in sends:
-                link = intra if host_of(peer) == host_of(r) else inter
+                across = host_of(peer) != host_of(r)
+                link = inter if across else intra
                 start = t if t > tx_free[r] else tx_free[r]
                 cpu = cores and link is intra  # within a host, a core copies the message in
                 if cpu:
                     start = occupy(r, start, link.beta * nbytes)
+                shared = nic and across
+                if shared:
+                    start = max(start, nic_tx.get(host_of(r), 0.0))
+                    nic_tx[host_of(r)] = start + link.beta * nbytes
                 tx_free[r] = start + link.beta * nbytes
                 b = peer % g
                 push(heap, (start + (0.0 if cpu else link.alpha), seq, 1,
-                            (b, (r - (peer - b)) % n, nbytes, link.beta, link.alpha if cpu else 0.0)))
+                            (b, (r - (peer - b)) % n, nbytes, link.beta, link.alpha if cpu else 0.0, shared)))
                 seq += 1
                 messages += 1
                 complete(r, tx_free[r])
@@ -381,10 +399,13 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
                     w.append((t, nbytes, reduce))
             complete(r, t)
         else:  # a message's head reaches its receiver's port
-            b, sender, nbytes, beta, cpu = data
+            b, sender, nbytes, beta, cpu, shared = data
             start = now if now > rx_free[b] else rx_free[b]
             if cpu:  # and a core of the receiver's host takes it in: alpha of work, then the copy out
                 start = occupy(b, start, cpu + beta * nbytes) + cpu
+            if shared:  # through the receiving host's link
+                start = max(start, nic_rx.get(host_of(b), 0.0))
+                nic_rx[host_of(b)] = start + beta * nbytes
             rx_end = rx_free[b] = start + beta * nbytes
             key = (b, sender)
             w = waiting.get(key)
@@ -410,10 +431,11 @@ MAX_FULL_OPS = 4_000_000
 
 
 def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model = DEFAULT_MODEL,
-             hosts: int = 1, segments: Optional[int] = None, root: int = 0, dtype="float32",
+             hosts=1, segments: Optional[int] = None, root: int = 0, dtype="float32",
              symmetry: str = "auto", window_bytes: int = 64 << 20) -> Result:
     """Predicted time of one call of ``op`` with ``algorithm`` on ``nranks``
-    ranks (``hosts`` hosts of nranks/hosts consecutive ranks each), at the
+    ranks (``hosts`` hosts of nranks/hosts consecutive ranks each, or a
+    tuple of each rank's host, as a group's hosts are), at the
     bench size ``nbytes``. ``segments`` None: what a call forcing this
     algorithm would use (the tuner's rule). ``symmetry``: "auto" (use it
     where sampled ranks show it), "full" (never), "require" (error unless
@@ -422,10 +444,21 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
         raise ValueError(f"unknown collective {op!r}; collectives are {', '.join(COLLECTIVES)}")
     if isinstance(nranks, bool) or not isinstance(nranks, (int, np.integer)) or nranks < 1:
         raise ValueError(f"nranks must be an integer >= 1, got {nranks!r}")
-    if isinstance(hosts, bool) or not isinstance(hosts, (int, np.integer)) or hosts < 1:
+    if isinstance(hosts, tuple):
+        if len(hosts) != nranks:
+            raise ValueError(f"hosts names the host of {len(hosts)} ranks, not of {nranks}")
+        labels = hosts
+        hosts = len(set(labels))
+        if labels != tuple(r // (nranks // hosts) for r in range(nranks)):
+            if symmetry == "require":
+                raise ValueError(f"hosts {labels} are not {hosts} even blocks of consecutive ranks: not symmetric")
+            symmetry = "full"  # uneven or interleaved hosts: no shift maps ranks onto ranks
+    elif isinstance(hosts, bool) or not isinstance(hosts, (int, np.integer)) or hosts < 1:
         raise ValueError(f"hosts must be an integer >= 1, got {hosts!r}")
-    if nranks % hosts:
+    elif nranks % hosts:
         raise ValueError(f"{nranks} ranks do not split evenly over {hosts} hosts")
+    else:
+        labels = tuple(r // (nranks // hosts) for r in range(nranks))  # each rank's host
     if nbytes < 0:
         raise ValueError(f"size must not be negative, got {nbytes}")
     if symmetry not in ("auto", "full", "require"):
@@ -438,7 +471,6 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
     n = int(nranks)
     itemsize = np.dtype(dtype).itemsize
     per_host = n // hosts
-    labels = tuple(r // per_host for r in range(n))  # each rank's host
     if segments is None:
         from .tuner import Tuner
         segments = Tuner(environ={}).choose(op, 0 if op == "all_to_all" else nbytes, n,
@@ -447,8 +479,7 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
     window = window_bytes // itemsize
     topo = labels if algorithms.topological(op, algorithm) else None
 
-    def host_of(r: int) -> int:
-        return r // per_host
+    host_of = labels.__getitem__
 
     sizers: dict = {}
 
@@ -659,7 +690,8 @@ def _model_from(opts) -> Model:
         inter = inter._replace(beta=1 / (opts.bw_inter * 1e9))
     gamma = model.gamma if opts.bw_reduce is None else 1 / (opts.bw_reduce * 1e9)
     delta = model.delta if opts.bw_copy is None else 1 / (opts.bw_copy * 1e9)
-    return Model(intra, inter, gamma, delta, model.cores if opts.cores is None else opts.cores)
+    return Model(intra, inter, gamma, delta, model.cores if opts.cores is None else opts.cores,
+                 model.host_nic or opts.host_nic)
 
 
 def _parse(argv: list):
@@ -685,6 +717,8 @@ def _parse(argv: list):
     p.add_argument("--dtype", default="float32")
     p.add_argument("--cores", type=int, default=None, metavar="C",
                    help="cores per host, when ranks outnumber them (default: a core per rank)")
+    p.add_argument("--host-nic", action="store_true",
+                   help="the ranks of a host share one link to the other hosts (default: one link per rank)")
     p.add_argument("--full", action="store_true", help="simulate every rank, even where schedules are symmetric")
     p.add_argument("--model", default=None, metavar="FILE.json", help="a model saved by --calibrate --save")
     p.add_argument("--alpha-intra", type=float, default=None, metavar="US", help="intra-host latency, us")
