@@ -56,6 +56,12 @@ def _repeated_body(rank, size, sizes):
                 collie.broadcast(z, src=src)
                 if not np.array_equal(z, _data(src, call, n, dtype)):
                     wrong.append(("broadcast", n, dtype.__name__, call))
+                r = _data(rank, call, n, dtype)
+                collie.reduce(r, dst=src, op=collie.ReduceOp.MIN if call % 3 == 2 else collie.ReduceOp.SUM)
+                parts = [_data(q, call, n, dtype) for q in range(size)]
+                want = (np.min(parts, axis=0) if call % 3 == 2 else sum(parts)) if rank == src else parts[rank]
+                if not np.array_equal(r, want):  # the root gets the result, the others keep their own
+                    wrong.append(("reduce", n, dtype.__name__, call))
                 collie.barrier()
     lanes = group.world().group.lanes
     return wrong, sorted({key[0] for key, lane in lanes.items() if lane is not None})
@@ -73,7 +79,7 @@ def test_repeated_calls_give_numpy_results(executor, size, backend, sizes):
         assert wrong == []
         if executor == "c":  # the calls did take lanes (a barrier of one returns at once)
             assert laned == ["all_gather", "all_reduce", "all_to_all"] + ["barrier"] * (size > 1) + \
-                ["broadcast", "reduce_scatter"]
+                ["broadcast", "reduce", "reduce_scatter"]
         else:
             assert laned == []
 

@@ -505,6 +505,13 @@ def reduce(tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async
     >>> reduce(x, dst=0)
     >>> x                                   # rank 0: [3, 6]  rank 1: [2, 4]
     """
+    arr = tensor if tensor.__class__ is np.ndarray else numpy_view(tensor)
+    key = None
+    if arr is not None and op.__class__ is ReduceOp and op.name not in ("AVG", "PREMUL_SUM") and not async_op:
+        key = ("reduce", arr.dtype, arr.size, dst, group_dst, op.code, algorithm)  # as _lane_key's
+        lane = _find_lane(group, key, arr)
+        if lane is not None:
+            return lane(arr)
     g = _member(group, "reduce")
     root = _root(g, dst, group_dst, "dst", "reduce")
     buf = Buffer(tensor, writable=True, what="reduce tensor")
@@ -523,7 +530,7 @@ def reduce(tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async
 
     return _run(g, "reduce", {"out": work}, {"out": (buf.count,)}, dtype_name=buf.dtype_name, op=op,
                 root=root, count=buf.count, nbytes=buf.nbytes, algorithm=algorithm, async_op=async_op,
-                after=after)
+                after=after, lane_key=key)
 
 
 def _gather_out(g: ProcessGroup, tensors, what: str, expect: int) -> tuple[list, np.ndarray, tuple]:
