@@ -292,3 +292,12 @@ def test_crowded_ranks_pay_to_get_a_core_back():
 def test_host_model_round_trips_through_json():
     m = HOST._replace(switch=1e-6, wake=2e-6, cache=1 << 20, dram=2.5)
     assert Model.from_json(json.loads(json.dumps(m.to_json()))) == m
+
+
+def test_cli_keeps_a_saved_host_model(tmp_path, capsys):
+    # --model with a host model: every field counts, and rows are per call back to back
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(HOST.to_json()))
+    assert main(["reduce", "--model", str(path), "-n", "2", "--size", "8K", "--algo", "direct"]) == 0
+    row = [line.split() for line in capsys.readouterr().out.splitlines() if line and not line.startswith("#")][0]
+    assert float(row[5]) == pytest.approx(bench_seconds("reduce", "direct", 2, 8192, model=HOST) * 1e6, abs=0.01)

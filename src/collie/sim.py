@@ -135,8 +135,6 @@ class Model(NamedTuple):
     slow_call: float = 0.0   # the same for a collective without a lane: Python's whole path
     switch: float = 0.0      # ranks outnumbering cores: putting a waiting rank back on a core
     wake: float = 0.0        # a rank that waited past its spin and slept runs again this long after the event
-    near: int = 0            # bytes a core's own cache holds (0: no such tier)
-    near_factor: float = 1.0  # per-byte costs times this when a core's share of the working set fits there
     cache: int = 0           # bytes of a call's working set the caches hold (0: all of it)
     dram: float = 1.0        # per-byte costs times this for the part beyond the cache
 
@@ -145,7 +143,7 @@ class Model(NamedTuple):
                 "gamma": self.gamma, "delta": self.delta, "cores": self.cores, "slots": self.slots,
                 "single_copy": self.single_copy, "read": self.read._asdict(), "python": self.python,
                 "call": self.call, "slow_call": self.slow_call, "switch": self.switch, "wake": self.wake,
-                "near": self.near, "near_factor": self.near_factor, "cache": self.cache, "dram": self.dram}
+                "cache": self.cache, "dram": self.dram}
 
     @classmethod
     def from_json(cls, data: dict) -> "Model":
@@ -154,10 +152,11 @@ class Model(NamedTuple):
             return cls(Link(float(data["intra"]["alpha"]), float(data["intra"]["beta"])),
                        Link(float(data["inter"]["alpha"]), float(data["inter"]["beta"])),
                        float(data["gamma"]), float(data["delta"]), int(data.get("cores", 0)),
-                       int(data.get("slots", 0)), int(data.get("single_copy", 0)), Link(float(read["alpha"]), float(read["beta"])),
+                       int(data.get("slots", 0)), int(data.get("single_copy", 0)),
+                       Link(float(read["alpha"]), float(read["beta"])),
                        float(data.get("python", 0.0)), float(data.get("call", 0.0)), float(data.get("slow_call", 0.0)),
-                       float(data.get("switch", 0.0)), float(data.get("wake", 0.0)), int(data.get("near", 0)),
-                       float(data.get("near_factor", 1.0)), int(data.get("cache", 0)), float(data.get("dram", 1.0)))
+                       float(data.get("switch", 0.0)), float(data.get("wake", 0.0)), int(data.get("cache", 0)),
+                       float(data.get("dram", 1.0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a model (want intra/inter alpha, beta; gamma; delta): {exc}") from None
 
@@ -175,8 +174,6 @@ class Model(NamedTuple):
             text += (f"; python step {self.python * 1e6:.3g} us, call {self.call * 1e6:.3g} us "
                      f"({self.slow_call * 1e6:.3g} us without a lane), "
                      f"switch {self.switch * 1e6:.3g} us, wake {self.wake * 1e6:.3g} us")
-        if self.cores and self.near:
-            text += f"; within {self.near >> 10} KiB a core x{self.near_factor:.3g}"
         if self.cores and self.cache:
             text += f"; cache {self.cache / (1 << 20):.3g} MiB, beyond it x{self.dram:.3g}"
         return text
@@ -721,15 +718,11 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
 
 def working_set_factor(model: Model, nbytes: int) -> float:
     """How much more a byte costs, on average, when a call's ranks on one
-    host touch ``nbytes`` in all, call after call: where each core's share
-    fits in its own cache (model.near), model.near_factor (less); up to what
-    the shared caches hold (model.cache) the bytes of the last call are
-    still there; from
+    host touch ``nbytes`` in all, call after call: up to what the caches
+    hold (model.cache) the bytes of the last call are still there; from
     twice that, a stream that wraps around finds none of them (least
     recently used goes first) and every byte comes from memory, model.dram
     times slower; in between, a share."""
-    if model.near and nbytes <= model.near * max(1, model.cores):
-        return model.near_factor  # every core's share in its own cache
     if not model.cache or nbytes <= model.cache:
         return 1.0
     return 1.0 + (model.dram - 1.0) * min(1.0, nbytes / model.cache - 1.0)
@@ -873,21 +866,21 @@ _PARAMS = {
     "slow_call": (lambda m: m.slow_call, lambda m, v: m._replace(slow_call=v)),
     "switch": (lambda m: m.switch, lambda m, v: m._replace(switch=v)),
     "wake": (lambda m: m.wake, lambda m, v: m._replace(wake=v)),
-    "near_factor": (lambda m: m.near_factor, lambda m, v: m._replace(near_factor=min(1.0, v))),
     "cache": (lambda m: m.cache, lambda m, v: m._replace(cache=int(v))),
     "dram": (lambda m: m.dram, lambda m, v: m._replace(dram=max(1.0, v))),
 }
 _HOST_PARAMS = tuple(_PARAMS)
 
-# Where a fit of the host model starts: round numbers for one CPU host, and
-# collie's shared-memory transport as it is configured by default (single
-# copy from transports.shm.DEFAULT_CMA_BYTES).
-HOST_START = Model(Link(0.3e-6, 1 / 60e9), DEFAULT_MODEL.inter, gamma=1 / 40e9, delta=1 / 60e9, cores=1,
-                   slots=8, single_copy=256 << 10, read=Link(2e-6, 1 / 15e9), python=15e-6, call=1.5e-6,
-                   slow_call=5e-6, switch=2e-6, wake=10e-6, cache=8 << 20, dram=3.0)
+# Where a fit of the host model starts: round numbers near what the 2-core
+# test machine came to (docs/scale.md), and collie's shared-memory transport
+# as it is configured by default (transports.shm: 8 slots a ring, single copy
+# from 256 KiB).
+HOST_START = Model(Link(0.5e-6, 1 / 50e9), DEFAULT_MODEL.inter, gamma=1 / 40e9, delta=1 / 40e9, cores=1,
+                   slots=8, single_copy=256 << 10, read=Link(20e-6, 1 / 20e9), python=10e-6, call=1e-6,
+                   slow_call=5e-6, switch=2e-6, wake=1e-6, cache=16 << 20, dram=2.0)
 
 
-def _refine(rows: list, model: Model, names=_BASIS, rounds: int = 2000, smallest: float = 1.01) -> Model:
+def _refine(rows: list, model: Model, names=_BASIS, rounds: int = 2000, smallest: float = 1.02) -> Model:
     """Pattern search on the squared log error, each parameter scaled up and
     down by a factor that shrinks from 2 to ``smallest``: for the models
     where the time is not linear in the parameters (cores > 0)."""
@@ -964,7 +957,8 @@ def _model_from(opts) -> Model:
         inter = inter._replace(beta=1 / (opts.bw_inter * 1e9))
     gamma = model.gamma if opts.bw_reduce is None else 1 / (opts.bw_reduce * 1e9)
     delta = model.delta if opts.bw_copy is None else 1 / (opts.bw_copy * 1e9)
-    return Model(intra, inter, gamma, delta, model.cores if opts.cores is None else opts.cores)
+    return model._replace(intra=intra, inter=inter, gamma=gamma, delta=delta,
+                          cores=model.cores if opts.cores is None else opts.cores)
 
 
 def _parse(argv: list):
@@ -989,7 +983,8 @@ def _parse(argv: list):
     p.add_argument("--root", type=int, default=0, help="root of broadcast, reduce, gather, scatter (default 0)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--cores", type=int, default=None, metavar="C",
-                   help="cores per host, when ranks outnumber them (default: a core per rank)")
+                   help="cores per host: the host model, how collie's shared-memory transport and compiled "
+                        "core move messages on them (module docstring; default 0: a core per rank, alpha-beta)")
     p.add_argument("--full", action="store_true", help="simulate every rank, even where schedules are symmetric")
     p.add_argument("--model", default=None, metavar="FILE.json", help="a model saved by --calibrate --save")
     p.add_argument("--alpha-intra", type=float, default=None, metavar="US", help="intra-host latency, us")
@@ -1001,7 +996,8 @@ def _parse(argv: list):
     p.add_argument("--json", default=None, metavar="PATH", help="write one JSON object per row")
     p.add_argument("--calibrate", default=None, metavar="BENCH.jsonl[,...]",
                    help="fit the model to `collie bench --json` rows (a comma list of files) and show "
-                        "predicted against measured; --cores C for machines with fewer cores than ranks")
+                        "predicted against measured (rows of several runs: their median); --cores C fits "
+                        "the host model")
     p.add_argument("--save", default=None, metavar="FILE.json", help="with --calibrate: write the fitted model")
     return p.parse_args(argv), p
 
@@ -1085,6 +1081,8 @@ def main(argv: Optional[list] = None) -> int:
     tuner = Tuner(environ={})
     print(f"# collie sim {' '.join(argv)}")
     print(f"# nranks {n} on {opts.hosts} host(s) ({n // opts.hosts} ranks each); model: {model.describe()}")
+    if model.cores:
+        print("# time: per call of calls run back to back, as `collie bench` times them (the host model)")
     print("# time: the last rank's end in a discrete-event simulation of every rank's real schedule "
           "(sym: ranks simulated, when symmetric schedules let one rank stand for many)")
     rows = []
@@ -1107,15 +1105,16 @@ def main(argv: Optional[list] = None) -> int:
                     segs = picked.segments
                 t0 = time.perf_counter()
                 try:
-                    res = simulate(op, algo, n, size, model=model, hosts=opts.hosts, segments=segs,
-                                   root=opts.root, dtype=dtype, symmetry="full" if opts.full else "auto")
+                    kw = dict(hosts=opts.hosts, segments=segs, root=opts.root, dtype=dtype,
+                              symmetry="full" if opts.full else "auto")
+                    res = simulate(op, algo, n, size, model=model, **kw)
+                    seconds = bench_seconds(op, algo, n, size, model=model, **kw) if model.cores else res.seconds
                 except ValueError as exc:
                     print(f"# {op} {algo} at {size} bytes: not simulated: {exc}")
                     continue
                 wall = time.perf_counter() - t0
                 count, _ = block_sizes(op, size, dtype.itemsize, n)
                 nbytes = _bench_bytes(op, size, dtype.itemsize, n)
-                seconds = res.seconds
                 algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
                 row = {"backend": "sim", "op": op, "nranks": n, "bytes": nbytes, "dtype": dtype.name,
                        "algorithm": algo, "time_us": seconds * 1e6, "algbw_GBps": algbw,
