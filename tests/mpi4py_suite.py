@@ -24,6 +24,11 @@ What it does:
 4. A test passes when it passed on every rank; it is skipped when mpi4py
    skipped it (on any rank); otherwise it failed (an assertion) or errored.
    A module that cannot be imported counts as one error.
+5. mpi4py.futures' own tests (``demo/futures/test_futures.py``) run as
+   mpi4py runs them on a world its launcher started: ``collie run -n N -m
+   mpi4py.futures test_futures.py -v``, rank 0 running them and the others
+   serving as its pool's workers; their outcomes come from unittest's
+   verbose lines (collect_unittest).
 
 Nothing here changes a test: the files are mpi4py's, unmodified.
 """
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -49,6 +55,10 @@ EXCLUDED = {
     "test_dynproc": "dynamic processes (Connect/Accept)",
     "test_spawn": "dynamic processes (Spawn)",
 }
+# mpi4py.futures' own tests (demo/futures/ of the sdist), run as mpi4py's
+# CI runs them on a world it started: `python -m mpi4py.futures test_futures.py`,
+# rank 0 running the tests and the other ranks serving as its pool's workers.
+FUTURES = "test_futures"
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 
@@ -106,7 +116,7 @@ def make_shim(root: Path) -> Path:
 
 
 def modules(root: Path) -> list[str]:
-    return sorted(p.stem for p in (root / "test").glob("test_*.py") if p.stem not in EXCLUDED)
+    return sorted(p.stem for p in (root / "test").glob("test_*.py") if p.stem not in EXCLUDED) + [FUTURES]
 
 
 # ---- on each rank ----
@@ -185,8 +195,10 @@ def rank_main(names: list[str], out: Path) -> None:
 def run_module(name: str, size: int, root: Path, shim: Path, timeout: float, out: Path) -> dict:
     """Run one module at ``size`` ranks; returns {test id: outcome, ...} and notes."""
     out.mkdir(parents=True, exist_ok=True)
+    futures = name == FUTURES
+    tests = root / ("demo/futures" if futures else "test")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(shim), str(root / "test"), str(SRC)])
+    env["PYTHONPATH"] = os.pathsep.join([str(shim), str(tests), str(SRC)])
     env.pop("MPI4PY_RC_INITIALIZE", None)
     # Dynamic processes are out of scope (EXCLUDED): tell mpi4py's tests so
     # with the switch mpi4py's own CI uses for an MPI that cannot spawn, so
@@ -195,10 +207,13 @@ def run_module(name: str, size: int, root: Path, shim: Path, timeout: float, out
     env["MPI4PY_TEST_SPAWN"] = "0"
     for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(v, None)
-    cmd = [sys.executable, "-m", "collie", "run", "-n", str(size), str(Path(__file__).resolve()),
-           "--rank", "--out", str(out), name]
+    if futures:  # the tests' file is the main script, as mpi4py.futures runs it on every rank
+        cmd = [sys.executable, "-m", "collie", "run", "-n", str(size), "-m", "mpi4py.futures", "test_futures.py", "-v"]
+    else:
+        cmd = [sys.executable, "-m", "collie", "run", "-n", str(size), str(Path(__file__).resolve()),
+               "--rank", "--out", str(out), name]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=root / "test", env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
     hung = False
     try:
@@ -212,8 +227,42 @@ def run_module(name: str, size: int, root: Path, shim: Path, timeout: float, out
             os.killpg(proc.pid, signal.SIGKILL)  # anything a rank left behind
         except ProcessLookupError:
             pass
-    return collect(name, size, out, hung, proc.returncode, err.decode(errors="replace")[-3000:],
-                   time.monotonic() - start)
+    err = err.decode(errors="replace")
+    if futures:
+        return collect_unittest(name, size, err, hung, proc.returncode, time.monotonic() - start)
+    return collect(name, size, out, hung, proc.returncode, err[-3000:], time.monotonic() - start)
+
+
+_VERBOSE = re.compile(r"^(\w+) \(([\w.]+)\)(?: \.\.\.)? ?(.*)$")
+_OUTCOMES = {"ok": "pass", "FAIL": "fail", "ERROR": "error", "expected failure": "pass",
+             "unexpected success": "fail"}
+
+
+def collect_unittest(name, size, err, hung, code, seconds) -> dict:
+    """The outcome per test of a module that rank 0 alone runs with
+    unittest's verbose output (FUTURES): each test's line ends in ok, FAIL,
+    ERROR or skipped, and "Ran N tests" says how many there were."""
+    res = {"module": name, "size": size, "seconds": round(seconds, 1), "hung": hung, "exit": code,
+           "tests": {}, "details": {}, "import_error": None}
+    pending = None  # a test whose outcome is on a later line (the test printed something)
+    for line in err.splitlines():
+        m = _VERBOSE.match(line)
+        word = (m.group(3) if m else line).strip()
+        outcome = _OUTCOMES.get(word) or ("skip" if word.startswith("skipped") else None)
+        if m:
+            pending = f"{m.group(2).replace('__main__.', 'test_futures.')}"
+        if pending and outcome:
+            res["tests"][pending] = outcome
+            if outcome != "pass":
+                res["details"][pending] = f"rank 0: {word}"
+            pending = None
+    ran = re.search(r"^Ran (\d+) tests?", err, re.M)
+    missing = int(ran.group(1)) - len(res["tests"]) if ran else None
+    if missing is None or missing > 0:
+        res["tests"][f"{name} (unreported)"] = "hang" if hung else "error"
+        res["details"][f"{name} (unreported)"] = (f"{missing} test(s) without an outcome line" if missing
+                                                   else f"no 'Ran N tests' line (exit {code}): {err[-500:]}")
+    return res
 
 
 def collect(name, size, out, hung, code, err, seconds) -> dict:

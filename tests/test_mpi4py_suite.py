@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-PASS_FLOOR = {2: 0.90, 3: 0.90}   # 99.0% measured at both sizes, see docs/mpi.md; the target is 0.95
+PASS_FLOOR = {2: 0.97, 3: 0.97}   # 99.0% measured at both sizes, see docs/mpi.md; the target is 0.95
 TIMEOUT = 150.0  # test_util_dtlib makes tens of thousands of datatype calls: 50-100 s on a loaded machine
 
 
@@ -74,6 +74,25 @@ def test_harness_counts_outcomes(suite, tmp_path):
     (out / "1.jsonl").unlink()
     res = suite.collect("m", 2, out, False, 1, "", 1.0)
     assert suite.counts(res)["error"] == 1 and suite.pass_rate([res], 2) == 0.0
+
+
+def test_harness_reads_unittest_verbose_output(suite):
+    """collect_unittest() (mpi4py.futures' tests, run by rank 0 alone):
+    every test's outcome from its line, one that printed before its
+    outcome too, and a run that stopped early is an error."""
+    err = "\n".join([
+        "test_a (__main__.T.test_a) ... ok",
+        "test_b (__main__.T.test_b) ... FAIL",
+        "test_c (__main__.T.test_c) ... worker says hello",
+        "ERROR",
+        "test_d (__main__.U.test_d) ... skipped 'shared-pool'",
+        "----------------------------------------------------------------------",
+        "Ran 4 tests in 0.1s", "", "FAILED (failures=1, errors=1)"])
+    res = suite.collect_unittest("test_futures", 2, err, False, 1, 1.0)
+    assert res["tests"] == {"test_futures.T.test_a": "pass", "test_futures.T.test_b": "fail",
+                            "test_futures.T.test_c": "error", "test_futures.U.test_d": "skip"}
+    cut = suite.collect_unittest("test_futures", 2, err.split("test_d")[0], True, -9, 1.0)
+    assert suite.counts(cut) == {"pass": 1, "fail": 1, "error": 1, "skip": 0, "hang": 1}
 
 
 def test_no_leftovers():

@@ -50,3 +50,117 @@ def test_broadcast_object_over_2_gib():
         pytest.fail("needs 14 GiB of free memory for two ranks each holding a 2 GiB object twice")
     n = (2 << 30) + 12345
     assert run_ranks(_huge_body, 2, backend="shm", timeout=110) == [(n, 7, 7, 7)] * 2
+
+
+def _value(kind: str, rank: int, root: int, call: int):
+    """A rank's object of kind ``kind``: "small" fits the first round's
+    slot, "large" never does, "mixed" fits on even ranks only."""
+    small = {"rank": rank, "root": root, "call": call}
+    large = (rank, root, call, "x" * (600 + 37 * rank))
+    return {"small": small, "large": large, "mixed": large if rank % 2 else small}[kind]
+
+
+def _every_shape_body(rank, size):
+    """Each object collective, every root, objects that fit the slot, that
+    don't and a mix, three calls each (the later ones take the lanes), in
+    the torch-style API and collie.MPI's lowercase calls."""
+    import collie
+    from collie import MPI
+    comm = MPI.COMM_WORLD
+    for call in range(3):
+        for kind in ("small", "large", "mixed"):
+            for root in range(size):
+                mine = _value(kind, rank, root, call)
+                every = [_value(kind, r, root, call) for r in range(size)]
+                got = [None] * size if rank == root else None
+                collie.gather_object(mine, got, dst=root)
+                assert got == (every if rank == root else None)
+                box = [None]
+                collie.scatter_object_list(box, every if rank == root else None, src=root)
+                assert box[0] == mine
+                got = [None] * size
+                collie.all_gather_object(got, mine)
+                assert got == every
+                objs = [_value(kind, root, root, call)] if rank == root else [None]
+                collie.broadcast_object_list(objs, src=root)
+                assert objs == [_value(kind, root, root, call)]
+
+                assert comm.gather(mine, root=root) == (every if rank == root else None)
+                assert comm.scatter(every if rank == root else None, root=root) == mine
+                assert comm.allgather(mine) == every
+                assert comm.bcast(mine, root=root) == _value(kind, root, root, call)
+                # item q from rank r: what q gets from r, shaped by both
+                sent = [(rank, q, _value(kind, (rank + q) % size, root, call)) for q in range(size)]
+                assert comm.alltoall(sent) == [(r, rank, _value(kind, (r + rank) % size, root, call))
+                                               for r in range(size)]
+                assert comm.reduce([rank], root=root) == (list(range(size)) if rank == root else None)
+            assert comm.allreduce(rank + call) == sum(range(size)) + size * call
+    return True
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_object_collectives_of_every_size_and_root(size, executor):
+    assert run_ranks(_every_shape_body, size, timeout=110) == [True] * size
+
+
+def test_object_collectives_over_tcp():
+    assert run_ranks(_every_shape_body, 3, backend="tcp", timeout=110) == [True] * 3
+
+
+def _python_slots_body(rank, size):
+    from collie import objects
+    objects.pack_slots, objects.unpack_slots = objects._pack_slots, objects._unpack_slots
+    return _every_shape_body(rank, size)
+
+
+def test_object_collectives_with_the_python_slot_codec():
+    """Where the compiled core is not built, objects.py packs and reads the slots itself."""
+    assert run_ranks(_python_slots_body, 3, timeout=110) == [True] * 3
+
+
+def test_the_slot_codecs_agree():
+    import pickle
+    from collie import core, objects
+    payloads = [b"", b"a", b"x" * 7, b"y" * 8, b"z" * 9, pickle.dumps({"k": 1}), b"w" * 100]
+    codecs = [(objects._pack_slots, objects._unpack_slots)]
+    if core._core is not None:
+        codecs.append((core.pack_slots, core.unpack_slots))
+    results = []
+    for pack, unpack in codecs:
+        buf = np.zeros(len(payloads) * 16, dtype=np.uint8)
+        fits = pack(buf, payloads, 16)
+        results.append((fits, buf.tobytes(), unpack(buf, len(payloads), 16, None)))
+        assert pack(buf, payloads[:4], 16) is True
+        assert unpack(buf, 4, 16, None) == ([b"", b"a", b"x" * 7, b"y" * 8], None)
+        pack(buf, [pickle.dumps(1), pickle.dumps("not in 8 bytes")], 16)
+        assert unpack(buf, 2, 16, pickle.loads) == ([1, None], [(1, len(pickle.dumps("not in 8 bytes")))])
+        with pytest.raises(ValueError):
+            pack(buf, [b""] * 100, 16)  # more slots than the buffer holds
+    fits, raw, (items, large) = results[0]
+    assert fits is False and large == [(4, 9), (5, len(payloads[5])), (6, 100)]
+    assert items == [b"", b"a", b"x" * 7, b"y" * 8, None, None, None]
+    assert raw[:8] == (0).to_bytes(8, "little") and raw[16:24] == (1).to_bytes(8, "little")
+    assert all(r == results[0] for r in results)
+
+
+def _large_from_a_dead_rank_body(rank, size):
+    """Rank 1's pickle needs the second round, and rank 1 dies before it: the root raises PeerError."""
+    import os
+    import collie
+    from collie import MPI, objects
+    comm = MPI.COMM_WORLD
+    if rank == 1:
+        real = objects._large
+        objects._large = lambda *a: os._exit(3)  # dies right after the first round
+    try:
+        comm.gather("x" * 2000 if rank == 1 else 0, root=0)
+    except collie.PeerError as exc:
+        return "PeerError", exc.peer
+    except MPI.Exception as exc:
+        return "MPI.Exception", str(exc)
+    return "no error"
+
+
+def test_a_second_round_from_a_rank_that_died_is_a_peer_error():
+    res = run_ranks(_large_from_a_dead_rank_body, 2, expect_errors=True, timeout=60)
+    assert res[0] == ("PeerError", 1), res

@@ -245,3 +245,44 @@ def test_the_bench_measures_the_link_and_prints_each_ops_bound(tmp_path):
         block = out.split(f"# {op}\n")[1]
         assert block.startswith(f"# (bound across hosts: crosses >= {crossing} S on the busiest host's link"), block
     assert "# memory:" not in out  # one host's memory bound says nothing across hosts
+
+
+def test_the_link_is_measured_at_setup_and_the_tuner_uses_it(tmp_path):
+    """2 hosts x 2 ranks on a link shaped to 50 Mbit/s: init_process_group
+    measures the link between the hosts (the shaper's rate, the same on
+    every rank, said under COLLIE_DEBUG=INFO), and a 256 KiB broadcast
+    takes the model's pick (a tree, which sends the buffer across once)
+    over the table's (direct, which sends it twice)."""
+    script = tmp_path / "link.py"
+    script.write_text(textwrap.dedent("""\
+        import json
+        import numpy as np
+        import collie
+        from collie import tuner
+        collie.init_process_group()
+        x = np.arange(65536, dtype=np.float32) if collie.get_rank() == 3 else np.zeros(65536, np.float32)
+        collie.broadcast(x, src=3)
+        g = collie.group.world().group
+        topo = collie.get_topology()
+        link = (topo["link"]["latency_s"], 1 / topo["link"]["rate_bytes_per_s"])
+        print(json.dumps({"rank": collie.get_rank(), "topology": topo,
+                          "ok": x.tolist() == list(range(65536)),
+                          "picked": [p.choice.algorithm for p in g.prepared.values()],
+                          "model": tuner.default_choice("broadcast", x.nbytes, 4, "tcp", g.hosts, link).algorithm,
+                          "table": tuner.table_choice("broadcast", x.nbytes, 4, "tcp", g.hosts).algorithm}),
+              flush=True)
+        collie.destroy_process_group()
+    """))
+    with testbed.TestBed(2, rate="50mbit") as bed:
+        results = bed.run([str(script)], ranks_per_host=2, timeout=120, env=dict(os.environ, COLLIE_DEBUG="INFO"))
+    _no_beds_left()
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    ranks = _ranks(results)
+    topo = ranks[0]["topology"]
+    assert topo["hosts"] == [[0, 1], [2, 3]] and topo["link_source"].startswith("measured at setup in ")
+    assert 0.6 * 50e6 / 8 < topo["link"]["rate_bytes_per_s"] < 1.3 * 50e6 / 8, topo
+    for row in ranks.values():
+        assert row["topology"] == topo and row["ok"], row
+        assert row["picked"] == [row["model"]] == ["tree"] and row["table"] == "direct", row
+    info = [line for line in results[0].stderr.splitlines() if line.startswith("collie INFO topology:")]
+    assert len(info) == 1 and "2 host(s) [0-1 | 2-3] from hostnames; between hosts" in info[0], info

@@ -3,7 +3,8 @@ each function of collie executes per call, on rank 0 of 2.
 
     python docs/perf/bytecodes.py [--op all_reduce|...|sendrecv] [--bytes 8] [--calls 200]
 
---op Allreduce, allreduce, bcast, Sendrecv and Irecv+Isend+Waitall count
+--op Allreduce, allreduce, bcast, allgather, gather, scatter, alltoall, Comm.sendrecv, Sendrecv and
+Irecv+Isend+Waitall count
 collie.MPI's calls (the buffer Allreduce in place, small pickled objects,
 point to point) instead.
 
@@ -43,6 +44,11 @@ def _call(op: str, nbytes: int):
             "Allreduce": lambda: MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),  # collie.MPI
             "allreduce": lambda: MPI.COMM_WORLD.allreduce(1),
             "bcast": lambda: MPI.COMM_WORLD.bcast({"step": 1}, root=1),
+            "allgather": lambda: MPI.COMM_WORLD.allgather(1),
+            "gather": lambda: MPI.COMM_WORLD.gather(1, root=0),  # rank 0 is the root
+            "scatter": lambda: MPI.COMM_WORLD.scatter([1, 2], root=0),
+            "alltoall": lambda: MPI.COMM_WORLD.alltoall([1, 2]),
+            "Comm.sendrecv": lambda: MPI.COMM_WORLD.sendrecv(1, peer, source=peer),
             "Sendrecv": lambda: MPI.COMM_WORLD.Sendrecv(x, peer, 0, single, peer, 0),
             "Irecv+Isend+Waitall": lambda: MPI.Request.Waitall([MPI.COMM_WORLD.Irecv(single, peer, 0),
                                                                 MPI.COMM_WORLD.Isend(x, peer, 0)])}[op]
@@ -96,7 +102,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--op", default="all_reduce",
                    choices=("all_reduce", "broadcast", "all_gather", "all_to_all", "sendrecv",
-                            "Allreduce", "allreduce", "bcast", "Sendrecv", "Irecv+Isend+Waitall"))
+                            "Allreduce", "allreduce", "bcast", "allgather", "gather", "scatter", "alltoall", "Comm.sendrecv", "Sendrecv", "Irecv+Isend+Waitall"))
     p.add_argument("--bytes", type=int, default=8)
     p.add_argument("--calls", type=int, default=200)
     opts = p.parse_args(argv)

@@ -14,7 +14,7 @@ from . import errors
 from .errors import AbortedError, AuthError, CollieError, CollieTimeout, MismatchError, PeerError
 from .group import (Backend, ProcessGroup, destroy_process_group, get_backend, get_global_rank,
                     get_group_rank, get_node_local_rank, get_process_group_ranks, get_rank,
-                    get_world_size, init_process_group, is_available, is_backend_available,
+                    get_topology, get_world_size, init_process_group, is_available, is_backend_available,
                     is_gloo_available, is_initialized, is_mpi_available, is_nccl_available,
                     is_torchelastic_launched, new_group, new_subgroups, new_subgroups_by_enumeration)
 from . import group
@@ -39,7 +39,7 @@ __all__ = [
     # setup
     "init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
     "new_group", "new_subgroups", "new_subgroups_by_enumeration", "get_process_group_ranks",
-    "get_group_rank", "get_global_rank", "get_node_local_rank", "ProcessGroup", "group", "Backend",
+    "get_group_rank", "get_global_rank", "get_node_local_rank", "get_topology", "ProcessGroup", "group", "Backend",
     "get_backend", "is_available", "is_backend_available", "is_gloo_available", "is_nccl_available",
     "is_mpi_available", "is_torchelastic_launched", "DeviceMesh", "init_device_mesh", "spawn", "Store",
     "TCPStore", "FileStore",

@@ -1134,7 +1134,9 @@ typedef struct {
                                nothing_stale), or None */
     int64_t fixed, max_tag;
     uint64_t meta;
-    int narrays;
+    int narrays;            /* the call's arrays, as it passes them */
+    int used;               /* those the program takes: narrays, or 0 for a program of no buffers
+                               (a group of one, whose call moves nothing) */
 } Lane;
 
 /* A lane and its group refer to each other (group.lanes, and the group a
@@ -1193,7 +1195,8 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         return NULL;
     }
     int nextra = PyTuple_Check(extra) ? (int)PyTuple_GET_SIZE(extra) : -1;
-    if (narrays < 0 || (nextra >= 0 && narrays + nextra != ((CoreProgram *)core)->nbufs)) {
+    int used = nextra == 0 && ((CoreProgram *)core)->nbufs == 0 ? 0 : narrays;
+    if (narrays < 0 || (nextra >= 0 && used + nextra != ((CoreProgram *)core)->nbufs)) {
         PyErr_SetString(PyExc_ValueError, "Lane: the arrays and extra buffers must be the program's buffers");
         return NULL;
     }
@@ -1201,6 +1204,7 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (!self) return NULL;
     self->core = (CoreProgram *)Py_NewRef(core);
     self->narrays = narrays;
+    self->used = used;
     self->group = Py_NewRef(group);
     self->network = Py_NewRef(network);
     self->context = Py_NewRef(context);
@@ -1263,13 +1267,13 @@ static PyObject *lane_core(Lane *self, PyObject *seq, int64_t tag, PyObject *tag
     PyObject *objs[core->nbufs + 1];
     PyObject *extra = PyTuple_Check(self->extra) ? Py_NewRef(self->extra) : PyObject_CallNoArgs(self->extra);
     if (!extra) goto out;
-    if (!PyTuple_Check(extra) || self->narrays + PyTuple_GET_SIZE(extra) != core->nbufs) {
+    if (!PyTuple_Check(extra) || self->used + PyTuple_GET_SIZE(extra) != core->nbufs) {
         PyErr_SetString(PyExc_ValueError, "a lane's extra buffers do not fit its program");
         Py_DECREF(extra);
         goto out;
     }
-    for (int i = 0; i < self->narrays; i++) objs[i] = PyTuple_GET_ITEM(args, i);
-    for (int i = self->narrays; i < core->nbufs; i++) objs[i] = PyTuple_GET_ITEM(extra, i - self->narrays);
+    for (int i = 0; i < self->used; i++) objs[i] = PyTuple_GET_ITEM(args, i);
+    for (int i = self->used; i < core->nbufs; i++) objs[i] = PyTuple_GET_ITEM(extra, i - self->used);
     PyObject *held = PyObject_CallNoArgs(self->acquire);
     if (!held) { Py_DECREF(extra); goto out; }
     Py_DECREF(held);
@@ -1549,9 +1553,107 @@ static PyObject *vm_call(PyObject *args, int write) {
 static PyObject *py_vm_read(PyObject *self, PyObject *args) { return vm_call(args, 0); }
 static PyObject *py_vm_write(PyObject *self, PyObject *args) { return vm_call(args, 1); }
 
+/* ------------------------------------------------------------ object slots */
+
+/* The object collectives' first rounds (objects.py) move a slot of
+ * ``slot`` bytes per rank: the pickle's size as a little-endian int64, then
+ * the pickle itself when it fits. Packing and reading them here keeps a
+ * small object's call to its pickling and one collective. */
+
+static void put_le64(unsigned char *at, int64_t v) {
+    for (int i = 0; i < 8; i++) at[i] = (unsigned char)((uint64_t)v >> (8 * i));
+}
+
+static int64_t get_le64(const unsigned char *at) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)at[i] << (8 * i);
+    return (int64_t)v;
+}
+
+/* pack_slots(buffer, payloads, slot) -> whether every payload fit: slot i
+ * of the writable ``buffer`` gets payloads[i] (bytes-like). */
+static PyObject *py_pack_slots(PyObject *self, PyObject *args) {
+    PyObject *seq;
+    Py_buffer dst;
+    Py_ssize_t slot;
+    if (!PyArg_ParseTuple(args, "w*On", &dst, &seq, &slot)) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "pack_slots: payloads must be a sequence");
+    PyObject *result = NULL;
+    if (!fast) goto out;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (slot < 8 || n * slot > dst.len) {
+        PyErr_Format(PyExc_ValueError, "pack_slots: %zd slots of %zd bytes do not fit in %zd bytes", n, slot,
+                     dst.len);
+        goto out;
+    }
+    int fits = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_buffer src;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &src, PyBUF_SIMPLE) < 0) goto out;
+        unsigned char *at = (unsigned char *)dst.buf + i * slot;
+        put_le64(at, src.len);
+        if (src.len <= slot - 8) memcpy(at + 8, src.buf, src.len);
+        else fits = 0;
+        PyBuffer_Release(&src);
+    }
+    result = PyBool_FromLong(fits);
+out:
+    Py_XDECREF(fast);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+/* unpack_slots(buffer, n, slot, loads) -> (items, large): items[i] is
+ * loads(slot i's pickle), or None where the pickle did not fit; ``large``
+ * lists those as (i, size) pairs, or is None when all fit. ``loads`` None:
+ * the pickle's bytes. */
+static PyObject *py_unpack_slots(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    Py_ssize_t n, slot;
+    PyObject *loads, *items = NULL, *large = NULL, *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*nnO", &src, &n, &slot, &loads)) return NULL;
+    if (n < 0 || slot < 8 || n * slot > src.len) {
+        PyErr_Format(PyExc_ValueError, "unpack_slots: %zd slots of %zd bytes are not in %zd bytes", n, slot, src.len);
+        goto out;
+    }
+    if (!(items = PyList_New(n))) goto out;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *at = (char *)src.buf + i * slot;
+        int64_t size = get_le64((unsigned char *)at);
+        PyObject *item;
+        if (size < 0 || size > slot - 8) {
+            PyObject *pair = Py_BuildValue("nL", i, (long long)size);
+            if (!pair || (!large && !(large = PyList_New(0))) || PyList_Append(large, pair) < 0) {
+                Py_XDECREF(pair);
+                goto out;
+            }
+            Py_DECREF(pair);
+            item = Py_NewRef(Py_None);
+        } else if (loads == Py_None) {
+            item = PyBytes_FromStringAndSize(at + 8, size);
+        } else {
+            PyObject *view = PyMemoryView_FromMemory(at + 8, size, PyBUF_READ);  /* lives through loads() */
+            item = view ? PyObject_CallOneArg(loads, view) : NULL;
+            Py_XDECREF(view);
+        }
+        if (!item) goto out;
+        PyList_SET_ITEM(items, i, item);
+    }
+    result = PyTuple_Pack(2, items, large ? large : Py_None);
+out:
+    Py_XDECREF(items);
+    Py_XDECREF(large);
+    PyBuffer_Release(&src);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"vm_read", py_vm_read, METH_VARARGS, "vm_read(pid, dst, address): fill dst from address in process pid."},
     {"vm_write", py_vm_write, METH_VARARGS, "vm_write(pid, address, src): all of src to address in process pid."},
+    {"pack_slots", py_pack_slots, METH_VARARGS,
+     "pack_slots(buffer, payloads, slot) -> whether all fit: each payload's size, then it, in its slot."},
+    {"unpack_slots", py_unpack_slots, METH_VARARGS,
+     "unpack_slots(buffer, n, slot, loads) -> (items, [(i, size) of those that did not fit] or None)."},
     {"combine", py_combine, METH_VARARGS, "combine(dst, src, dtype, op): dst = dst op src in place."},
     {"find_lane", (PyCFunction)(void (*)(void))py_find_lane, METH_FASTCALL,
      "find_lane(group, key, tensor) -> the lane of a repeated call, or None (collectives._find_lane)."},

@@ -493,8 +493,7 @@ class CollieComm(DistComm):
             from .group import resolve
             g = resolve(None)
             nbytes = 0 if op == "all_to_all" else lay.nbytes
-            return collectives.tuner().choose(op, nbytes, self.size, collectives._transport(g),
-                                              hosts=g.hosts).algorithm
+            return collectives.choose(g, op, nbytes).algorithm
         except Exception:  # noqa: BLE001 - only a label
             return "auto"
 
@@ -662,47 +661,24 @@ def link_bytes(op: str, hosts: Sequence, nbytes: int) -> float:
     raise ValueError(op)
 
 
-def link_rate(seconds: float = 0.25, most: int = 64 << 20) -> Optional[tuple[float, int]]:
-    """(bytes/s each way, bytes per round) of the slowest link between this
-    world's hosts, measured now; None on one host. Collective: every rank
-    calls it. Rank 0 and the first rank of each other host in turn send
-    each other a buffer at once (both directions loaded, as the
-    collectives load them), doubling it until a round takes ``seconds``;
-    the fastest of three rounds of that size counts."""
+def link_rate(seconds: float = 0.25, most: int = 8 << 20) -> Optional[tuple[float, int]]:
+    """(bytes/s each way, bytes per message) of the slowest link between
+    this world's hosts, measured now; None on one host. Collective: every
+    rank calls it. Rank 0 and the first rank of each other host in turn
+    measure it as init_process_group does (collie.topology.measure: five
+    messages at once both ways, the median of three rounds), with messages
+    grown until a round takes ``seconds``. A rate stated in COLLIE_TOPOLOGY
+    is taken as it is (bytes per message 0)."""
     import collie
-    hosts = _network().hosts
-    first: dict = {}
-    for r, h in enumerate(hosts):
-        first.setdefault(h, r)
-    if len(first) < 2:
+    from .topology import STATED, measure
+    network = _network()
+    if len(set(network.hosts)) < 2:
         return None
-    me = collie.get_rank()
-
-    def exchange(mine: np.ndarray, theirs: np.ndarray, peer: int) -> None:
-        work = collie.isend(mine, peer)
-        collie.recv(theirs, peer)
-        work.wait()
-
-    slowest = (float("inf"), 0)
-    for other in list(first.values())[1:]:
-        if me not in (0, other):
-            continue
-        peer = other if me == 0 else 0
-        nbytes, rounds = 1 << 20, []
-        while len(rounds) < 3:  # the size found, then two more rounds of it
-            out, into, took = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8), np.zeros(2)
-            exchange(took[:1], took[1:], peer)  # both ready: the round starts together
-            start = time.perf_counter()
-            exchange(out, into, peer)
-            took[0] = time.perf_counter() - start
-            exchange(took[:1], took[1:], peer)  # the pair agrees on the longer round
-            if rounds or took.max() >= seconds or nbytes >= most:
-                rounds.append(float(took.max()))
-            else:
-                nbytes *= 2
-        # The fastest round: a bound the collectives must not beat by luck.
-        slowest = min(slowest, (nbytes / min(rounds), nbytes))
-    found = np.array(slowest if me == 0 else (0.0, 0.0))
+    if network.topology is not None and network.topology.link_source == STATED:
+        return 1 / network.topology.link.beta, 0
+    _, beta, nbytes = measure(network, network.timeout, leaders=None, min_round=seconds, most=most,
+                              budget=None, caller="collie bench")
+    found = np.array([1 / beta, nbytes] if collie.get_rank() == 0 else [0.0, 0.0])
     collie.broadcast(found, src=0)
     return float(found[0]), int(found[1])
 
@@ -846,9 +822,10 @@ def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple
                          f"64 MiB buffers (see collie.bench.memory_bound)")
     if link is not None:
         rate, nbytes = link
+        how = ("stated by COLLIE_TOPOLOGY" if not nbytes else "measured at start (rank 0 and each other "
+               f"host's first rank sending each other 5 x {format_size(nbytes)} at once, median of 3 rounds)")
         lines.append(f"# link: {rate / 1e6:.1f} MB/s ({rate * 8 / 1e9:.3f} Gbit/s) each way on the slowest "
-                     f"link between the {len(set(hosts))} hosts, measured at start (rank 0 and each other "
-                     f"host's first rank sending each other {format_size(nbytes)} at once)")
+                     f"link between the {len(set(hosts))} hosts, {how}")
         lines.append("# bound: the bytes each op must move through the busiest host's link, at that rate; "
                      "above each table (see collie.bench.link_bytes)")
     return "\n".join(lines)

@@ -203,11 +203,19 @@ def excluded(g: ProcessGroup, name: str, block_sizes: Optional[dict] = None) -> 
     return exclude
 
 
+def choose(g: ProcessGroup, name: str, nbytes: int, algorithm: Optional[str] = None,
+           exclude: Optional[dict] = None):
+    """The tuner's choice for a call of ``name`` on ``g``: told the group's
+    transport, each rank's host and the link between hosts (when known)."""
+    topology = g.network.topology
+    return tuner().choose(name, nbytes, g.size, _transport(g), algorithm, g.rank, exclude, g.hosts,
+                          topology.link if topology is not None else None)
+
+
 def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op, root: int, count: int,
              nbytes: int, algorithm: Optional[str]) -> _Prepared:
-    transport = _transport(g)
     exclude = excluded(g, name, block_sizes)
-    choice = tuner().choose(name, nbytes, g.size, transport, algorithm, g.rank, exclude, g.hosts)
+    choice = choose(g, name, nbytes, algorithm, exclude)
     schedule = algorithms.build(name, choice.algorithm, g.size, g.rank, root, choice.segments, g.hosts)
     dtype = np.dtype(np.uint16) if dtype_name == "bfloat16" else np.dtype(dtype_name)  # bfloat16: its bits
     window = g.network.window_capacity() // dtype.itemsize if schedule.win_like is not None else 0
@@ -327,7 +335,9 @@ def _lane(g: ProcessGroup, name: str, prepared: _Prepared, arrays: tuple):
     if core.EXECUTE is not core.execute:
         return None
     found = core.lane(prepared.program, g.network)
-    if found is None or found[1] != arrays:  # the core must take every array the callers pass
+    # The core must take every array the callers pass, or none and nothing
+    # else (a group of one: the call moves nothing, the lane keeps its books).
+    if found is None or (found[1] != arrays and (found[1] or found[2] != ())):
         return None
     program, names, extra, spare = found
     network, meta, context, ranks = g.network, prepared.meta, g.context, g.ranks
@@ -349,7 +359,7 @@ def _lane(g: ProcessGroup, name: str, prepared: _Prepared, arrays: tuple):
         end = lambda seq, tag: network.finish(tag, meta, ranks)  # noqa: E731 - (seq, tag) as the lane calls it
 
     fixed = (context << (TAG_BITS + 1)) | COLLECTIVE_BIT  # as ProcessGroup.collective_tag
-    return core.Lane(program, len(names), g, network, context, fixed, MAX_TAG, meta, extra, slow, end, glance,
+    return core.Lane(program, len(arrays), g, network, context, fixed, MAX_TAG, meta, extra, slow, end, glance,
                      globals())
 
 
@@ -436,7 +446,7 @@ def broadcast(tensor, src: Optional[int] = None, group=None, async_op: bool = Fa
     """
     arr = tensor if tensor.__class__ is np.ndarray else numpy_view(tensor)
     if arr is not None and not async_op:
-        key = _lane_key("broadcast", arr, src, group_src, algorithm)
+        key = ("broadcast", arr.dtype, arr.size, src, group_src, algorithm)  # _lane_key's, written out
         lane = _find_lane(group, key, arr)
         if lane is not None:
             return lane(arr)
@@ -460,7 +470,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     """
     arr = tensor if tensor.__class__ is np.ndarray else numpy_view(tensor)
     if arr is not None and op.__class__ is ReduceOp and not async_op:
-        key = _lane_key("all_reduce", arr, op.code, algorithm)
+        key = ("all_reduce", arr.dtype, arr.size, op.code, algorithm)  # _lane_key's, written out
         lane = _find_lane(group, key, arr)
         if lane is not None:
             return lane(arr)
@@ -640,6 +650,29 @@ def scatter(tensor, scatter_list: Optional[list] = None, src: Optional[int] = No
         raise ValueError(f"scatter: scatter_list must be None on ranks other than src (rank {g.ranks[root]})")
     return _run(g, "scatter", arrays, sizes, dtype_name=out.dtype_name, root=root, count=out.count,
                 nbytes=out.nbytes, algorithm=algorithm, async_op=async_op, after=out.finish)
+
+
+def rooted_blocks(name: str, g: ProcessGroup, mine: np.ndarray, every: Optional[np.ndarray], root: int) -> None:
+    """A gather (``name`` "gather") of every rank's ``mine`` into the root's
+    ``every``, or a scatter of the root's ``every`` into every rank's
+    ``mine``: one contiguous array of the group's blocks at group rank
+    ``root`` (None elsewhere), equal blocks. What the object collectives'
+    first rounds run (objects.py): unlike gather and scatter, with no list
+    to copy to or from, so that a repeated call takes its lane."""
+    key = (name, mine.dtype, mine.size, root)
+    lane = _find_lane(g, key, mine)
+    if lane is not None:  # its arrays in sorted order: "in", then "out"
+        if every is None:
+            lane(mine)
+        elif name == "gather":
+            lane(mine, every)
+        else:
+            lane(every, mine)
+        return
+    mine_is, every_is = ("in", "out") if name == "gather" else ("out", "in")
+    arrays = {mine_is: mine} if every is None else {mine_is: mine, every_is: every}
+    _run(g, name, arrays, {mine_is: (mine.size,), every_is: (mine.size,) * g.size}, dtype_name=_NAMES[mine.dtype],
+         root=root, count=mine.size, nbytes=mine.nbytes, lane_key=key)
 
 
 def reduce_scatter(output, input_list: list, op=ReduceOp.SUM, group=None, async_op: bool = False,

@@ -34,9 +34,10 @@ from .transports.ring import LINE
 try:
     from . import _core
     Lane, find_lane, p2p_target, set_context = _core.Lane, _core.find_lane, _core.p2p_target, _core.set_context
+    pack_slots, unpack_slots = _core.pack_slots, _core.unpack_slots  # objects.py's first rounds
     _WHY_NOT = ""
 except ImportError:  # not built: no C compiler (or Python headers) at install time
-    _core = Lane = find_lane = p2p_target = set_context = None
+    _core = Lane = find_lane = p2p_target = set_context = pack_slots = unpack_slots = None
     _WHY_NOT = ("the compiled core collie._core is not built (install collie where a C compiler "
                 "and Python's headers are, to get it)")
 

@@ -19,16 +19,17 @@ destroy_process_group. It is also reachable as ``collie.group.WORLD``.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Optional, Sequence
 
-from . import binding
+from . import binding, topology
 from .errors import CollieError
 from .rendezvous import timeout_seconds
 
-from .wire import COLLECTIVE_BIT, LEAVE_CONTEXT, MAX_TAG, SELF_CONTEXT, TAG_BITS
+from .wire import COLLECTIVE_BIT, LEAVE_CONTEXT, MAX_TAG, SELF_CONTEXT, SETUP_CONTEXT, TAG_BITS
 
 
 class ProcessGroup:
@@ -136,8 +137,8 @@ def _agree_context(parent: ProcessGroup, count: int, extra=()) -> tuple[int, lis
     all_gather_into_tensor(every, mine, group=parent)
     rows = every.reshape(parent.size, mine.size)
     base = int(rows[:, 0].max())
-    if base + count > SELF_CONTEXT:  # the last two are for leaving and for MPI_COMM_SELF
-        raise CollieError(f"too many groups: at most {SELF_CONTEXT - 1} can be created")
+    if base + count > SETUP_CONTEXT:  # the last three: leaving, MPI_COMM_SELF, the setup's link probe
+        raise CollieError(f"too many groups: at most {SETUP_CONTEXT - 1} can be created")
     w.next_context = base + count
     return base, rows[:, 1:].tolist()
 
@@ -199,9 +200,9 @@ def new_group_from_store(ranks: Sequence[int], key: str, timeout=None,
                          f"members of the group call it")
     seconds = timeout_seconds(timeout, "new_group_from_store", default=w.group.timeout)
     if members[0] == me:
-        context = SELF_CONTEXT - int(w.store.add("collie/store_contexts", 1))
+        context = SETUP_CONTEXT - int(w.store.add("collie/store_contexts", 1))
         if context < w.next_context:
-            raise CollieError(f"too many groups: at most {SELF_CONTEXT - 1} can be created")
+            raise CollieError(f"too many groups: at most {SETUP_CONTEXT - 1} can be created")
         w.store.set(key, str(context).encode())
     else:
         context = int(w.store.get(key, timeout=seconds))
@@ -402,6 +403,18 @@ def is_mpi_available() -> bool:
     return False
 
 
+def get_topology() -> dict:
+    """Which ranks share a host, and the link between hosts, as this world
+    found them or COLLIE_TOPOLOGY stated them; the same on every rank::
+
+        {"hosts": [[0, 1], [2, 3]], "source": "hostnames",
+         "link": {"rate_bytes_per_s": 1.17e8, "latency_s": 8.1e-05},
+         "link_source": "measured at setup in 14 ms"}
+
+    "link" is None on one host, or when COLLIE_LINK_PROBE=0 left it unmeasured."""
+    return world().network.topology.as_dict()
+
+
 def get_backend(group: Optional[ProcessGroup] = None) -> str:
     """The backend name init_process_group was given ("gloo" stays "gloo")."""
     resolve(group).require_member("get_backend")
@@ -433,6 +446,8 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
     transport = _transports_for(backend)
     seconds = timeout_seconds(timeout, "init_process_group")
     binding.mode()  # a bad COLLIE_BIND fails here, before the rendezvous
+    spec = topology.from_environ()  # and a bad COLLIE_TOPOLOGY
+    probe = topology.probing()
     tok = token_from_env(token)
     if token_required() and tok is None and not (store is None and rdv.meets_through_pmi(init_method)):
         raise AuthError(NO_TOKEN_REFUSED)
@@ -463,12 +478,21 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
                           # store's (a given store, a TCPStore's host; file:// names none),
                           # else MASTER_ADDR, else loopback (one host).
                           master_addr=info.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1",
-                          local_world_size=info.local_world_size)
+                          local_world_size=info.local_world_size, topology=spec)
     except BaseException:
         if store is None:
-            info.store.close()
+            _close_failed(info.store)
         raise
-    binding.bind_rank(info.rank, network.hosts)  # COLLIE_BIND=core
+    try:
+        network.topology = topology.settle(network, spec, info.store, info.job_id, seconds, probe)
+    except BaseException:
+        network.close()
+        if store is None:
+            _close_failed(info.store)
+        raise
+    if info.rank == 0 and os.environ.get("COLLIE_DEBUG", "").upper() in ("INFO", "TRACE"):
+        print(f"collie INFO topology: {network.topology.describe()}", file=sys.stderr, flush=True)
+    binding.bind_rank(info.rank, network.machines)  # COLLIE_BIND=core: cores are the machine's
     from . import tracing
     traced = tracing.count_in(info.store, info.job_id)  # before the barrier: every count is in after it
     # Every rank is done with the store before anyone may leave and close it.
@@ -480,6 +504,18 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         tracing.align_at_setup(info.store, info.job_id, info.world_size)
     import atexit
     atexit.register(_close_at_exit)
+
+
+def _close_failed(store) -> None:
+    """Close the store of an init that failed. Rank 0 serves it and waits
+    up to LEAVE_TIMEOUT for the others to be done with it: ranks that fail
+    alike (a bad COLLIE_TOPOLOGY) then all read what they need and raise
+    the same error, not "lost the connection to the store"."""
+    from .rendezvous import TCPStore
+    if isinstance(store, TCPStore):
+        store.close(linger=LEAVE_TIMEOUT)
+    else:
+        store.close()
 
 
 NO_TOKEN_WARNING = (

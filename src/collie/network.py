@@ -81,12 +81,17 @@ def host_identity() -> str:
     override = os.environ.get("COLLIE_HOST_ID")
     if override:
         return override
+    return f"{socket.gethostname()}/{boot_id()}"
+
+
+def boot_id() -> str:
+    """This kernel's boot id: processes that share it share the machine's
+    cores, even under other hostnames (network namespaces, containers)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
+            return f.read().strip()
     except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
+        return ""
 
 
 def _peers_of(requests) -> tuple:
@@ -119,7 +124,8 @@ class Network:
 
     def __init__(self, rank: int, size: int, store, job_id: str, *, backend: str = "auto",
                  timeout: float = 300.0, token: bytes | None = None,
-                 master_addr: str = "127.0.0.1", local_world_size: int | None = None):
+                 master_addr: str = "127.0.0.1", local_world_size: int | None = None,
+                 topology=None):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
         self.rank, self.size, self.timeout = rank, size, timeout
@@ -144,8 +150,9 @@ class Network:
         self.groups: dict[int, tuple[tuple, str]] = {}
         self._closed = False
         self.p2p = None  # collie.p2p's state for the compiled core (p2p._CoreP2P), made on first use
+        self.topology = None  # the hosts and the link between them (topology.settle, at init)
 
-        hosts = self._exchange_hosts(store, job_id)
+        hosts = self._exchange_hosts(store, job_id, topology)
         self.hosts = tuple(hosts)  # each rank's host: what topological algorithms group by
         local = [p for p in range(size) if p != rank and hosts[p] == hosts[rank]]
         remote = [p for p in range(size) if p != rank and hosts[p] != hosts[rank]]
@@ -158,9 +165,12 @@ class Network:
         from .transports.tcp import TcpTransport, striping
         streams, stripe_min = striping(os.environ)  # a bad value fails before anything is made
         self.local_world_size = local_world_size or (len(local) + 1)
-        # More ranks than cores on this host: spin less, and yield while
-        # spinning, so that the peers we wait for get the CPU.
-        self._crowded = self.local_world_size > (os.cpu_count() or 1)
+        # More ranks than cores on this machine (this host's, or more where
+        # hosts share one kernel: the test bed's namespaces): spin less, and
+        # yield while spinning, so that the peers we wait for get the CPU.
+        # Four ranks of two "hosts" spinning 1 ms on the bed's two cores took
+        # a hier all_reduce of 4 MiB from 35 ms to 45-48 (docs/multihost.md).
+        self._crowded = max(self.local_world_size, self._same_kernel) > (os.cpu_count() or 1)
         self._spin = min(SPIN_SECONDS, CROWDED_SPIN_SECONDS) if self._crowded else SPIN_SECONDS
 
         self.shm = None
@@ -190,9 +200,32 @@ class Network:
             t.unexpected = self._unexpected
         self.backend_of = ["self" if p == rank else self.routes[p].name for p in range(size)]
 
-    def _exchange_hosts(self, store, job_id: str) -> list[str]:
-        store.set(f"host/{job_id}/{self.rank}", host_identity().encode())
-        return [store.get(f"host/{job_id}/{p}").decode() for p in range(self.size)]
+    def _exchange_hosts(self, store, job_id: str, spec) -> list[str]:
+        """Each rank's host: its machine (``machines``), or where
+        COLLIE_TOPOLOGY (``spec``, parsed) puts it; and how many ranks share
+        this rank's kernel (boot id), hence its cores. Every rank checks that
+        all ranks were given the same COLLIE_TOPOLOGY, so that a bad one
+        raises the same error on all of them (rank 0, which serves the
+        store, waits for the others to be done with it: group.py)."""
+        from . import topology
+        text = "" if spec is None else spec.text
+        boot = boot_id()
+        store.set(f"host/{job_id}/{self.rank}", f"{host_identity()}\0{boot}\0{text}".encode())
+        every = [store.get(f"host/{job_id}/{p}").decode().split("\0", 2) for p in range(self.size)]
+        self.machines = tuple(f[0] for f in every)  # what shares memory
+        self._same_kernel = sum(f[1] == boot for f in every) if boot else 1  # ranks sharing these cores
+        texts = [f[2] for f in every]
+        self.hosts_source = "COLLIE_HOST_ID" if os.environ.get("COLLIE_HOST_ID") else "hostnames"
+        differ = next((p for p, t in enumerate(texts) if t != texts[0]), None)
+        if differ is not None:
+            raise ValueError(f"{topology.ENV} differs between ranks: rank 0 has {texts[0]!r}, "
+                             f"rank {differ} has {texts[differ]!r}")
+        if spec is None or spec.hosts is None and spec.per_host is None:
+            return list(self.machines)
+        stated = topology.assign(spec, self.size)
+        topology.check_machines(stated, self.machines)
+        self.hosts_source = topology.ENV
+        return [f"host {h} of {topology.ENV}" for h in stated]
 
     # ---- called from transport threads: record, then wake the waiter ----
 

@@ -1,12 +1,18 @@
 """Collectives on picklable Python objects, as in torch.distributed.
 
 Objects are pickled to bytes and moved as uint8 arrays by the array
-collectives: first the sizes (int64, so objects over 2 GiB work), then the
-bytes, padded to the largest size where a collective needs equal sizes.
-broadcast_object_list and all_gather_object first send a fixed slot of
-SLOT bytes, the size followed by the pickle when it fits: a small object
-(the common case: a flag, a count, a small dict) costs one collective,
-and only a larger one a second, whose sizes the first round carried.
+collectives. Every object collective first moves a fixed slot of SLOT
+bytes per rank (per pair of ranks, for all_to_all): the pickle's size,
+then the pickle itself when it fits. A small object (the common case: a
+flag, a count, a small dict) thus costs one collective of a fixed shape,
+which repeated calls run through its lane to the compiled core. A pickle
+too large for its slot follows in a second round whose sizes the first
+carried: a broadcast or all_gather of them where every rank needs every
+pickle, and otherwise point-to-point messages from the one rank that has
+it to the one that needs it (a gather's to the root, a scatter's from it,
+all_to_all's pair by pair) on the group's tag _LARGE_TAG, so that ranks
+with only small objects take no part in it.
+
 Unpickling runs arbitrary code: only exchange objects with ranks you trust
 (set COLLIE_TOKEN on untrusted networks).
 """
@@ -15,13 +21,16 @@ from __future__ import annotations
 
 import pickle
 import struct
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from . import core
 from .collectives import (_find_lane, _lane_key, _member, _root, _two_array_key, all_gather, all_gather_into_tensor,
-                          broadcast, gather, scatter)
+                          all_to_all_single, broadcast, rooted_blocks)
 from .group import ProcessGroup
+from .wire import MAX_TAG
+from .work import Work
 
 __all__ = ["broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list"]
 
@@ -30,80 +39,203 @@ def _dumps(obj) -> bytes:
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _loads(data):
-    return pickle.loads(memoryview(data))
-
+_loads = pickle.loads
 
 SLOT = 512   # bytes of the first round: a little-endian int64 size, then the pickle if it fits
 _FITS = SLOT - 8
 _SIZE = struct.Struct("<q")
+# The group's point-to-point tag of the second rounds that go rank to rank
+# (MAX_TAG itself is send_object_list's; collie.MPI keeps MAX_TAG - 1 to - 4).
+_LARGE_TAG = MAX_TAG - 5
 
 
-def _slots(g: ProcessGroup) -> tuple:
-    """``g``'s first-round buffers, made once (a small object's call is
-    mostly bookkeeping, and making them each time was a third of it): this
-    rank's slot and every rank's, each with its memoryview, the key of the
-    all-gather lane between them, a function reading every rank's size from
-    theirs, and where each rank's pickle starts there. Blocking calls on a
-    group run one at a time, and every use ends within its call."""
-    if g.object_slots is None:
-        mine, every = np.zeros(SLOT, dtype=np.uint8), np.zeros(g.size * SLOT, dtype=np.uint8)
-        sizes = struct.Struct("<" + f"q{_FITS}x" * g.size).unpack_from  # every rank's size at once
-        g.object_slots = (mine, mine.data, every, every.data, _two_array_key("all_gather", every, mine, (None,)),
-                          sizes, range(8, g.size * SLOT, SLOT))
-    return g.object_slots
+# ---- the slots: the compiled core's pack_slots and unpack_slots, or these ----
+
+def _pack_slots(buffer, payloads: Sequence, slot: int) -> bool:
+    """Slot i of ``buffer`` gets payloads[i]'s size, then payloads[i] if it
+    fits; whether all fit."""
+    view, fits = memoryview(buffer).cast("B"), True
+    if slot < 8 or len(payloads) * slot > view.nbytes:
+        raise ValueError(f"pack_slots: {len(payloads)} slots of {slot} bytes do not fit in {view.nbytes} bytes")
+    for i, payload in enumerate(payloads):
+        at, n = i * slot, len(payload)
+        _SIZE.pack_into(view, at, n)
+        if n <= slot - 8:
+            view[at + 8:at + 8 + n] = payload
+        else:
+            fits = False
+    return fits
 
 
-def _fill(slot: memoryview, payload: bytes) -> None:
-    """Write the first round into ``slot``: ``payload``'s size, then ``payload`` if it fits."""
-    n = len(payload)
-    _SIZE.pack_into(slot, 0, n)
-    if n <= _FITS:
-        slot[8:8 + n] = payload
+def _unpack_slots(buffer, n: int, slot: int, loads: Optional[Callable]) -> tuple:
+    """(items, large): items[i] is loads(slot i's pickle) (its bytes where
+    ``loads`` is None), or None where it did not fit; ``large`` lists those
+    as (i, size), or is None when all fit."""
+    view, items, large = memoryview(buffer).cast("B"), [], []
+    if n < 0 or slot < 8 or n * slot > view.nbytes:
+        raise ValueError(f"unpack_slots: {n} slots of {slot} bytes are not in {view.nbytes} bytes")
+    for i in range(n):
+        size = _SIZE.unpack_from(view, i * slot)[0]
+        if 0 <= size <= slot - 8:
+            data = view[i * slot + 8:i * slot + 8 + size]
+            items.append(bytes(data) if loads is None else loads(data))
+        else:
+            items.append(None)
+            large.append((i, size))
+    return items, large or None
 
 
-def _sizes(g: ProcessGroup, mine: int) -> np.ndarray:
-    sizes = [np.zeros(1, dtype=np.int64) for _ in range(g.size)]
-    all_gather(sizes, np.array([mine], dtype=np.int64), group=g)
-    return np.concatenate(sizes)
+pack_slots = core.pack_slots or _pack_slots
+unpack_slots = core.unpack_slots or _unpack_slots
+
+
+class _Slots:
+    """A group's first-round buffers, made once (a small object's call is
+    mostly bookkeeping): this rank's slot, every rank's (or every pair's)
+    slots, and the slots it sends to every rank (all_to_all, and a
+    scatter's root), and the key of the all-gather lane between the first
+    two. Blocking calls on a group run one at a time, and every use ends
+    within its call."""
+
+    __slots__ = ("mine", "every", "outgoing", "all_gather_key")
+
+    def __init__(self, n: int):
+        self.mine, self.every, self.outgoing = (np.zeros(SLOT, dtype=np.uint8), np.zeros(n * SLOT, dtype=np.uint8),
+                                                np.zeros(n * SLOT, dtype=np.uint8))
+        self.all_gather_key = _two_array_key("all_gather", self.every, self.mine, (None,))
+
+
+def _slots(g: ProcessGroup) -> _Slots:
+    slots = g.object_slots
+    if slots is None:
+        slots = g.object_slots = _Slots(g.size)
+    return slots
+
+
+def _large(g: ProcessGroup, sends: Sequence, recvs: Sequence, what: str) -> list:
+    """The second round of pickles too large for their slots, rank to rank:
+    ``sends`` [(group rank, pickle)] go out, ``recvs`` [(group rank, size)]
+    come in, on the group's _LARGE_TAG; nothing else of the group takes
+    part. Returns what came in, in ``recvs``' order."""
+    net, tag = g.network, g.p2p_tag(_LARGE_TAG)
+    state = net.p2p
+    if state is not None and state.deferred:  # collie.p2p's receives posted before take their messages first
+        state.post(None)
+    outs = [np.empty(n, dtype=np.uint8) for _, n in recvs]
+    reqs = [net.irecv(g.ranks[r], tag, memoryview(out)) for (r, _), out in zip(recvs, outs)]
+    reqs += [net.isend(g.ranks[r], tag, memoryview(p)) for r, p in sends]
+    peers = sorted({g.ranks[r] for r, _ in [*sends, *recvs]})
+    Work(net, reqs, lambda: f"{what} on group {g.name}: the pickles too large for their slots, to or from "
+                            f"rank(s) {peers}", timeout=g.timeout).wait()
+    return outs
+
+
+def _fill_in(items: list, large: list, got: list, loads: Callable) -> list:
+    for (i, _), data in zip(large, got):
+        items[i] = loads(data)
+    return items
 
 
 def broadcast_pickle(g: ProcessGroup, payload: Optional[bytes], gsrc: int):
     """Rank ``gsrc``'s ``payload`` (a pickle, given there only) on every rank
     of ``g``, as a buffer: in the first round's slot when it fits, by a
     second round otherwise. The slot is reused by the group's next call."""
-    slot, view = _slots(g)[:2]
+    slot = _slots(g).mine
     if payload is not None:
-        _fill(view, payload)
+        pack_slots(slot, (payload,), SLOT)
     lane = _find_lane(g, _lane_key("broadcast", slot, gsrc, None, None), slot)
     if lane is None:
         broadcast(slot, src=gsrc, group=g)
     else:
         lane(slot)
-    size = _SIZE.unpack_from(view)[0]
+    size = _SIZE.unpack_from(slot)[0]
     if size <= _FITS:
-        return view[8:8 + size]
+        return slot.data[8:8 + size]
     data = np.frombuffer(payload, dtype=np.uint8) if payload is not None else np.empty(size, dtype=np.uint8)
     broadcast(data, src=gsrc, group=g)  # a second round, of the whole pickle
     return data
 
 
-def all_gather_pickles(g: ProcessGroup, payload: bytes) -> list:
-    """Every rank's ``payload`` (a pickle), in rank order, as buffers: in the
-    first round's slots when all fit, by a second round otherwise."""
-    slot, mine, slots, view, key, sizes_of, starts = _slots(g)
-    _fill(mine, payload)
-    lane = _find_lane(g, key, slots)
+def all_gather_loads(g: ProcessGroup, payload: bytes, loads: Callable) -> list:
+    """Every rank's ``payload`` (a pickle), in rank order, each through
+    ``loads``: in the first round's slots when all fit, else all by a
+    second round."""
+    s = _slots(g)
+    mine, every = s.mine, s.every
+    pack_slots(mine, (payload,), SLOT)
+    lane = _find_lane(g, s.all_gather_key, every)
     if lane is None:
-        all_gather_into_tensor(slots, slot, group=g)
+        all_gather_into_tensor(every, mine, group=g)
     else:
-        lane(slot, slots)
-    sizes = sizes_of(view)
-    if max(sizes) <= _FITS:
-        return [view[at:at + n] for at, n in zip(starts, sizes)]
-    outs = [np.empty(n, dtype=np.uint8) for n in sizes]  # a second round, of every pickle at its size
-    all_gather(outs, np.frombuffer(payload, dtype=np.uint8), group=g)
-    return outs
+        lane(mine, every)
+    items, large = unpack_slots(every, g.size, SLOT, loads)
+    if large is None:
+        return items
+    # Every rank needs every pickle: one all_gather of those that did not fit (the others, 0 bytes).
+    outs = [np.empty(0, dtype=np.uint8) for _ in range(g.size)]
+    for r, n in large:
+        outs[r] = np.empty(n, dtype=np.uint8)
+    all_gather(outs, np.frombuffer(payload if len(payload) > _FITS else b"", dtype=np.uint8), group=g)
+    return _fill_in(items, large, [outs[r] for r, _ in large], loads)
+
+
+def gather_loads(g: ProcessGroup, payload: bytes, root: int, loads: Callable) -> Optional[list]:
+    """Every rank's ``payload`` (a pickle) at group rank ``root``, in rank
+    order, each through ``loads``; None on the other ranks."""
+    s = _slots(g)
+    fits = pack_slots(s.mine, (payload,), SLOT)
+    if g.rank != root:
+        rooted_blocks("gather", g, s.mine, None, root)
+        if not fits:
+            _large(g, ((root, payload),), (), "gather")
+        return None
+    rooted_blocks("gather", g, s.mine, s.every, root)
+    items, large = unpack_slots(s.every, g.size, SLOT, loads)
+    if large is not None:
+        if not fits:  # its own, at hand
+            items[root] = loads(payload)
+            large = [(r, n) for r, n in large if r != root]
+        if large:
+            _fill_in(items, large, _large(g, (), large, "gather"), loads)
+    return items
+
+
+def scatter_pickles(g: ProcessGroup, payloads: Optional[Sequence[bytes]], root: int):
+    """Item r of the root's ``payloads`` (pickles, one per rank, given at
+    the root only) on group rank r, as a buffer."""
+    s = _slots(g)
+    if g.rank != root:
+        rooted_blocks("scatter", g, s.mine, None, root)
+        n = _SIZE.unpack_from(s.mine)[0]
+        return s.mine.data[8:8 + n] if n <= _FITS else _large(g, (), ((root, n),), "scatter")[0]
+    fits = pack_slots(s.outgoing, payloads, SLOT)
+    rooted_blocks("scatter", g, s.mine, s.outgoing, root)
+    large = [] if fits else [(r, p) for r, p in enumerate(payloads) if len(p) > _FITS and r != root]
+    if large:
+        _large(g, large, (), "scatter")
+    return payloads[root]
+
+
+def all_to_all_loads(g: ProcessGroup, payloads: Sequence[bytes], loads: Callable) -> list:
+    """``payloads[q]`` of every rank r (pickles, one per rank) becomes item
+    r of rank q's list, through ``loads``."""
+    s = _slots(g)
+    fits = pack_slots(s.outgoing, payloads, SLOT)
+    all_to_all_single(s.every, s.outgoing, group=g)
+    items, large = unpack_slots(s.every, g.size, SLOT, loads)
+    if fits and large is None:
+        return items
+    me = g.rank
+    if not fits:
+        sends = [(r, p) for r, p in enumerate(payloads) if len(p) > _FITS and r != me]
+        if len(payloads[me]) > _FITS:
+            items[me] = loads(payloads[me])
+    else:
+        sends = []
+    recvs = [(r, n) for r, n in large or () if r != me]
+    if sends or recvs:
+        _fill_in(items, recvs, _large(g, sends, recvs, "all_to_all"), loads)
+    return items
 
 
 def broadcast_object_list(object_list: list, src: Optional[int] = None, group=None, device=None,
@@ -128,7 +260,7 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
     g = _member(group, "all_gather_object")
     if not isinstance(object_list, list) or len(object_list) != g.size:
         raise ValueError(f"all_gather_object: object_list must be a list of {g.size} items (one per rank)")
-    object_list[:] = map(_loads, all_gather_pickles(g, _dumps(obj)))
+    object_list[:] = all_gather_loads(g, _dumps(obj), _loads)
 
 
 def gather_object(obj, object_gather_list: Optional[list] = None, dst: Optional[int] = None, group=None,
@@ -138,15 +270,9 @@ def gather_object(obj, object_gather_list: Optional[list] = None, dst: Optional[
     root = _root(g, dst, group_dst, "dst", "gather_object")
     if g.rank == root and (not isinstance(object_gather_list, list) or len(object_gather_list) != g.size):
         raise ValueError(f"gather_object: object_gather_list on dst must be a list of {g.size} items")
-    payload = _dumps(obj)
-    sizes = _sizes(g, len(payload))
-    width = int(sizes.max())
-    padded = np.zeros(width, dtype=np.uint8)
-    padded[:len(payload)] = np.frombuffer(payload, dtype=np.uint8)
-    outs = [np.empty(width, dtype=np.uint8) for _ in range(g.size)] if g.rank == root else None
-    gather(padded, outs, dst=g.ranks[root], group=g)
-    if g.rank == root:
-        object_gather_list[:] = [_loads(o[:int(s)]) for o, s in zip(outs, sizes)]
+    got = gather_loads(g, _dumps(obj), root, _loads)
+    if got is not None:
+        object_gather_list[:] = got
 
 
 def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: Optional[list] = None,
@@ -157,22 +283,9 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     root = _root(g, src, group_src, "src", "scatter_object_list")
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
         raise ValueError("scatter_object_list: scatter_object_output_list must be a list with at least one item")
-    sizes = np.zeros(g.size, dtype=np.int64)
     payloads = None
     if g.rank == root:
         if not isinstance(scatter_object_input_list, (list, tuple)) or len(scatter_object_input_list) != g.size:
             raise ValueError(f"scatter_object_list: scatter_object_input_list on src must hold {g.size} objects")
         payloads = [_dumps(o) for o in scatter_object_input_list]
-        sizes[:] = [len(p) for p in payloads]
-    broadcast(sizes, src=g.ranks[root], group=g)
-    width = int(sizes.max())
-    pieces = None
-    if payloads is not None:
-        pieces = []
-        for p in payloads:
-            padded = np.zeros(width, dtype=np.uint8)
-            padded[:len(p)] = np.frombuffer(p, dtype=np.uint8)
-            pieces.append(padded)
-    out = np.empty(width, dtype=np.uint8)
-    scatter(out, pieces, src=g.ranks[root], group=g)
-    scatter_object_output_list[0] = _loads(out[:int(sizes[g.rank])])
+    scatter_object_output_list[0] = _loads(scatter_pickles(g, payloads, root))

@@ -66,6 +66,13 @@ latency, as in the closed forms below. bench_seconds runs calls back to
 back, as `collie bench` times them. docs/scale.md fits the host model to
 this machine and says how close it comes.
 
+Host links. By default every rank has a link of its own to the other
+hosts (as GPUs with a NIC each). With ``host_nic``, the ranks of a host
+share one: a message between hosts also waits for its sender's host link
+to be free, and its receiver's, ``m beta`` each. That is a CPU host with
+one network port, such as collie's test bed, where two ranks of a host
+sending across at once each get half the link.
+
 Without contention this model is the one of Thakur, Rabenseifner and Gropp
 (2005): ring all_reduce costs 2(p-1) alpha + 2(p-1)/p S beta + (p-1)/p S
 gamma, and so on; tests/test_sim.py checks each closed form of that paper
@@ -127,6 +134,7 @@ class Model(NamedTuple):
     gamma: float
     delta: float
     cores: int = 0  # per host; 0: a core for every rank (see "Cores" in the module docstring)
+    host_nic: bool = False  # the ranks of a host share one link to the others (see "Host links")
     slots: int = 0           # messages a ring between two ranks of a host holds (0: no limit)
     single_copy: int = 0     # bytes from which a message within a host is read once by its receiver
     read: Link = Link(0.0, 0.0)  # that read (process_vm_readv): fixed cost, seconds per byte
@@ -140,10 +148,10 @@ class Model(NamedTuple):
 
     def to_json(self) -> dict:
         return {"intra": self.intra._asdict(), "inter": self.inter._asdict(),
-                "gamma": self.gamma, "delta": self.delta, "cores": self.cores, "slots": self.slots,
-                "single_copy": self.single_copy, "read": self.read._asdict(), "python": self.python,
-                "call": self.call, "slow_call": self.slow_call, "switch": self.switch, "wake": self.wake,
-                "cache": self.cache, "dram": self.dram}
+                "gamma": self.gamma, "delta": self.delta, "cores": self.cores, "host_nic": self.host_nic,
+                "slots": self.slots, "single_copy": self.single_copy, "read": self.read._asdict(),
+                "python": self.python, "call": self.call, "slow_call": self.slow_call, "switch": self.switch,
+                "wake": self.wake, "cache": self.cache, "dram": self.dram}
 
     @classmethod
     def from_json(cls, data: dict) -> "Model":
@@ -152,8 +160,8 @@ class Model(NamedTuple):
             return cls(Link(float(data["intra"]["alpha"]), float(data["intra"]["beta"])),
                        Link(float(data["inter"]["alpha"]), float(data["inter"]["beta"])),
                        float(data["gamma"]), float(data["delta"]), int(data.get("cores", 0)),
-                       int(data.get("slots", 0)), int(data.get("single_copy", 0)),
-                       Link(float(read["alpha"]), float(read["beta"])),
+                       bool(data.get("host_nic", False)), int(data.get("slots", 0)),
+                       int(data.get("single_copy", 0)), Link(float(read["alpha"]), float(read["beta"])),
                        float(data.get("python", 0.0)), float(data.get("call", 0.0)), float(data.get("slow_call", 0.0)),
                        float(data.get("switch", 0.0)), float(data.get("wake", 0.0)), int(data.get("cache", 0)),
                        float(data.get("dram", 1.0)))
@@ -165,7 +173,8 @@ class Model(NamedTuple):
             return f"alpha {x.alpha * 1e6:.3g} us, {_gbps(x.beta)} GB/s"
         text = (f"intra-host {link(self.intra)}; inter-host {link(self.inter)}; "
                 f"reduce {_gbps(self.gamma)} GB/s; local copy {_gbps(self.delta)} GB/s"
-                + (f"; {self.cores} cores per host" if self.cores else ""))
+                + (f"; {self.cores} cores per host" if self.cores else "")
+                + ("; one link per host" if self.host_nic else ""))
         if self.cores and self.slots:
             text += f"; {self.slots} slots per ring"
         if self.cores and self.single_copy:
@@ -394,6 +403,9 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
         from .network import CROWDED_SPIN_SECONDS, SPIN_SECONDS
         spin = CROWDED_SPIN_SECONDS if crowded else SPIN_SECONDS
         costs = {_COPY: copy_b, _REDUCE: reduce_b, _READ: copy_b, _READ_REDUCE: reduce_b}
+    nic = model.host_nic
+    nic_tx: dict = {}  # host -> when its link out is free (model.host_nic)
+    nic_rx: dict = {}  # host -> when its link in is free
 
     def occupy(r: int, t: float, d: float) -> float:
         """Start of ``d`` seconds of CPU work that rank r asks for at t: on
@@ -465,7 +477,7 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
         cpu_free[r] = t
         key = (b, seen)
         inring[key] = inring.get(key, 0) + 1
-        heapq.heappush(heap, (t, seq, 1, (b, seen, nbytes, 0.0, (t, r, rdv, sender_oneway))))
+        heapq.heappush(heap, (t, seq, 1, (b, seen, nbytes, 0.0, (t, r, rdv, sender_oneway), False)))
         seq += 1
         if not rdv:
             complete(r, t)
@@ -552,7 +564,8 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
             ends[r] = t
             left[r] = len(sends) + len(recvs) + 1  # +1: this posting itself
             for peer, nbytes in sends:
-                link = intra if host_of(peer) == host_of(r) else inter
+                across = host_of(peer) != host_of(r)
+                link = inter if across else intra
                 b = peer % g
                 seen = (r - (peer - b)) % n
                 messages += 1
@@ -569,8 +582,12 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
                         t = post(r, b, seen, nbytes, t, oneway[r])
                     continue
                 start = t if t > tx_free[r] else tx_free[r]
+                shared = nic and across
+                if shared:  # through the sending host's link
+                    start = max(start, nic_tx.get(host_of(r), 0.0))
+                    nic_tx[host_of(r)] = start + link.beta * nbytes
                 tx_free[r] = start + link.beta * nbytes
-                push(heap, (start + link.alpha, seq, 1, (b, seen, nbytes, link.beta, None)))
+                push(heap, (start + link.alpha, seq, 1, (b, seen, nbytes, link.beta, None, shared)))
                 seq += 1
                 complete(r, tx_free[r])
             for peer, nbytes, reduce in recvs:
@@ -585,11 +602,14 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
                     w.append((t, nbytes, reduce))
             complete(r, t)
         else:  # a message's head reaches its receiver's port (within a host on cores: is in its ring)
-            b, sender, nbytes, beta, held = data
+            b, sender, nbytes, beta, held, shared = data
             if held is not None:
                 rx_end = held
             else:
                 start = now if now > rx_free[b] else rx_free[b]
+                if shared:  # through the receiving host's link
+                    start = max(start, nic_rx.get(host_of(b), 0.0))
+                    nic_rx[host_of(b)] = start + beta * nbytes
                 rx_end = rx_free[b] = start + beta * nbytes
             key = (b, sender)
             w = waiting.get(key)
@@ -615,10 +635,11 @@ MAX_FULL_OPS = 4_000_000
 
 
 def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model = DEFAULT_MODEL,
-             hosts: int = 1, segments: Optional[int] = None, root: int = 0, dtype="float32",
+             hosts=1, segments: Optional[int] = None, root: int = 0, dtype="float32",
              symmetry: str = "auto", window_bytes: int = 64 << 20, calls: int = 1) -> Result:
     """Predicted time of one call of ``op`` with ``algorithm`` on ``nranks``
-    ranks (``hosts`` hosts of nranks/hosts consecutive ranks each), at the
+    ranks (``hosts`` hosts of nranks/hosts consecutive ranks each, or a
+    tuple of each rank's host, as a group's hosts are), at the
     bench size ``nbytes``. ``segments`` None: what a call forcing this
     algorithm would use (the tuner's rule). ``symmetry``: "auto" (use it
     where sampled ranks show it), "full" (never), "require" (error unless
@@ -629,10 +650,21 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
         raise ValueError(f"unknown collective {op!r}; collectives are {', '.join(COLLECTIVES)}")
     if isinstance(nranks, bool) or not isinstance(nranks, (int, np.integer)) or nranks < 1:
         raise ValueError(f"nranks must be an integer >= 1, got {nranks!r}")
-    if isinstance(hosts, bool) or not isinstance(hosts, (int, np.integer)) or hosts < 1:
+    if isinstance(hosts, tuple):
+        if len(hosts) != nranks:
+            raise ValueError(f"hosts names the host of {len(hosts)} ranks, not of {nranks}")
+        labels = hosts
+        hosts = len(set(labels))
+        if labels != tuple(r // (nranks // hosts) for r in range(nranks)):
+            if symmetry == "require":
+                raise ValueError(f"hosts {labels} are not {hosts} even blocks of consecutive ranks: not symmetric")
+            symmetry = "full"  # uneven or interleaved hosts: no shift maps ranks onto ranks
+    elif isinstance(hosts, bool) or not isinstance(hosts, (int, np.integer)) or hosts < 1:
         raise ValueError(f"hosts must be an integer >= 1, got {hosts!r}")
-    if nranks % hosts:
+    elif nranks % hosts:
         raise ValueError(f"{nranks} ranks do not split evenly over {hosts} hosts")
+    else:
+        labels = tuple(r // (nranks // hosts) for r in range(nranks))  # each rank's host
     if nbytes < 0:
         raise ValueError(f"size must not be negative, got {nbytes}")
     if isinstance(calls, bool) or not isinstance(calls, (int, np.integer)) or calls < 1:
@@ -647,7 +679,6 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
     n = int(nranks)
     itemsize = np.dtype(dtype).itemsize
     per_host = n // hosts
-    labels = tuple(r // per_host for r in range(n))  # each rank's host
     if segments is None:
         from .tuner import Tuner
         segments = Tuner(environ={}).choose(op, 0 if op == "all_to_all" else nbytes, n,
@@ -656,8 +687,7 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
     window = window_bytes // itemsize
     topo = labels if algorithms.topological(op, algorithm) else None
 
-    def host_of(r: int) -> int:
-        return r // per_host
+    host_of = labels.__getitem__
 
     sizers: dict = {}
     exact = model.cores > 0  # the host model costs what the compiled core really does
@@ -699,19 +729,19 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
         if sch.win_like is not None:
             mine += min(sum(sizes[sch.win_like]), window)
         # and the rings' slots: a ring cycles through all of them, each as
-        # far as the largest message it carries (host 0's ranks)
+        # far as the largest message it carries (the first rank's host)
+        here = [r for r in range(g) if host_of(r) == host_of(0)]
         rings = 0
         single = model.single_copy or (1 << 62)
-        for r in range(per_host):
-            steps = steps_of[r][:len(steps_of[r]) // calls]
+        for r in here:
             largest: dict = {}
-            for _, sends, _ in steps:
-                for peer, nbytes in sends:
-                    if host_of(peer) == host_of(r) and nbytes < single:
-                        largest[peer] = max(largest.get(peer, 0), nbytes)
+            for _, sends, _ in steps_of[r][:len(steps_of[r]) // calls]:
+                for peer, size in sends:
+                    if host_of(peer) == host_of(r) and size < single:
+                        largest[peer] = max(largest.get(peer, 0), size)
             rings += max(1, model.slots) * sum(largest.values())
-        per_byte = working_set_factor(model, itemsize * mine * per_host + rings)
-        crowded = per_host > model.cores
+        per_byte = working_set_factor(model, itemsize * mine * len(here) + rings)
+        crowded = len(here) > model.cores
     finish, messages = _run(steps_of, n, g, host_of, model, per_byte=per_byte, crowded=crowded)
     return Result(max(finish) if finish else 0.0, n, g, g, messages, algorithm, segments)
 
@@ -958,7 +988,8 @@ def _model_from(opts) -> Model:
     gamma = model.gamma if opts.bw_reduce is None else 1 / (opts.bw_reduce * 1e9)
     delta = model.delta if opts.bw_copy is None else 1 / (opts.bw_copy * 1e9)
     return model._replace(intra=intra, inter=inter, gamma=gamma, delta=delta,
-                          cores=model.cores if opts.cores is None else opts.cores)
+                          cores=model.cores if opts.cores is None else opts.cores,
+                          host_nic=model.host_nic or opts.host_nic)
 
 
 def _parse(argv: list):
@@ -985,6 +1016,8 @@ def _parse(argv: list):
     p.add_argument("--cores", type=int, default=None, metavar="C",
                    help="cores per host: the host model, how collie's shared-memory transport and compiled "
                         "core move messages on them (module docstring; default 0: a core per rank, alpha-beta)")
+    p.add_argument("--host-nic", action="store_true",
+                   help="the ranks of a host share one link to the other hosts (default: one link per rank)")
     p.add_argument("--full", action="store_true", help="simulate every rank, even where schedules are symmetric")
     p.add_argument("--model", default=None, metavar="FILE.json", help="a model saved by --calibrate --save")
     p.add_argument("--alpha-intra", type=float, default=None, metavar="US", help="intra-host latency, us")

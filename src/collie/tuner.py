@@ -3,9 +3,19 @@
 Inputs: the collective, the bytes each rank contributes, the group size and
 the transport between the group's ranks ("shm" when every peer is on this
 host, else "tcp"). The choice is a short table of crossovers measured with
-`collie bench --algo all` (docs/performance.md), not a model: small messages
-want the fewest steps (latency), large ones the fewest bytes per rank
-(bandwidth).
+`collie bench --algo all` (docs/performance.md): small messages want the
+fewest steps (latency), large ones the fewest bytes per rank (bandwidth).
+
+Across hosts, where the link between them is known (measured at setup or
+stated in COLLIE_TOPOLOGY, collie/topology.py) and slow enough to bound the
+calls, a model replaces the table for the collectives that have a
+hierarchical algorithm: collie.sim runs every algorithm's real schedule on an
+alpha-beta model of that link (the ranks of a host sharing it) and of
+shared memory inside a host, and the fastest predicted wins (``modelled``).
+It is decided once per collective, power-of-two size band and layout of
+hosts, at the band's lower end, and cached: every rank of a group computes
+the same answer from the same inputs, and later calls pay a dictionary
+look-up.
 
 Users override it per call (algorithm="ring") or per process with
 COLLIE_ALGO: "ring" forces ring on every collective that has it,
@@ -16,6 +26,7 @@ NCCL_DEBUG_SUBSYS=TUNING does.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import NamedTuple, Optional
@@ -51,13 +62,97 @@ def _segments(nbytes: int, pieces: int, target: int) -> int:
     return max(1, min(64, nbytes // max(1, pieces * target)))
 
 
+def _hier_segments(nbytes: int) -> int:
+    """Across a slow link, hier all_reduce pipelines pieces of 512 KiB, up
+    to 8: each piece's phases inside the hosts then overlap other pieces'
+    transfers between them. On the test bed (2 hosts x 2 ranks, 1 Gbit/s,
+    docs/multihost.md) 4 MiB took 35.1 ms so (the link's bound) against
+    36.3-36.4 unpipelined, 16 MiB 141.9-144.3 against 154.3-154.4. Not on
+    the unshaped bed, where the cores bound the call and every step costs
+    them: there 8 pieces made 4 MiB 2.2x slower (15.6-17.6 ms against
+    6.9-7.8), so the table and forced calls keep the general rule."""
+    return max(1, min(8, nbytes // (512 * KiB)))
+
+
 def _hierarchical(hosts) -> bool:
     """Several hosts, and some host with several ranks: where hier pays."""
     return hosts is not None and len(set(hosts)) > 1 and len(set(hosts)) < len(hosts)
 
 
-def default_choice(collective: str, nbytes: int, nranks: int, transport: str, hosts=None) -> Choice:
-    """The tuned default for one call.
+# What the model (modelled) assumes inside a host: shared memory, at about
+# half the rates docs/scale.md fitted for this 2-core machine (13 GB/s, 11
+# GB/s reduce, 24 GB/s copy, 17 us a message), for ranks that share its
+# cores with their TCP threads. The picks across a slow link did not move
+# with these (the same with 10 us or 17 us a message).
+INTRA = (17e-6, 1 / 6e9)           # alpha (s), beta (s/byte)
+REDUCE_RATE, COPY_RATE = 5e9, 10e9  # bytes/s
+MODELLED = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
+# Above this many ranks in the group, the table: a first call's simulations
+# took up to 66 ms at 32 ranks (3 hosts taking turns: every rank simulated),
+# 50 ms at 64 in even hosts but 1.1 s at 256.
+MODEL_MAX_RANKS = 32
+# Where the model decides, from the test bed's side-by-side runs of its picks
+# and the table's (docs/multihost.md): on links of 1 Gbit/s (97-127 MB/s
+# measured at setup) it picked as well as the table or better at every size
+# from 64 KiB (tree broadcast and reduce 2x direct, direct reduce_scatter
+# 2.5x rabenseifner on 3 hosts); on the unshaped bed (0.2-1 GB/s measured)
+# TCP is bound by the cores, which parallel connections scale past, not by
+# a link, and it lost to the table in many cells (0.37-0.95x), most of 3
+# hosts x 1 rank's: faster links than MODEL_MAX_RATE keep the table.
+MODEL_MAX_RATE = 150e6      # bytes/s
+# The one place on that bed where the model picked worse: all_reduce of 64
+# KiB, its hier 0.81-0.85 ms against the table's tree 0.54-0.64 (--algo all,
+# two runs; 0.84x and 1.08x interleaved). The tree sends 128 KiB across in
+# turn, 1.1 ms at the link's rate: a call that small slips through the
+# shaper's 256 KB burst, which the model does not see. Below these sizes
+# the table stays.
+MODEL_FROM = {"all_reduce": 128 * KiB}
+
+
+def default_choice(collective: str, nbytes: int, nranks: int, transport: str, hosts=None,
+                   link=None, exclude=()) -> Choice:
+    """The tuned default for one call: the model's pick where a ``link``
+    between hosts (topology.Link) is known and the group spans hosts, else
+    the table's. ``exclude``: algorithms that cannot run this call."""
+    if (link is not None and collective in MODELLED and hosts is not None and len(set(hosts)) > 1
+            and nranks <= MODEL_MAX_RANKS and 1 / link[1] <= MODEL_MAX_RATE
+            and nbytes >= MODEL_FROM.get(collective, 0)):
+        name, reason = modelled(collective, max(nbytes, 1).bit_length(), tuple(hosts), tuple(link),
+                                frozenset(exclude) - {"shm"})  # shm never runs across hosts
+        return Choice(name, _segments_for(name, nbytes, nranks), reason)
+    return table_choice(collective, nbytes, nranks, transport, hosts)
+
+
+def _segments_for(algorithm: str, nbytes: int, nranks: int) -> int:
+    """Segments of an algorithm over TCP where the model picked it."""
+    return _hier_segments(nbytes) if algorithm == "hier" else _segments(nbytes, nranks, 4 * MiB)
+
+
+@functools.lru_cache(maxsize=1024)
+def modelled(collective: str, band: int, hosts: tuple, link: tuple, exclude: frozenset) -> tuple[str, str]:
+    """(algorithm, why): the one collie.sim predicts fastest for sizes of
+    ``band`` (bit length: 2**(band-1) to 2**band - 1 bytes), simulated at
+    the band's lower end on ``hosts`` (each rank's host) joined by ``link``
+    ((alpha, beta) of the link between hosts, shared by a host's ranks)."""
+    from . import sim
+    size = 1 << (band - 1)
+    n = len(hosts)
+    model = sim.Model(sim.Link(*INTRA), sim.Link(*link), 1 / REDUCE_RATE, 1 / COPY_RATE, host_nic=True)
+    times = {}
+    for name in algorithms.algorithms_for(collective):
+        if name == "shm" or name in exclude:
+            continue
+        times[name] = sim.simulate(collective, name, n, size, model=model, hosts=hosts,
+                                   segments=_segments_for(name, size, n)).seconds
+    ranked = sorted(times, key=times.get)
+    best = ranked[0]
+    runner = f", then {ranked[1]} {times[ranked[1]] * 1e3:.3g} ms" if len(ranked) > 1 else ""
+    return best, (f"fastest in a model of the link between hosts ({1 / link[1] / 1e6:.0f} MB/s, "
+                  f"{link[0] * 1e6:.0f} us): {times[best] * 1e3:.3g} ms at {size} bytes{runner}")
+
+
+def table_choice(collective: str, nbytes: int, nranks: int, transport: str, hosts=None) -> Choice:
+    """The measured table's choice for one call.
 
     Crossovers measured with `collie bench --algo all` on a 2-core machine
     (docs/performance.md). Over shared memory, messages from 256 KiB go
@@ -188,16 +283,18 @@ class Tuner:
 
     def choose(self, collective: str, nbytes: int, nranks: int, transport: str,
                algorithm: Optional[str] = None, rank: int = 0, exclude: Optional[dict] = None,
-               hosts=None) -> Choice:
+               hosts=None, link=None) -> Choice:
         """``exclude`` maps algorithms that cannot run this call to why (bruck
         on an all_to_all with uneven splits): forcing one per call is an
-        error, forcing it with COLLIE_ALGO leaves the call to the table."""
+        error, forcing it with COLLIE_ALGO leaves the call to the tuner.
+        ``hosts``: each rank's host; ``link``: the link between hosts, when
+        known (see default_choice)."""
         exclude = exclude or {}
         have = {name: f for name, f in algorithms.ALGORITHMS[collective].items() if name not in exclude}
         if algorithm in exclude:
             raise ValueError(f"{collective} cannot use algorithm {algorithm!r} for this call "
                              f"({exclude[algorithm]}); choose one of {', '.join(sorted(have))}")
-        default = default_choice(collective, nbytes, nranks, transport, hosts)
+        default = default_choice(collective, nbytes, nranks, transport, hosts, link, exclude)
         if default.algorithm not in have:  # excluded for this call (uneven blocks...)
             default = Choice("direct", 1, f"{default.algorithm} cannot run this call; direct can")
         if algorithm is not None:

@@ -22,6 +22,7 @@ COLLECTIVE_BIT = 1 << TAG_BITS   # set in tags of collectives, clear in point-to
 MAX_CONTEXTS = 1 << 15  # context << 48 must fit a signed 64-bit tag
 LEAVE_CONTEXT = MAX_CONTEXTS - 1  # the barriers of destroy_process_group (_leave_together)
 SELF_CONTEXT = MAX_CONTEXTS - 2   # one-rank groups made without a collective (MPI_COMM_SELF)
+SETUP_CONTEXT = MAX_CONTEXTS - 3  # init_process_group's measurement of the link between hosts (topology.py)
 CONTEXT_SHIFT = TAG_BITS + 1      # a tag is context << 48 | collective bit << 47 | sequence
 
 

@@ -24,6 +24,11 @@ of each rank; hosts may hold different numbers of ranks):
 3. all-gather inside each host: in step s, local rank j sends its parts to
    local rank j+s and takes those of j-s.
 
+With ``segments`` the buffer is cut into that many pieces, each going
+through 1-3, piece i a step after piece i-1: one piece's phases inside a
+host overlap the others' transfers across hosts (the tuner pipelines so
+only across a slow link: on cores that are the bottleneck, steps cost).
+
     2 hosts x 2 ranks (r0 r1 | r2 r3), parts a b, each cut in 2 sub-parts
     1.  r0 -> r1: b    r1 -> r0: a    (and r2 <-> r3)      a at r0, r2; b at r1, r3
     2.  r0 <-> r2 ring over a's sub-parts; r1 <-> r3 over b's
@@ -51,13 +56,14 @@ def layout(hosts: tuple) -> list[list[int]]:
     return list(order.values())
 
 
-@register("all_reduce", NAME, topology=True)
+@register("all_reduce", NAME, topology=True, pipelined=True)
 def all_reduce(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -> Schedule:
     members = layout(hosts)
     K, M = len(members), max(len(m) for m in members)
     h = next(i for i, m in enumerate(members) if rank in m)
     local = members[h]
     m, j = len(local), local.index(rank)
+    whole = block("out", 0, segments * M * K)
 
     def owner(host: int, part: int) -> int:
         return members[host][part % len(members[host])]
@@ -65,36 +71,41 @@ def all_reduce(nranks: int, rank: int, root: int, segments: int, hosts: tuple) -
     def parts_of(local_index: int) -> list[int]:
         return list(range(local_index, M, m))
 
-    def chunks(parts, subparts=range(K)) -> tuple:
-        whole = block("out", 0, M * K)
-        return tuple(whole[p * K + q] for p in parts for q in subparts)
+    def chunks(piece: int, parts, subparts=range(K)) -> tuple:
+        return tuple(whole[(piece * M + p) * K + q] for p in parts for q in subparts)
 
-    steps = []
-    # 1. reduce-scatter inside the host
-    for s in range(1, m):
-        to, frm = local[(j + s) % m], local[(j - s) % m]
-        steps.append((Send(to, chunks(parts_of((j + s) % m))), Recv(frm, chunks(parts_of(j)), reduce=True)))
-    # 2. a ring across hosts for each part this rank owns
     mine = parts_of(j)
     nxt, prv = (h + 1) % K, (h - 1) % K
-    for phase in ("reduce", "gather"):
-        for t in range(K - 1):
-            send_q = (h - t) % K if phase == "reduce" else (h + 1 - t) % K
-            recv_q = (h - t - 1) % K if phase == "reduce" else (h - t) % K
-            sends: dict = {}
-            recvs: dict = {}
-            for p in mine:  # in part order on both ends of every pair
-                sends.setdefault(owner(nxt, p), []).append(p)
-                recvs.setdefault(owner(prv, p), []).append(p)
-            step = [Send(peer, chunks(ps, (send_q,))) for peer, ps in sends.items()]
-            step += [Recv(peer, chunks(ps, (recv_q,)), reduce=phase == "reduce") for peer, ps in recvs.items()]
-            steps.append(tuple(step))
-    # 3. all-gather inside the host
-    for s in range(1, m):
-        to, frm = local[(j + s) % m], local[(j - s) % m]
-        steps.append((Send(to, chunks(mine)), Recv(frm, chunks(parts_of((j - s) % m)))))
-    return Schedule(collective="all_reduce", algorithm=NAME, nranks=nranks, rank=rank,
-                    steps=tuple(steps), parts=M * K)
+    events = []
+    for piece in range(segments):  # piece i starts a step after piece i-1: phases overlap
+        t = piece
+        # 1. reduce-scatter inside the host
+        for s in range(1, m):
+            to, frm = local[(j + s) % m], local[(j - s) % m]
+            events += [(t, Send(to, chunks(piece, parts_of((j + s) % m)))),
+                       (t, Recv(frm, chunks(piece, mine), reduce=True))]
+            t += 1
+        # 2. a ring across hosts for each part this rank owns
+        for phase in ("reduce", "gather"):
+            for r in range(K - 1):
+                send_q = (h - r) % K if phase == "reduce" else (h + 1 - r) % K
+                recv_q = (h - r - 1) % K if phase == "reduce" else (h - r) % K
+                sends: dict = {}
+                recvs: dict = {}
+                for p in mine:  # in part order on both ends of every pair
+                    sends.setdefault(owner(nxt, p), []).append(p)
+                    recvs.setdefault(owner(prv, p), []).append(p)
+                events += [(t, Send(peer, chunks(piece, ps, (send_q,)))) for peer, ps in sends.items()]
+                events += [(t, Recv(peer, chunks(piece, ps, (recv_q,)), reduce=phase == "reduce"))
+                           for peer, ps in recvs.items()]
+                t += 1
+        # 3. all-gather inside the host
+        for s in range(1, m):
+            to, frm = local[(j + s) % m], local[(j - s) % m]
+            events += [(t, Send(to, chunks(piece, mine))), (t, Recv(frm, chunks(piece, parts_of((j - s) % m))))]
+            t += 1
+    # make_schedule keeps each step's messages in piece order, on both ends of every pair
+    return make_schedule("all_reduce", NAME, nranks, rank, root, events, parts=segments * M * K)
 
 
 def _place(hosts: tuple, rank: int) -> tuple[list[list[int]], int, list[int]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import operator
 import os
-import pickle
 import sys
 import warnings
 import weakref
@@ -151,9 +150,12 @@ class Comm(_Handled, _Attributed):
     # ---- identity ----
 
     def _g(self, what: str) -> ProcessGroup:
-        if self._group is None:
+        g, w = self._group, _group._world
+        if w is not None and g.__class__ is ProcessGroup and g.network is w.network:
+            return g  # the common case, checked at once
+        if g is None:
             raise _error(ERR_COMM, f"{what} called on MPI.COMM_NULL")
-        return _group.resolve(self._group)  # raises once the world was destroyed
+        return _group.resolve(g)  # raises once the world was destroyed
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Comm) and self._group is other._group
@@ -1456,26 +1458,26 @@ class Intracomm(Comm):
     def scatter(self, sendobj=None, root: int = 0) -> Any:
         """Item r of root's sequence, on rank r."""
         g = self._g("scatter")
-        root = self._root(g, root, "scatter")
-        items = None
+        if root.__class__ is not int or not 0 <= root < g.size:
+            root = self._root(g, root, "scatter")  # raises, or makes it an int
+        payloads = None
         if g.rank == root:
-            items = _scatter_items(sendobj, g.size, "scatter")
-        box = [None]
-        _objects.scatter_object_list(box, items, src=g.ranks[root], group=g)
-        return _Refused.check(box[0])
+            items = sendobj if sendobj.__class__ in (list, tuple) and len(sendobj) == g.size else \
+                _scatter_items(sendobj, g.size, "scatter")
+            payloads = list(map(_pickle.dumps, items))
+        return _Refused.check(_pickle.loads(_objects.scatter_pickles(g, payloads, root)))
 
     def gather(self, sendobj, root: int = 0) -> Optional[list]:
         """Every rank's object, in a list at root (None elsewhere)."""
         g = self._g("gather")
-        root = self._root(g, root, "gather")
-        out = [None] * g.size if g.rank == root else None
-        _objects.gather_object(sendobj, out, dst=g.ranks[root], group=g)
-        return out
+        if root.__class__ is not int or not 0 <= root < g.size:
+            root = self._root(g, root, "gather")  # raises, or makes it an int
+        return _objects.gather_loads(g, _pickle.dumps(sendobj), root, _pickle.loads)
 
     def allgather(self, sendobj) -> list:
         """Every rank's object, in rank order (MPI.pickle turns them into bytes)."""
         g = self._g("allgather")
-        return list(map(_pickle.loads, _objects.all_gather_pickles(g, _pickle.dumps(sendobj))))
+        return _objects.all_gather_loads(g, _pickle.dumps(sendobj), _pickle.loads)
 
     def alltoall(self, sendobj) -> list:
         """Item q of rank r's sequence becomes item r of rank q's result."""
@@ -1483,15 +1485,7 @@ class Intracomm(Comm):
         items = [None] * g.size if sendobj is None else list(sendobj)  # None: Nones, as in mpi4py
         if len(items) != g.size:
             raise ValueError(f"alltoall: sendobj must be a sequence of {g.size} items (one per rank)")
-        payloads = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in items]
-        sizes = np.array([len(p) for p in payloads], dtype=np.int64)
-        got = np.empty(g.size, dtype=np.int64)
-        _coll.all_to_all_single(got, sizes, group=g)
-        out = np.empty(int(got.sum()), dtype=np.uint8)
-        send = np.frombuffer(b"".join(payloads), dtype=np.uint8)
-        _coll.all_to_all_single(out, send, got.tolist(), sizes.tolist(), group=g)
-        ends = np.cumsum(got)
-        return [pickle.loads(out[e - n:e].tobytes()) for e, n in zip(ends.tolist(), got.tolist())]
+        return _objects.all_to_all_loads(g, list(map(_pickle.dumps, items)), _pickle.loads)
 
     def scan(self, sendobj, op=SUM) -> Any:
         fn = _py_op(op)

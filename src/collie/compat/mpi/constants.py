@@ -67,6 +67,7 @@ F_STATUS_SIZE, F_SOURCE, F_TAG, F_ERROR = 5, 2, 3, 4
 _ENVELOPE_TAG = MAX_TAG - 1  # MAX_TAG itself carries collie's send_object_list
 _PAYLOAD_TAG = MAX_TAG - 2
 _ACK_TAG = MAX_TAG - 4  # a synchronous send's ack (MAX_TAG - 3 is Create_group's)
+# (MAX_TAG - 5 is collie.objects._LARGE_TAG: object collectives' second rounds)
 
 
 class _InPlace:

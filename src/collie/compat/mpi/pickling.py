@@ -9,6 +9,7 @@ set the defaults, as in mpi4py.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle as _std
 from typing import Any, Callable, Iterable, Optional
@@ -43,6 +44,14 @@ class Pickle:
         if protocol is None and self._dumps is _std.dumps:
             protocol = _PROTOCOL
         self._protocol = protocol
+        if type(self) is Pickle and self._dumps is _std.dumps and self._loads is _std.loads:
+            # pickle's own functions, called straight from every lowercase
+            # call (the methods below would add a Python frame to each)
+            self.dumps = functools.partial(_std.dumps, protocol=protocol)
+            self.loads = _std.loads
+        else:  # re-initialised with other functions (or a subclass): the methods
+            self.__dict__.pop("dumps", None)
+            self.__dict__.pop("loads", None)
 
     @property
     def THRESHOLD(self) -> int:  # noqa: N802 - mpi4py's name
