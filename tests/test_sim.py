@@ -9,7 +9,7 @@ import time
 import pytest
 
 from collie import algorithms, engine
-from collie.sim import (DEFAULT_MODEL, Link, Model, _basis_model, _nnls, _Sizer, _skeleton, block_sizes,
+from collie.sim import (DEFAULT_MODEL, Link, Model, _basis_model, _nnls, _Sizer, _skeleton, bench_seconds, block_sizes,
                         calibrate, closed_form, main, read_bench_rows, simulate)
 
 # delta (local copies) is 0: the paper does not count them.
@@ -147,7 +147,7 @@ def test_calibrate_recovers_a_model(tmp_path):
                          ("reduce_scatter", "rabenseifner"), ("broadcast", "direct")]:
             for n in (2, 4):
                 for size in (8, 1 << 16, 1 << 22):
-                    t = simulate(op, algo, n, size, model=truth).seconds
+                    t = bench_seconds(op, algo, n, size, model=truth)  # back to back, as the bench times
                     f.write(json.dumps({"backend": "collie", "op": op, "nranks": n, "bytes": size,
                                         "dtype": "float32", "algorithm": algo, "time_us": t * 1e6}) + "\n")
         f.write(json.dumps({"backend": "mpi4py", "op": "all_reduce", "nranks": 2, "bytes": 8,
@@ -186,21 +186,6 @@ def test_cli_bad_input(argv, capsys):
     assert exc.value.code == 2
 
 
-def test_predicts_this_machines_bench_at_two_ranks():
-    # Fitted on one checked-in bench run, checked against another the fit never saw
-    # (docs/scale.md): at 2 ranks (a core each) most rows from 8 KiB land within 25%.
-    runs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "perf", "runs")
-    fit = [r for r in read_bench_rows(os.path.join(runs, "algo-n2-1.json")) if r["algorithm"] != "shm"]
-    held = [r for r in read_bench_rows(os.path.join(runs, "algo-n2-2.json"))
-            if r["algorithm"] != "shm" and r["bytes"] >= 8192]
-    assert len(fit) > 100 and len(held) > 100
-    model, _ = calibrate(fit)
-    errors = sorted(abs(simulate(r["op"], r["algorithm"], 2, r["bytes"], model=model).seconds * 1e6 / r["time_us"] - 1)
-                    for r in held)
-    assert errors[len(errors) // 2] < 0.25
-    assert sum(e <= 0.25 for e in errors) >= 0.6 * len(errors)
-
-
 def test_cores_shared_by_a_hosts_ranks():
     m = DEFAULT_MODEL
     s = 4 << 20
@@ -210,23 +195,142 @@ def test_cores_shared_by_a_hosts_ranks():
     one = simulate("all_reduce", "ring", 4, s, model=m._replace(cores=1)).seconds
     assert own < two < one
     # a chain has one rank busy at a time: fewer cores cost it little
+    # (each hop one copy, as a single-copy message is: read by its receiver)
     chain = simulate("broadcast", "ring", 4, s, model=m, segments=1).seconds
-    assert simulate("broadcast", "ring", 4, s, model=m._replace(cores=2), segments=1).seconds < 1.5 * chain
+    host = m._replace(cores=2, single_copy=256 << 10, read=Link(0.0, m.intra.beta))
+    assert simulate("broadcast", "ring", 4, s, model=host, segments=1).seconds < 1.5 * chain
     # with hosts, a host's ranks are its representatives: symmetric still, and equal to the full run
     sym = simulate("all_reduce", "ring", 32, s, hosts=4, model=m._replace(cores=2))
     full = simulate("all_reduce", "ring", 32, s, hosts=4, model=m._replace(cores=2), symmetry="full")
     assert sym.simulated == 8 and sym.seconds == pytest.approx(full.seconds, rel=1e-9)
 
 
-def test_predicts_four_ranks_on_two_cores():
-    # 4 ranks on this 2-core machine: fitted with cores=2 on one checked-in run, checked
-    # against another (docs/scale.md); without the core limit the median error is 35%.
-    runs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "perf", "runs")
-    pick = ("all_reduce", "all_gather", "broadcast")
-    fit = [r for r in read_bench_rows(os.path.join(runs, "algo-n4-1.json")) if r["op"] in pick and r["algorithm"] != "shm"]
-    held = [r for r in read_bench_rows(os.path.join(runs, "algo-n4-2.json")) if r["op"] in pick and r["algorithm"] != "shm"]
-    model, _ = calibrate(fit, cores=2)
-    assert model.cores == 2
-    errors = sorted(abs(simulate(r["op"], r["algorithm"], 4, r["bytes"], model=model).seconds * 1e6 / r["time_us"] - 1)
-                    for r in held)
-    assert errors[len(errors) // 2] < 0.3
+# A host model with round numbers, to check its mechanisms one by one.
+HOST = Model(Link(0.5e-6, 1 / 20e9), DEFAULT_MODEL.inter, gamma=1 / 10e9, delta=1 / 20e9, cores=2, slots=8,
+             single_copy=256 << 10, read=Link(2e-6, 1 / 10e9), python=20e-6, call=1e-6, slow_call=5e-6)
+
+
+def test_a_small_message_is_copied_into_a_slot_and_out():
+    # broadcast, 2 ranks, 8 KiB: the root copies it into a ring slot, the other
+    # rank copies it out; each first pays the call (its lane)
+    m, s = HOST, 8192
+    one = m.intra.alpha + s * m.intra.beta
+    assert simulate("broadcast", "direct", 2, s, model=m).seconds == pytest.approx(m.call + 2 * one)
+    # back to back, the root runs ahead: a call costs what the busier rank does
+    assert bench_seconds("broadcast", "direct", 2, s, model=m) == pytest.approx(m.call + one)
+
+
+def test_a_large_message_is_read_once_by_its_receiver():
+    # from single_copy bytes the root only says where the bytes are, and the
+    # receiver reads them out of its memory (process_vm_readv): one copy
+    m, s = HOST, 1 << 20
+    want = m.call + m.intra.alpha + m.read.alpha + s * m.read.beta
+    assert simulate("broadcast", "direct", 2, s, model=m).seconds == pytest.approx(want)
+    # and the send is done only when it is read: the root cannot run ahead
+    assert bench_seconds("broadcast", "direct", 2, s, model=m) == pytest.approx(want)
+    # from SHARED_COPY_BYTES, a one-way step is Python's, which shares the copy with the writer
+    from collie.core import SHARED_COPY_BYTES
+    big = 4 * SHARED_COPY_BYTES
+    t = simulate("broadcast", "direct", 2, big, model=m).seconds
+    assert t == pytest.approx(m.call + m.python + m.intra.alpha + m.read.alpha + big / 2 * m.read.beta)
+
+
+def test_calls_without_a_lane_take_pythons_whole_path():
+    m, s = HOST, 8192
+    assert bench_seconds("reduce", "direct", 2, s, model=m) == pytest.approx(
+        m.slow_call + m.intra.alpha + s * m.gamma)  # the root: its call, then a combine out of the slot
+
+
+def test_a_full_ring_hands_the_send_to_python():
+    # reduce: the leaf sends faster than the root combines. With eight slots it
+    # runs eight calls ahead, then finds the ring full and hands the step to
+    # Python's executor (model.python), whose send goes once a slot is free.
+    m = HOST._replace(python=200e-6, gamma=1 / 2e9)
+    s = 8192
+    root = m.slow_call + m.intra.alpha + s * m.gamma
+    unbounded = bench_seconds("reduce", "direct", 2, s, model=m._replace(slots=0))
+    assert unbounded == pytest.approx(root)  # no limit: the root's pace
+    # the handover costs more than the root takes to empty the ring: the root waits
+    assert bench_seconds("reduce", "direct", 2, s, model=m) > 1.5 * root
+
+
+def test_steps_with_messages_of_several_pieces_run_in_python():
+    # Rabenseifner's reduce_scatter on 3 ranks receives non-contiguous blocks:
+    # those steps are staged through Python (core.compile), ring's never are
+    from collie.sim import _PYTHON, _exact_skeleton
+    _, sizes = block_sizes("reduce_scatter", 8192, 4, 3)
+    staged = _exact_skeleton(algorithms.build("reduce_scatter", "rabenseifner", 3, 1, 0, 1), sizes, 4, 0)
+    assert any(kind == _PYTHON for local, _, _ in staged for kind, _, _ in local)
+    _, sizes = block_sizes("all_reduce", 8192, 4, 3)
+    plain = _exact_skeleton(algorithms.build("all_reduce", "ring", 3, 1, 0, 1), sizes, 4, 0)
+    assert not any(kind == _PYTHON for local, _, _ in plain for kind, _, _ in local)
+    assert simulate("reduce_scatter", "rabenseifner", 3, 8192, model=HOST).seconds > HOST.python
+
+
+def test_bytes_beyond_the_cache_cost_more():
+    from collie.sim import working_set_factor
+    m = HOST._replace(cache=8 << 20, dram=3.0)
+    assert working_set_factor(m, 4 << 20) == 1.0
+    assert working_set_factor(m, 12 << 20) == pytest.approx(2.0)  # half way to twice the cache
+    assert working_set_factor(m, 64 << 20) == pytest.approx(3.0)
+    assert working_set_factor(HOST, 1 << 40) == 1.0  # no cache given: no effect
+    small = simulate("all_gather", "direct", 2, 1 << 20, model=m).seconds
+    large = simulate("all_gather", "direct", 2, 64 << 20, model=m).seconds
+    assert large > 64 * small
+
+
+def test_crowded_ranks_pay_to_get_a_core_back():
+    m = HOST._replace(switch=3e-6)
+    # 4 ranks on 2 cores wait on each other in every step of recursive doubling
+    assert simulate("all_reduce", "recursive_doubling", 4, 8192, model=m).seconds > \
+        simulate("all_reduce", "recursive_doubling", 4, 8192, model=m._replace(switch=0.0)).seconds
+    # 2 ranks on 2 cores spin on their own: no switch
+    assert simulate("all_reduce", "recursive_doubling", 2, 8192, model=m).seconds == \
+        simulate("all_reduce", "recursive_doubling", 2, 8192, model=m._replace(switch=0.0)).seconds
+
+
+def test_host_model_round_trips_through_json():
+    m = HOST._replace(switch=1e-6, wake=2e-6, cache=1 << 20, dram=2.5)
+    assert Model.from_json(json.loads(json.dumps(m.to_json()))) == m
+
+
+DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "scale")
+
+
+def test_the_fitted_model_is_this_transports():
+    # docs/scale/model.json, fitted by docs/scale.py: its fixed facts are the
+    # transport's defaults and this machine's cores, not fitted numbers
+    from collie.transports import shm
+    with open(os.path.join(DOCS, "model.json")) as f:
+        model = Model.from_json(json.load(f))
+    assert (model.cores, model.slots, model.single_copy) == (2, shm.DEFAULT_SLOTS, shm.DEFAULT_CMA_BYTES)
+
+
+def test_predicts_this_machines_bench():
+    # docs/scale.md, "Predicted against measured on this machine": the model docs/scale.py
+    # fitted (docs/scale/model.json) on the median of every other bench run of the tuner's
+    # picks (docs/scale/tuner-runs.json), against the median of the other runs, which it
+    # never saw. Nothing is timed here; the figures are the ones the page states.
+    import statistics
+    with open(os.path.join(DOCS, "model.json")) as f:
+        model = Model.from_json(json.load(f))
+    with open(os.path.join(DOCS, "tuner-runs.json")) as f:
+        data = json.load(f)
+    held = sorted(data["runs"], key=int)[1::2]
+    errors = []
+    for r in data["rows"]:
+        measured = statistics.median([r["us"][k] for k in held if k in r["us"]])
+        predicted = bench_seconds(r["op"], r["algorithm"], r["nranks"], r["bytes"], model=model) * 1e6
+        errors.append(abs(predicted / measured - 1))
+    assert len(errors) == 240  # 6 collectives x 8 sizes (8 KiB - 64 MiB) x 5 rank counts (2-8)
+    assert statistics.median(errors) <= 0.15        # "median error 15%"
+    assert sum(e <= 0.25 for e in errors) >= 176   # "176 of 240 rows within 25%"
+
+
+def test_cli_keeps_a_saved_host_model(tmp_path, capsys):
+    # --model with a host model: every field counts, and rows are per call back to back
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(HOST.to_json()))
+    assert main(["reduce", "--model", str(path), "-n", "2", "--size", "8K", "--algo", "direct"]) == 0
+    row = [line.split() for line in capsys.readouterr().out.splitlines() if line and not line.startswith("#")][0]
+    assert float(row[5]) == pytest.approx(bench_seconds("reduce", "direct", 2, 8192, model=HOST) * 1e6, abs=0.01)

@@ -28,15 +28,43 @@ event by event:
 - the step ends when every op of it has completed; the call's time is the
   last rank's end (what `collie bench` times: the slowest rank).
 
-Cores. With ``cores`` > 0 (per host), the CPU work of a host's ranks
-shares that many cores, first come first served, and each rank's work is
-serial (a rank is one thread): local ops, reductions and, for messages
-within a host (shared memory, where a core moves every byte), the sender's
-copy in (``m beta``) and the receiver's taking it in (``alpha``, the
-per-message software cost, then ``m beta``), so that alpha is CPU time
-rather than wire latency. Without it (0, the default) every rank has a
-core of its own and alpha is latency, as in the closed forms below. It is
-what makes 4 ranks on this 2-core machine predictable (docs/scale.md).
+Cores: the host model. With ``cores`` > 0 (per host) the simulation
+follows what collie's shared-memory transport and compiled core really do
+on one host (transports/shm.py, ring.py, core.py, _core.c), as CPU work
+that the host's ranks share on that many cores, first come first served,
+each rank's serially (a rank is one thread):
+
+- each call first costs ``call`` on every rank (its lane, collectives.py),
+  or ``slow_call`` for the collectives without a lane (reduce, gather,
+  scatter: Python's whole path every time);
+- a message under ``single_copy`` bytes goes through a ring slot: the
+  sender's core copies it in (``alpha + m beta``), the receiver's copies it
+  out, or combines it straight out of the slot (``alpha + m gamma``); the
+  send is done once it is in the slot. A ring holds ``slots`` messages: a
+  send that finds it full is handed to Python's executor (``python``, once
+  a step) and goes when the receiver frees a slot;
+- a larger message is read once by its receiver out of the sender's memory
+  (process_vm_readv: ``read.alpha + m read.beta``, plus ``m gamma`` when
+  it combines), and the send is done only then. A one-way step (only
+  sends, or only receives) with a message of core.SHARED_COPY_BYTES or more
+  runs in Python, whose writer copies the second half meanwhile;
+- a step with a message of several pieces runs in Python (``python``),
+  each such message staged through a contiguous copy at each end;
+- local copies and one-sided reads of a shared window cost ``delta`` per
+  byte, reductions ``gamma``;
+- per-byte costs grow with the bytes a call touches on the host, call
+  after call (buffers, windows, and each ring's slots as far as its largest
+  message): see working_set_factor;
+- a rank that waited for a message (or, single copy, for its reader) when
+  the host's ranks outnumber its cores must get a core back (``switch``);
+  one that waited past its spin (network.py: 10 us crowded, 1 ms
+  otherwise) has handed the step to Python (``python``) and slept on its
+  doorbell (``wake``).
+
+Without it (0, the default) every rank has a core of its own and alpha is
+latency, as in the closed forms below. bench_seconds runs calls back to
+back, as `collie bench` times them. docs/scale.md fits the host model to
+this machine and says how close it comes.
 
 Host links. By default every rank has a link of its own to the other
 hosts (as GPUs with a NIC each). With ``host_nic``, the ranks of a host
@@ -84,7 +112,7 @@ import numpy as np
 from . import algorithms, engine
 from .schedule import COLLECTIVES, Copy, Read, Recv, Reduce, Send
 
-__all__ = ["Link", "Model", "DEFAULT_MODEL", "Result", "simulate", "block_sizes", "calibrate",
+__all__ = ["Link", "Model", "DEFAULT_MODEL", "Result", "simulate", "bench_seconds", "block_sizes", "calibrate",
            "closed_form", "main"]
 
 
@@ -96,35 +124,68 @@ class Link(NamedTuple):
 
 class Model(NamedTuple):
     """The cost model: a link class within a host and one between hosts;
-    ``gamma`` seconds per byte reduced, ``delta`` per byte copied locally."""
+    ``gamma`` seconds per byte reduced, ``delta`` per byte copied locally.
+    The fields after ``cores`` describe how collie's shared-memory
+    transport and compiled core really move a message on one host; they
+    count only with ``cores`` > 0 (see "Cores" in the module docstring),
+    and their defaults leave them out."""
     intra: Link
     inter: Link
     gamma: float
     delta: float
     cores: int = 0  # per host; 0: a core for every rank (see "Cores" in the module docstring)
     host_nic: bool = False  # the ranks of a host share one link to the others (see "Host links")
+    slots: int = 0           # messages a ring between two ranks of a host holds (0: no limit)
+    single_copy: int = 0     # bytes from which a message within a host is read once by its receiver
+    read: Link = Link(0.0, 0.0)  # that read (process_vm_readv): fixed cost, seconds per byte
+    python: float = 0.0      # a step the core hands to Python's executor
+    call: float = 0.0        # a call's own cost on each rank, through its lane (collectives.py)
+    slow_call: float = 0.0   # the same for a collective without a lane: Python's whole path
+    switch: float = 0.0      # ranks outnumbering cores: putting a waiting rank back on a core
+    wake: float = 0.0        # a rank that waited past its spin and slept runs again this long after the event
+    cache: int = 0           # bytes of a call's working set the caches hold (0: all of it)
+    dram: float = 1.0        # per-byte costs times this for the part beyond the cache
 
     def to_json(self) -> dict:
         return {"intra": self.intra._asdict(), "inter": self.inter._asdict(),
-                "gamma": self.gamma, "delta": self.delta, "cores": self.cores, "host_nic": self.host_nic}
+                "gamma": self.gamma, "delta": self.delta, "cores": self.cores, "host_nic": self.host_nic,
+                "slots": self.slots, "single_copy": self.single_copy, "read": self.read._asdict(),
+                "python": self.python, "call": self.call, "slow_call": self.slow_call, "switch": self.switch,
+                "wake": self.wake, "cache": self.cache, "dram": self.dram}
 
     @classmethod
     def from_json(cls, data: dict) -> "Model":
         try:
+            read = data.get("read", {"alpha": 0.0, "beta": 0.0})
             return cls(Link(float(data["intra"]["alpha"]), float(data["intra"]["beta"])),
                        Link(float(data["inter"]["alpha"]), float(data["inter"]["beta"])),
                        float(data["gamma"]), float(data["delta"]), int(data.get("cores", 0)),
-                       bool(data.get("host_nic", False)))
+                       bool(data.get("host_nic", False)), int(data.get("slots", 0)),
+                       int(data.get("single_copy", 0)), Link(float(read["alpha"]), float(read["beta"])),
+                       float(data.get("python", 0.0)), float(data.get("call", 0.0)), float(data.get("slow_call", 0.0)),
+                       float(data.get("switch", 0.0)), float(data.get("wake", 0.0)), int(data.get("cache", 0)),
+                       float(data.get("dram", 1.0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a model (want intra/inter alpha, beta; gamma; delta): {exc}") from None
 
     def describe(self) -> str:
         def link(x: Link) -> str:
             return f"alpha {x.alpha * 1e6:.3g} us, {_gbps(x.beta)} GB/s"
-        return (f"intra-host {link(self.intra)}; inter-host {link(self.inter)}; "
+        text = (f"intra-host {link(self.intra)}; inter-host {link(self.inter)}; "
                 f"reduce {_gbps(self.gamma)} GB/s; local copy {_gbps(self.delta)} GB/s"
                 + (f"; {self.cores} cores per host" if self.cores else "")
                 + ("; one link per host" if self.host_nic else ""))
+        if self.cores and self.slots:
+            text += f"; {self.slots} slots per ring"
+        if self.cores and self.single_copy:
+            text += f"; single copy from {self.single_copy >> 10} KiB: {link(self.read)}"
+        if self.cores and (self.python or self.call or self.switch or self.wake):
+            text += (f"; python step {self.python * 1e6:.3g} us, call {self.call * 1e6:.3g} us "
+                     f"({self.slow_call * 1e6:.3g} us without a lane), "
+                     f"switch {self.switch * 1e6:.3g} us, wake {self.wake * 1e6:.3g} us")
+        if self.cores and self.cache:
+            text += f"; cache {self.cache / (1 << 20):.3g} MiB, beyond it x{self.dram:.3g}"
+        return text
 
 
 def _gbps(per_byte: float) -> str:
@@ -210,10 +271,46 @@ class _Sizer:
 # local = ((kind, peer, bytes), ...), sends = ((peer, bytes), ...),
 # recvs = ((peer, bytes, reduce), ...).
 _COPY, _REDUCE, _READ, _READ_REDUCE = engine.COPY, engine.REDUCE, engine.READ, engine.READ_REDUCE
+# Local "ops" of the host model: a step run by Python, a call's own cost
+# through its lane, and without one.
+_PYTHON, _CALL, _SLOW_CALL = -1, -2, -3
+# Collectives whose repeated calls have no lane (collectives.py passes no
+# lane_key for them): every call takes Python's whole path.
+_NO_LANE = frozenset(("reduce", "gather", "scatter"))
 
 
-def _skeleton(schedule, sizes: dict, itemsize: int, window: int, sizers: dict) -> tuple:
-    """The steps of ``schedule`` in bytes, for the simulation."""
+def _exact_skeleton(schedule, sizes: dict, itemsize: int, window: int) -> tuple:
+    """The steps as _skeleton has them, from engine.plan, marked the way the
+    compiled core (core.compile) runs them: a step with a message of several
+    pieces, or a one-way step with a message of SHARED_COPY_BYTES or more
+    (a broadcast's: Python shares its copy), goes to Python's executor (a
+    _PYTHON op), and a message of several pieces is staged through a
+    contiguous copy at each end."""
+    from .core import SHARED_COPY_BYTES
+    out = []
+    for steps in engine.plan(schedule, sizes, window).slices:
+        for st in steps:
+            local = [(kind, peer, itemsize * sum(hi - lo for _, lo, hi in dst)) for kind, peer, _, dst in st.local]
+            python = False
+            for msgs, other in ((st.sends, st.recvs), (st.recvs, st.sends)):
+                for m in msgs:
+                    if len(m.pieces) > 1:
+                        python = True
+                        local.append((_COPY, -1, itemsize * m.count))
+                    elif not other and not m.reduce and itemsize * m.count >= SHARED_COPY_BYTES:
+                        python = True
+            if python:
+                local.insert(0, (_PYTHON, -1, 0))
+            out.append((tuple(local), tuple((m.peer, itemsize * m.count) for m in st.sends),
+                        tuple((m.peer, itemsize * m.count, m.reduce) for m in st.recvs)))
+    return tuple(out)
+
+
+def _skeleton(schedule, sizes: dict, itemsize: int, window: int, sizers: dict, exact: bool = False) -> tuple:
+    """The steps of ``schedule`` in bytes, for the simulation (``exact``: as
+    the compiled core runs them, see _exact_skeleton)."""
+    if exact:
+        return _exact_skeleton(schedule, sizes, itemsize, window)
     if schedule.win_like is not None:  # windows may cut a call into slices: the engine's own plan
         plan = engine.plan(schedule, sizes, window)
         out = []
@@ -282,10 +379,14 @@ def _sample(n: int, g: int, count: int = 2) -> list:
 
 # ---- the event simulation -------------------------------------------------------
 
-def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional[list] = None) -> tuple[list, int]:
+def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional[list] = None,
+         per_byte: float = 1.0, crowded: bool = False) -> tuple[list, int]:
     """Simulate representatives 0..g-1 (steps_of[r] are rep r's steps; g == n:
     every rank). Returns (each rep's end time, messages simulated); with
-    ``starts`` (a list per rep), appends when each step of each rep starts."""
+    ``starts`` (a list per rep), appends when each step of each rep starts.
+    With model.cores, ``per_byte`` scales the per-byte costs of work within a
+    host (the working set's share beyond the cache) and ``crowded`` says
+    that a host's ranks outnumber its cores (see "Cores")."""
     intra, inter = model.intra, model.inter
     gamma, delta = model.gamma, model.delta
     tx_free = [0.0] * g
@@ -293,6 +394,15 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
     cpu_free = [0.0] * g
     cores = model.cores
     pools: dict = {}  # host -> when each of its cores is free (model.cores > 0)
+    if cores:  # per-byte costs of work on a host's cores, at this call's working set
+        copy_b, reduce_b, read_b = delta * per_byte, gamma * per_byte, model.read.beta * per_byte
+        ring_b = intra.beta * per_byte
+        single = model.single_copy or (1 << 62)
+        switch = model.switch if crowded else 0.0
+        from .core import SHARED_COPY_BYTES as shared_bytes
+        from .network import CROWDED_SPIN_SECONDS, SPIN_SECONDS
+        spin = CROWDED_SPIN_SECONDS if crowded else SPIN_SECONDS
+        costs = {_COPY: copy_b, _REDUCE: reduce_b, _READ: copy_b, _READ_REDUCE: reduce_b}
     nic = model.host_nic
     nic_tx: dict = {}  # host -> when its link out is free (model.host_nic)
     nic_rx: dict = {}  # host -> when its link in is free
@@ -305,14 +415,26 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
         pool = pools.get(host_of(r))
         if pool is None:
             pool = pools[host_of(r)] = [0.0] * cores
-        i = pool.index(min(pool))
-        start = max(t, pool[i], cpu_free[r])  # a rank is one thread: its own work is serial too
+        t = max(t, cpu_free[r])  # a rank is one thread: its own work is serial too
+        # the core free by t that was busy the latest (it leaves the others to
+        # the other ranks); else the first to be free
+        i, last = -1, -1.0
+        for j, free in enumerate(pool):
+            if last < free <= t:
+                i, last = j, free
+        if i < 0:
+            i = pool.index(min(pool))
+        start = max(t, pool[i])
         pool[i] = cpu_free[r] = start + d
         return start
     at = [0] * g                 # the step each rep is in
     left = [0] * g               # its ops not yet completed
     ends = [0.0] * g             # the latest completion of its current step
     finish = [0.0] * g
+    oneway = [False] * g         # whether its current step only sends or only receives
+    handed = [False] * g         # whether Python's executor has taken its current step over
+    inring: dict = {}            # (receiver rep, sender as it sees it) -> messages in that ring (cores)
+    blocked: dict = {}           # same key -> deque of sends waiting for a slot: (sender rep, bytes, one-way)
     arrived: dict = {}           # (receiver rep, sender as the receiver sees it) -> deque of rx ends
     waiting: dict = {}           # same key -> deque of (post time, bytes, reduce)
     heap: list = []
@@ -332,14 +454,80 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
             heapq.heappush(heap, (ends[b], seq, 0, b))
             seq += 1
 
-    def receive(b: int, rx_end: float, post: float, nbytes: int, reduce: bool) -> None:
-        done = rx_end if rx_end > post else post
+    def receive(b: int, rx_end, posted: float, nbytes: int, reduce: bool, seen: int) -> None:
+        if type(rx_end) is tuple:  # a message within a host, on the host's cores
+            take(b, rx_end, posted, nbytes, reduce, seen)
+            return
+        done = rx_end if rx_end > posted else posted
         if reduce and nbytes:
             if cpu_free[b] > done:
                 done = cpu_free[b]
             done = occupy(b, done, gamma * nbytes) + gamma * nbytes
             cpu_free[b] = done
         complete(b, done)
+
+    def post(r: int, b: int, seen: int, nbytes: int, t: float, sender_oneway: bool) -> float:
+        """Sender r puts a message for rep b into their ring at t (its core
+        copies it into a slot, or writes where a single-copy one is); returns
+        when it is done."""
+        nonlocal seq
+        rdv = nbytes >= single
+        cost = intra.alpha + (0.0 if rdv else ring_b * nbytes)
+        t = occupy(r, t, cost) + cost
+        cpu_free[r] = t
+        key = (b, seen)
+        inring[key] = inring.get(key, 0) + 1
+        heapq.heappush(heap, (t, seq, 1, (b, seen, nbytes, 0.0, (t, r, rdv, sender_oneway), False)))
+        seq += 1
+        if not rdv:
+            complete(r, t)
+        return t
+
+    def woken(r: int, since: float, event: float) -> tuple:
+        """When rank r, idle since ``since``, acts on an event at ``event``,
+        and the CPU that costs first: a crowded rank spins yielding its core
+        and must get one back (model.switch); one that waited past its spin
+        has handed its step to Python's executor (model.python, once a step)
+        and slept on its doorbell (model.wake)."""
+        wait = event - since
+        if wait <= 0:
+            return event, 0.0
+        if wait <= spin:
+            return event, switch
+        extra = switch + (0.0 if handed[r] else model.python)
+        handed[r] = True
+        return event + model.wake, extra
+
+    def take(b: int, msg: tuple, posted: float, nbytes: int, reduce: bool, seen: int) -> None:
+        """Receiver b takes a message within a host (see "Cores"): out of a
+        ring slot, or read once from the sender's memory (single copy, whose
+        send completes then); a waiting crowded rank first gets a core back.
+        The slot it frees lets a send that found the ring full go."""
+        there, sender, rdv, sender_oneway = msg
+        t, work = woken(b, max(posted, cpu_free[b]), there)
+        if not rdv:
+            work += intra.alpha + (reduce_b if reduce else ring_b) * nbytes
+        elif not reduce and nbytes >= shared_bytes and oneway[b] and sender_oneway:
+            # Python's shared copy: the writer copies the second half meanwhile
+            half = nbytes // 2
+            other = read_b * (nbytes - half)
+            work += model.read.alpha + read_b * half
+            helper = occupy(sender, max(t, cpu_free[sender]), other) + other
+        else:
+            work += model.read.alpha + (read_b + (reduce_b if reduce else 0.0)) * nbytes
+        done = occupy(b, t, work) + work
+        if rdv:  # the sender waited for this: it too may have slept
+            if not reduce and nbytes >= shared_bytes and oneway[b] and sender_oneway:
+                done = max(done, helper)
+            back, extra = woken(sender, max(there, cpu_free[sender]), done)
+            complete(sender, back + extra)  # (not booked on a core: that is in the future here)
+        complete(b, done)
+        key = (b, seen)
+        inring[key] -= 1
+        queue = blocked.get(key)
+        if queue:
+            s, size, flag = queue.popleft()
+            post(s, b, seen, size, done, flag)
 
     pop, push = heapq.heappop, heapq.heappush
     while heap:
@@ -355,14 +543,20 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
             if starts is not None:
                 starts[r].append(now)
             local, sends, recvs = steps[k]
+            oneway[r] = not sends or not recvs
+            handed[r] = False
             t = now if now > cpu_free[r] else cpu_free[r]
             work = 0.0
             for lk, peer, nbytes in local:
-                if lk == _COPY:
+                if cores and lk < 0:
+                    work += model.python if lk == _PYTHON else model.call if lk == _CALL else model.slow_call
+                elif cores and (lk < _READ or host_of(peer) == host_of(r)):
+                    work += costs[lk] * nbytes
+                elif lk == _COPY:
                     work += delta * nbytes
                 elif lk == _REDUCE:
                     work += gamma * nbytes
-                else:
+                elif lk >= 0:
                     link = intra if host_of(peer) == host_of(r) else inter
                     work += link.alpha + link.beta * nbytes + (gamma * nbytes if lk == _READ_REDUCE else 0.0)
             t = occupy(r, t, work) + work
@@ -372,46 +566,56 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
             for peer, nbytes in sends:
                 across = host_of(peer) != host_of(r)
                 link = inter if across else intra
+                b = peer % g
+                seen = (r - (peer - b)) % n
+                messages += 1
+                if cores and link is intra:
+                    if model.slots and inring.get((b, seen), 0) >= model.slots:
+                        # the ring is full: the core hands the step to Python's
+                        # executor, whose send goes once the receiver frees a slot
+                        if not handed[r]:
+                            handed[r] = True
+                            t = occupy(r, t, model.python) + model.python
+                            cpu_free[r] = t
+                        blocked.setdefault((b, seen), deque()).append((r, nbytes, oneway[r]))
+                    else:
+                        t = post(r, b, seen, nbytes, t, oneway[r])
+                    continue
                 start = t if t > tx_free[r] else tx_free[r]
-                cpu = cores and link is intra  # within a host, a core copies the message in
-                if cpu:
-                    start = occupy(r, start, link.beta * nbytes)
                 shared = nic and across
-                if shared:
+                if shared:  # through the sending host's link
                     start = max(start, nic_tx.get(host_of(r), 0.0))
                     nic_tx[host_of(r)] = start + link.beta * nbytes
                 tx_free[r] = start + link.beta * nbytes
-                b = peer % g
-                push(heap, (start + (0.0 if cpu else link.alpha), seq, 1,
-                            (b, (r - (peer - b)) % n, nbytes, link.beta, link.alpha if cpu else 0.0, shared)))
+                push(heap, (start + link.alpha, seq, 1, (b, seen, nbytes, link.beta, None, shared)))
                 seq += 1
-                messages += 1
                 complete(r, tx_free[r])
             for peer, nbytes, reduce in recvs:
                 key = (r, peer)
                 q = arrived.get(key)
                 if q:
-                    receive(r, q.popleft(), t, nbytes, reduce)
+                    receive(r, q.popleft(), t, nbytes, reduce, peer)
                 else:
                     w = waiting.get(key)
                     if w is None:
                         w = waiting[key] = deque()
                     w.append((t, nbytes, reduce))
             complete(r, t)
-        else:  # a message's head reaches its receiver's port
-            b, sender, nbytes, beta, cpu, shared = data
-            start = now if now > rx_free[b] else rx_free[b]
-            if cpu:  # and a core of the receiver's host takes it in: alpha of work, then the copy out
-                start = occupy(b, start, cpu + beta * nbytes) + cpu
-            if shared:  # through the receiving host's link
-                start = max(start, nic_rx.get(host_of(b), 0.0))
-                nic_rx[host_of(b)] = start + beta * nbytes
-            rx_end = rx_free[b] = start + beta * nbytes
+        else:  # a message's head reaches its receiver's port (within a host on cores: is in its ring)
+            b, sender, nbytes, beta, held, shared = data
+            if held is not None:
+                rx_end = held
+            else:
+                start = now if now > rx_free[b] else rx_free[b]
+                if shared:  # through the receiving host's link
+                    start = max(start, nic_rx.get(host_of(b), 0.0))
+                    nic_rx[host_of(b)] = start + beta * nbytes
+                rx_end = rx_free[b] = start + beta * nbytes
             key = (b, sender)
             w = waiting.get(key)
             if w:
-                post, want, reduce = w.popleft()
-                receive(b, rx_end, post, want, reduce)
+                posted, want, reduce = w.popleft()
+                receive(b, rx_end, posted, want, reduce, sender)
             else:
                 q = arrived.get(key)
                 if q is None:
@@ -432,14 +636,16 @@ MAX_FULL_OPS = 4_000_000
 
 def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model = DEFAULT_MODEL,
              hosts=1, segments: Optional[int] = None, root: int = 0, dtype="float32",
-             symmetry: str = "auto", window_bytes: int = 64 << 20) -> Result:
+             symmetry: str = "auto", window_bytes: int = 64 << 20, calls: int = 1) -> Result:
     """Predicted time of one call of ``op`` with ``algorithm`` on ``nranks``
     ranks (``hosts`` hosts of nranks/hosts consecutive ranks each, or a
     tuple of each rank's host, as a group's hosts are), at the
     bench size ``nbytes``. ``segments`` None: what a call forcing this
     algorithm would use (the tuner's rule). ``symmetry``: "auto" (use it
     where sampled ranks show it), "full" (never), "require" (error unless
-    symmetric)."""
+    symmetric). ``calls``: that many calls back to back, each rank starting
+    the next as soon as it is done with the last (as `collie bench` times
+    them); the time is then the end of the last."""
     if op not in COLLECTIVES:
         raise ValueError(f"unknown collective {op!r}; collectives are {', '.join(COLLECTIVES)}")
     if isinstance(nranks, bool) or not isinstance(nranks, (int, np.integer)) or nranks < 1:
@@ -461,6 +667,8 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
         labels = tuple(r // (nranks // hosts) for r in range(nranks))  # each rank's host
     if nbytes < 0:
         raise ValueError(f"size must not be negative, got {nbytes}")
+    if isinstance(calls, bool) or not isinstance(calls, (int, np.integer)) or calls < 1:
+        raise ValueError(f"calls must be an integer >= 1, got {calls!r}")
     if symmetry not in ("auto", "full", "require"):
         raise ValueError(f"symmetry must be auto, full or require, not {symmetry!r}")
     if algorithm not in algorithms.algorithms_for(op):
@@ -482,10 +690,16 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
     host_of = labels.__getitem__
 
     sizers: dict = {}
+    exact = model.cores > 0  # the host model costs what the compiled core really does
 
     def steps(r: int) -> tuple:
-        return _skeleton(algorithms.build(op, algorithm, n, r, root, segments, topo), sizes, itemsize, window,
-                         sizers)
+        one = _skeleton(algorithms.build(op, algorithm, n, r, root, segments, topo), sizes, itemsize, window,
+                        sizers, exact)
+        if exact:  # each call starts with its own cost
+            first = one[0] if one else ((), (), ())
+            call = _SLOW_CALL if op in _NO_LANE else _CALL
+            one = ((((call, -1, 0),) + first[0],) + first[1:],) + one[1:]
+        return one * calls if calls > 1 else one
 
     g = n
     if symmetry != "full" and n > 1 and not (model.cores and hosts == 1):  # cores: whole hosts
@@ -506,8 +720,54 @@ def simulate(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model 
             raise ValueError(f"{op} {algorithm} on {n} ranks has about {total:,} ops and is not symmetric: "
                              f"too big to simulate rank by rank (limit {MAX_FULL_OPS:,})")
         steps_of = [first] + [steps(r) for r in range(1, n)]
-    finish, messages = _run(steps_of, n, g, host_of, model)
+    per_byte, crowded = 1.0, False
+    if exact:
+        sch = algorithms.build(op, algorithm, n, 0, root, segments, topo)
+        mine = sum(sum(blocks) for blocks in sizes.values())
+        if sch.tmp_like is not None:
+            mine += sum(sizes[sch.tmp_like])
+        if sch.win_like is not None:
+            mine += min(sum(sizes[sch.win_like]), window)
+        # and the rings' slots: a ring cycles through all of them, each as
+        # far as the largest message it carries (the first rank's host)
+        here = [r for r in range(g) if host_of(r) == host_of(0)]
+        rings = 0
+        single = model.single_copy or (1 << 62)
+        for r in here:
+            largest: dict = {}
+            for _, sends, _ in steps_of[r][:len(steps_of[r]) // calls]:
+                for peer, size in sends:
+                    if host_of(peer) == host_of(r) and size < single:
+                        largest[peer] = max(largest.get(peer, 0), size)
+            rings += max(1, model.slots) * sum(largest.values())
+        per_byte = working_set_factor(model, itemsize * mine * len(here) + rings)
+        crowded = len(here) > model.cores
+    finish, messages = _run(steps_of, n, g, host_of, model, per_byte=per_byte, crowded=crowded)
     return Result(max(finish) if finish else 0.0, n, g, g, messages, algorithm, segments)
+
+
+def working_set_factor(model: Model, nbytes: int) -> float:
+    """How much more a byte costs, on average, when a call's ranks on one
+    host touch ``nbytes`` in all, call after call: up to what the caches
+    hold (model.cache) the bytes of the last call are still there; from
+    twice that, a stream that wraps around finds none of them (least
+    recently used goes first) and every byte comes from memory, model.dram
+    times slower; in between, a share."""
+    if not model.cache or nbytes <= model.cache:
+        return 1.0
+    return 1.0 + (model.dram - 1.0) * min(1.0, nbytes / model.cache - 1.0)
+
+
+def bench_seconds(op: str, algorithm: str, nranks: int, nbytes: int, *, model: Model = DEFAULT_MODEL,
+                  **kw) -> float:
+    """What `collie bench` would report: the time per call of calls run back
+    to back, once they run steadily. Each rank starts its next call when it
+    is done with the last, so a rank that only sends runs ahead of its
+    receivers until their rings are full (model.slots): between the end of
+    k calls and of 2k, k past the fill (k = slots + 4; 2 without slots)."""
+    k = model.slots + 4 if model.cores and model.slots else 2
+    first = simulate(op, algorithm, nranks, nbytes, model=model, calls=k, **kw).seconds
+    return (simulate(op, algorithm, nranks, nbytes, model=model, calls=2 * k, **kw).seconds - first) / k
 
 
 # ---- the closed forms of Thakur, Rabenseifner and Gropp (2005) ---------------
@@ -596,42 +856,76 @@ def read_bench_rows(path: str) -> list:
     return rows
 
 
+def median_rows(rows: list) -> list:
+    """One row per (op, ranks, size, algorithm, dtype): the median time of
+    the rows of several runs, which no model can beat when a single run's
+    time moves by more than its error (docs/scale.md)."""
+    groups: dict = {}
+    for row in rows:
+        key = (row["op"], row["nranks"], row["bytes"], row["algorithm"], row.get("dtype", "float32"))
+        groups.setdefault(key, []).append(row)
+    out = []
+    for same in groups.values():
+        row = dict(same[0])
+        row["time_us"] = statistics_median([r["time_us"] for r in same])
+        row["runs"] = len(same)
+        out.append(row)
+    return out
+
+
 def _predict(rows: list, model: Model) -> list:
-    return [simulate(r["op"], r["algorithm"], r["nranks"], r["bytes"], model=model,
-                     dtype=r.get("dtype", "float32")).seconds for r in rows]
+    """Each row's time as `collie bench` measures it (bench_seconds)."""
+    return [bench_seconds(r["op"], r["algorithm"], r["nranks"], r["bytes"], model=model,
+                          dtype=r.get("dtype", "float32")) for r in rows]
 
 
 def _log_error(rows: list, model: Model) -> float:
     return sum(math.log(max(p, 1e-12) / (r["time_us"] * 1e-6)) ** 2 for r, p in zip(rows, _predict(rows, model)))
 
 
-def _with(model: Model, name: str, value: float) -> Model:
-    if name == "alpha":
-        return model._replace(intra=model.intra._replace(alpha=value))
-    if name == "beta":
-        return model._replace(intra=model.intra._replace(beta=value))
-    return model._replace(**{name: value})
+# The parameters a fit moves: (get, set) on a Model.
+_PARAMS = {
+    "alpha": (lambda m: m.intra.alpha, lambda m, v: m._replace(intra=m.intra._replace(alpha=v))),
+    "beta": (lambda m: m.intra.beta, lambda m, v: m._replace(intra=m.intra._replace(beta=v))),
+    "gamma": (lambda m: m.gamma, lambda m, v: m._replace(gamma=v)),
+    "delta": (lambda m: m.delta, lambda m, v: m._replace(delta=v)),
+    "read_alpha": (lambda m: m.read.alpha, lambda m, v: m._replace(read=m.read._replace(alpha=v))),
+    "read_beta": (lambda m: m.read.beta, lambda m, v: m._replace(read=m.read._replace(beta=v))),
+    "python": (lambda m: m.python, lambda m, v: m._replace(python=v)),
+    "call": (lambda m: m.call, lambda m, v: m._replace(call=v)),
+    "slow_call": (lambda m: m.slow_call, lambda m, v: m._replace(slow_call=v)),
+    "switch": (lambda m: m.switch, lambda m, v: m._replace(switch=v)),
+    "wake": (lambda m: m.wake, lambda m, v: m._replace(wake=v)),
+    "cache": (lambda m: m.cache, lambda m, v: m._replace(cache=int(v))),
+    "dram": (lambda m: m.dram, lambda m, v: m._replace(dram=max(1.0, v))),
+}
+_HOST_PARAMS = tuple(_PARAMS)
+
+# Where a fit of the host model starts: round numbers near what the 2-core
+# test machine came to (docs/scale.md), and collie's shared-memory transport
+# as it is configured by default (transports.shm: 8 slots a ring, single copy
+# from 256 KiB).
+HOST_START = Model(Link(0.5e-6, 1 / 50e9), DEFAULT_MODEL.inter, gamma=1 / 40e9, delta=1 / 40e9, cores=1,
+                   slots=8, single_copy=256 << 10, read=Link(20e-6, 1 / 20e9), python=10e-6, call=1e-6,
+                   slow_call=5e-6, switch=2e-6, wake=1e-6, cache=16 << 20, dram=2.0)
 
 
-def _value(model: Model, name: str) -> float:
-    return getattr(model.intra, name) if name in ("alpha", "beta") else getattr(model, name)
-
-
-def _refine(rows: list, model: Model, rounds: int = 200) -> Model:
+def _refine(rows: list, model: Model, names=_BASIS, rounds: int = 2000, smallest: float = 1.02) -> Model:
     """Pattern search on the squared log error, each parameter scaled up and
-    down by a factor that shrinks from 2 to 1.03: for the models where the
-    time is not linear in the parameters (cores > 0)."""
-    best = _log_error(rows, model)
-    for name in _BASIS:  # a parameter at 0 could never move by scaling
-        if _value(model, name) <= 0:
-            model = _with(model, name, {"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-10, "delta": 1e-10}[name])
+    down by a factor that shrinks from 2 to ``smallest``: for the models
+    where the time is not linear in the parameters (cores > 0)."""
+    for name in names:  # a parameter at 0 could never move by scaling
+        get, put = _PARAMS[name]
+        if get(model) <= 0:
+            model = put(model, _PARAMS[name][0](HOST_START))
     best = _log_error(rows, model)
     factor = 2.0
-    while factor > 1.03 and rounds > 0:
+    while factor > smallest and rounds > 0:
         moved = False
-        for name in _BASIS:
+        for name in names:
+            get, put = _PARAMS[name]
             for f in (factor, 1 / factor):
-                trial = _with(model, name, _value(model, name) * f)
+                trial = put(model, get(model) * f)
                 err = _log_error(rows, trial)
                 rounds -= 1
                 if err < best:
@@ -643,32 +937,35 @@ def _refine(rows: list, model: Model, rounds: int = 200) -> Model:
 
 
 def calibrate(rows: list, base: Model = DEFAULT_MODEL, cores: int = 0) -> tuple[Model, list]:
-    """Fit the intra-host alpha and beta, gamma and delta to bench rows (one
-    host: what `collie bench` measures), minimising the squared relative
-    error. The simulated time is linear in the parameters when nothing
-    contends; the fit uses each row's time under unit models (one parameter
-    1, the others 0) as its coefficients. With ``cores`` (the bench
-    machine's, when ranks outnumber them) the time is not linear: that fit
-    is the start of a pattern search on the log error. Returns (model,
+    """Fit a model to bench rows (one host: what `collie bench` measures),
+    each row's time predicted as the bench measures it (bench_seconds).
+    Without ``cores``: the intra-host alpha and beta, gamma and delta,
+    minimising the squared relative error; the simulated time is linear in
+    them when nothing contends, so the fit uses each row's time under unit
+    models (one parameter 1, the others 0) as its coefficients. With
+    ``cores`` (the bench machine's): the host model (see "Cores"), every
+    parameter of _HOST_PARAMS, by a pattern search on the squared log error
+    from HOST_START (or from ``base`` if it has cores). Returns (model,
     [(row, predicted seconds)])."""
     if not rows:
         raise ValueError("no collie rows with a known op and algorithm to calibrate from")
     if cores < 0:
         raise ValueError(f"cores must be >= 0, got {cores}")
+    if cores:
+        start = (base if base.cores else HOST_START)._replace(cores=cores)
+        model = _refine(rows, start, _HOST_PARAMS)
+        return model, list(zip(rows, _predict(rows, model)))
     coeffs, targets = [], []
     for row in rows:
         measured = row["time_us"] * 1e-6
         scale = 1e-9  # unit models with tiny values keep sizes in range; linear anyway
-        line = [simulate(row["op"], row["algorithm"], row["nranks"], row["bytes"],
-                         model=_basis_model(w, scale)._replace(cores=cores),
-                         dtype=row.get("dtype", "float32")).seconds / scale
+        line = [bench_seconds(row["op"], row["algorithm"], row["nranks"], row["bytes"],
+                              model=_basis_model(w, scale), dtype=row.get("dtype", "float32")) / scale
                 for w in _BASIS]
         coeffs.append([c / measured for c in line])
         targets.append(1.0)
     alpha, beta, gamma, delta = _nnls(coeffs, targets)
-    model = Model(Link(alpha, beta), base.inter, gamma, delta, cores)
-    if cores:
-        model = _refine(rows, model)
+    model = Model(Link(alpha, beta), base.inter, gamma, delta)
     return model, list(zip(rows, _predict(rows, model)))
 
 
@@ -690,8 +987,9 @@ def _model_from(opts) -> Model:
         inter = inter._replace(beta=1 / (opts.bw_inter * 1e9))
     gamma = model.gamma if opts.bw_reduce is None else 1 / (opts.bw_reduce * 1e9)
     delta = model.delta if opts.bw_copy is None else 1 / (opts.bw_copy * 1e9)
-    return Model(intra, inter, gamma, delta, model.cores if opts.cores is None else opts.cores,
-                 model.host_nic or opts.host_nic)
+    return model._replace(intra=intra, inter=inter, gamma=gamma, delta=delta,
+                          cores=model.cores if opts.cores is None else opts.cores,
+                          host_nic=model.host_nic or opts.host_nic)
 
 
 def _parse(argv: list):
@@ -716,7 +1014,8 @@ def _parse(argv: list):
     p.add_argument("--root", type=int, default=0, help="root of broadcast, reduce, gather, scatter (default 0)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--cores", type=int, default=None, metavar="C",
-                   help="cores per host, when ranks outnumber them (default: a core per rank)")
+                   help="cores per host: the host model, how collie's shared-memory transport and compiled "
+                        "core move messages on them (module docstring; default 0: a core per rank, alpha-beta)")
     p.add_argument("--host-nic", action="store_true",
                    help="the ranks of a host share one link to the other hosts (default: one link per rank)")
     p.add_argument("--full", action="store_true", help="simulate every rank, even where schedules are symmetric")
@@ -730,18 +1029,21 @@ def _parse(argv: list):
     p.add_argument("--json", default=None, metavar="PATH", help="write one JSON object per row")
     p.add_argument("--calibrate", default=None, metavar="BENCH.jsonl[,...]",
                    help="fit the model to `collie bench --json` rows (a comma list of files) and show "
-                        "predicted against measured; --cores C for machines with fewer cores than ranks")
+                        "predicted against measured (rows of several runs: their median); --cores C fits "
+                        "the host model")
     p.add_argument("--save", default=None, metavar="FILE.json", help="with --calibrate: write the fitted model")
     return p.parse_args(argv), p
 
 
 def _calibrate_main(opts, p) -> int:
     try:
-        rows = [row for path in opts.calibrate.split(",") if path.strip() for row in read_bench_rows(path.strip())]
+        every = [row for path in opts.calibrate.split(",") if path.strip() for row in read_bench_rows(path.strip())]
+        rows = median_rows(every)
         model, predicted = calibrate(rows, _model_from(opts), opts.cores or 0)
     except (OSError, ValueError) as exc:
         p.error(str(exc))
-    print(f"# collie sim --calibrate {opts.calibrate}: {len(rows)} rows")
+    print(f"# collie sim --calibrate {opts.calibrate}: {len(rows)} rows"
+          + (f" (the median of {len(every)} rows of several runs)" if len(every) > len(rows) else ""))
     print(f"# fitted: {model.describe()}")
     print(f"# {'op':<15}{'n':>3} {'size':>10} {'algorithm':<19}{'measured(us)':>13}{'predicted(us)':>14}{'error':>8}")
     errors = []
@@ -812,6 +1114,8 @@ def main(argv: Optional[list] = None) -> int:
     tuner = Tuner(environ={})
     print(f"# collie sim {' '.join(argv)}")
     print(f"# nranks {n} on {opts.hosts} host(s) ({n // opts.hosts} ranks each); model: {model.describe()}")
+    if model.cores:
+        print("# time: per call of calls run back to back, as `collie bench` times them (the host model)")
     print("# time: the last rank's end in a discrete-event simulation of every rank's real schedule "
           "(sym: ranks simulated, when symmetric schedules let one rank stand for many)")
     rows = []
@@ -834,15 +1138,16 @@ def main(argv: Optional[list] = None) -> int:
                     segs = picked.segments
                 t0 = time.perf_counter()
                 try:
-                    res = simulate(op, algo, n, size, model=model, hosts=opts.hosts, segments=segs,
-                                   root=opts.root, dtype=dtype, symmetry="full" if opts.full else "auto")
+                    kw = dict(hosts=opts.hosts, segments=segs, root=opts.root, dtype=dtype,
+                              symmetry="full" if opts.full else "auto")
+                    res = simulate(op, algo, n, size, model=model, **kw)
+                    seconds = bench_seconds(op, algo, n, size, model=model, **kw) if model.cores else res.seconds
                 except ValueError as exc:
                     print(f"# {op} {algo} at {size} bytes: not simulated: {exc}")
                     continue
                 wall = time.perf_counter() - t0
                 count, _ = block_sizes(op, size, dtype.itemsize, n)
                 nbytes = _bench_bytes(op, size, dtype.itemsize, n)
-                seconds = res.seconds
                 algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
                 row = {"backend": "sim", "op": op, "nranks": n, "bytes": nbytes, "dtype": dtype.name,
                        "algorithm": algo, "time_us": seconds * 1e6, "algbw_GBps": algbw,
