@@ -238,7 +238,10 @@ def test_a_large_message_is_read_once_by_its_receiver():
 def test_calls_without_a_lane_take_pythons_whole_path():
     m, s = HOST, 8192
     assert bench_seconds("reduce", "direct", 2, s, model=m) == pytest.approx(
-        m.slow_call + m.intra.alpha + s * m.gamma)  # the root: its call, then a combine out of the slot
+        m.call + m.intra.alpha + s * m.gamma)  # the root: its call (a lane), then a combine out of the slot
+    # gather has no lane (its list is copied out): the same exchange, after Python's whole path
+    laned = bench_seconds("gather", "direct", 2, s, model=m._replace(slow_call=m.call))
+    assert bench_seconds("gather", "direct", 2, s, model=m) == pytest.approx(laned + m.slow_call - m.call)
 
 
 def test_a_full_ring_hands_the_send_to_python():
@@ -247,7 +250,7 @@ def test_a_full_ring_hands_the_send_to_python():
     # Python's executor (model.python), whose send goes once a slot is free.
     m = HOST._replace(python=200e-6, gamma=1 / 2e9)
     s = 8192
-    root = m.slow_call + m.intra.alpha + s * m.gamma
+    root = m.call + m.intra.alpha + s * m.gamma
     unbounded = bench_seconds("reduce", "direct", 2, s, model=m._replace(slots=0))
     assert unbounded == pytest.approx(root)  # no limit: the root's pace
     # the handover costs more than the root takes to empty the ring: the root waits

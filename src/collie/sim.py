@@ -35,8 +35,8 @@ that the host's ranks share on that many cores, first come first served,
 each rank's serially (a rank is one thread):
 
 - each call first costs ``call`` on every rank (its lane, collectives.py),
-  or ``slow_call`` for the collectives without a lane (reduce, gather,
-  scatter: Python's whole path every time);
+  or ``slow_call`` for the collectives without a lane (gather and scatter,
+  whose lists are copied: Python's whole path every time);
 - a message under ``single_copy`` bytes goes through a ring slot: the
   sender's core copies it in (``alpha + m beta``), the receiver's copies it
   out, or combines it straight out of the slot (``alpha + m gamma``); the
@@ -276,7 +276,7 @@ _COPY, _REDUCE, _READ, _READ_REDUCE = engine.COPY, engine.REDUCE, engine.READ, e
 _PYTHON, _CALL, _SLOW_CALL = -1, -2, -3
 # Collectives whose repeated calls have no lane (collectives.py passes no
 # lane_key for them): every call takes Python's whole path.
-_NO_LANE = frozenset(("reduce", "gather", "scatter"))
+_NO_LANE = frozenset(("gather", "scatter"))
 
 
 def _exact_skeleton(schedule, sizes: dict, itemsize: int, window: int) -> tuple:
