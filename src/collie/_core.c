@@ -20,6 +20,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>  /* T_OBJECT_EX: the ring ends' __slots__ (set_ring_ends) */
 #include <math.h>
 #include <errno.h>
 #include <semaphore.h>
@@ -231,8 +232,7 @@ typedef struct {
     ring_t out, in;         /* ours to it (in its segment), its to us (in ours) */
     sem_t *bell;            /* its doorbell */
     int64_t *sleepers;      /* its sleepers word */
-    PyObject *out_obj, *in_obj;  /* ring.Out and ring.In: the Python ends' books */
-    PyObject *out_dict, *in_dict;  /* their __dict__s, read directly on every run (rings_free) */
+    PyObject *out_obj, *in_obj;  /* ring.Out and ring.In: the Python ends' books (see end_attr) */
     int pid;                /* its process, for single-copy reads (0: none) */
     int64_t cma_bytes;      /* our sends to it of at least this size go single copy (Out.cma_bytes) */
     int64_t next_id;        /* the last rendezvous id used (Out.next_id) */
@@ -242,6 +242,8 @@ typedef struct {
     int64_t behind;         /* the last pass of a receive loop (CoreProgram.passes)
                                in which an earlier receive from it stayed open */
 } peer_t;
+
+static int ends_known(PyObject *out, PyObject *in);  /* see set_ring_ends() */
 
 /* Wake a peer that may sleep: Dekker's pattern of doorbell.py. */
 static void wake(peer_t *p) {
@@ -387,8 +389,6 @@ static int program_traverse(CoreProgram *self, visitproc visit, void *arg) {
     for (int i = 0; self->peers && i < self->npeers; i++) {
         Py_VISIT(self->peers[i].out_obj);
         Py_VISIT(self->peers[i].in_obj);
-        Py_VISIT(self->peers[i].out_dict);
-        Py_VISIT(self->peers[i].in_dict);
     }
     Py_VISIT(self->transport);
     Py_VISIT(self->transport_dict);
@@ -409,8 +409,6 @@ static void program_dealloc(CoreProgram *self) {
         for (int i = 0; i < self->npeers; i++) {
             Py_XDECREF(self->peers[i].out_obj);
             Py_XDECREF(self->peers[i].in_obj);
-            Py_XDECREF(self->peers[i].out_dict);
-            Py_XDECREF(self->peers[i].in_dict);
         }
         PyMem_Free(self->peers);
     }
@@ -516,8 +514,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             }
             Py_INCREF(p->out_obj);
             Py_INCREF(p->in_obj);
-            if (!(p->out_dict = PyObject_GenericGetDict(p->out_obj, NULL))
-                || !(p->in_dict = PyObject_GenericGetDict(p->in_obj, NULL))) { Py_DECREF(t); goto fail; }
+            if (!ends_known(p->out_obj, p->in_obj)) { Py_DECREF(t); goto fail; }
             p->bell = (sem_t *)(uintptr_t)bell;
             p->sleepers = (int64_t *)(uintptr_t)(bell + 64);
             p->cma_bytes = cma_bytes > 0 && p->pid ? cma_bytes : INT64_MAX;
@@ -620,11 +617,70 @@ static int dict_is(PyObject *dict, PyObject *obj, int name, PyObject *value) {
     return v ? v == value : -1;
 }
 
-static int dict_empty(PyObject *dict, PyObject *obj, int name) {
-    PyObject *v = dict_attr(dict, obj, name);
+/* The ring ends' attributes the core reads and writes on every run live at
+ * fixed offsets of their objects: ring.Out and ring.In declare them as
+ * __slots__, and set_ring_ends() (core.py, at import) finds where, so that
+ * a look costs a load instead of a dict lookup by name. Indexed by name. */
+static Py_ssize_t out_at[NNAMES], in_at[NNAMES];
+static PyTypeObject *out_type, *in_type;
+static const int out_names[] = {N_ERROR, N_QUEUE, N_PENDING, N_HEAD, N_TAIL, N_NEXT_ID, -1};
+static const int in_names[] = {N_ERROR, N_CURRENT, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN, N_UNEXPECTED, N_TAIL, -1};
+
+static int slot_offsets(PyObject *type, const int *which, Py_ssize_t *at) {
+    for (int j = 0; which[j] >= 0; j++) {
+        PyObject *d = PyObject_GetAttr(type, names[which[j]]);  /* a class's slot: its member descriptor */
+        if (!d) return -1;
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+        if (ok) at[which[j]] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "set_ring_ends: %R.%U must be a slot", type, names[which[j]]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *py_set_ring_ends(PyObject *self, PyObject *args) {
+    PyObject *out, *in;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &out, &PyType_Type, &in)) return NULL;
+    if (slot_offsets(out, out_names, out_at) < 0 || slot_offsets(in, in_names, in_at) < 0) return NULL;
+    Py_XSETREF(out_type, (PyTypeObject *)Py_NewRef(out));
+    Py_XSETREF(in_type, (PyTypeObject *)Py_NewRef(in));
+    Py_RETURN_NONE;
+}
+
+/* Whether these are ring ends of the types set_ring_ends() measured. */
+static int ends_known(PyObject *out, PyObject *in) {
+    if (out_type && Py_IS_TYPE(out, out_type) && in_type && Py_IS_TYPE(in, in_type)) return 1;
+    PyErr_SetString(PyExc_TypeError, "a ring end the core does not know (set_ring_ends)");
+    return 0;
+}
+
+/* Attribute ``name`` of a ring end (``at``: its type's offsets), borrowed. */
+static PyObject *end_attr(PyObject *obj, const Py_ssize_t *at, int name) {
+    PyObject *v = *(PyObject **)((char *)obj + at[name]);
+    if (!v) PyErr_Format(PyExc_AttributeError, "%R has no attribute %R", obj, names[name]);
+    return v;
+}
+
+static int end_is(PyObject *obj, const Py_ssize_t *at, int name, PyObject *value) {
+    PyObject *v = end_attr(obj, at, name);
+    return v ? v == value : -1;
+}
+
+static int end_empty(PyObject *obj, const Py_ssize_t *at, int name) {
+    PyObject *v = end_attr(obj, at, name);
     if (!v) return -1;
     int full = PyObject_IsTrue(v);
     return full < 0 ? -1 : !full;
+}
+
+/* Set attribute ``name`` of a ring end to ``v`` (stolen; NULL: -1). */
+static int end_set(PyObject *obj, const Py_ssize_t *at, int name, PyObject *v) {
+    if (!v) return -1;
+    Py_XSETREF(*(PyObject **)((char *)obj + at[name]), v);
+    return 0;
 }
 
 /* Whether the Python end of every shm ring this program uses has nothing
@@ -642,13 +698,13 @@ static int rings_free(CoreProgram *self) {
         static const int out_empty[] = {N_QUEUE, N_PENDING, -1};
         static const int in_empty[] = {N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN, N_UNEXPECTED, -1};
         if (p->sends) {
-            ok = dict_is(p->out_dict, p->out_obj, N_ERROR, Py_None);
-            for (int j = 0; ok == 1 && out_empty[j] >= 0; j++) ok = dict_empty(p->out_dict, p->out_obj, out_empty[j]);
+            ok = end_is(p->out_obj, out_at, N_ERROR, Py_None);
+            for (int j = 0; ok == 1 && out_empty[j] >= 0; j++) ok = end_empty(p->out_obj, out_at, out_empty[j]);
         }
         if (p->recvs && ok == 1) {
-            ok = dict_is(p->in_dict, p->in_obj, N_ERROR, Py_None);
-            if (ok == 1) ok = dict_is(p->in_dict, p->in_obj, N_CURRENT, Py_None);
-            for (int j = 0; ok == 1 && in_empty[j] >= 0; j++) ok = dict_empty(p->in_dict, p->in_obj, in_empty[j]);
+            ok = end_is(p->in_obj, in_at, N_ERROR, Py_None);
+            if (ok == 1) ok = end_is(p->in_obj, in_at, N_CURRENT, Py_None);
+            for (int j = 0; ok == 1 && in_empty[j] >= 0; j++) ok = end_empty(p->in_obj, in_at, in_empty[j]);
         }
     }
     return ok;
@@ -660,27 +716,13 @@ static int update_books(CoreProgram *self) {
         peer_t *p = &self->peers[i];
         if (!p->shm) continue;
         int64_t head = *p->out.head, tail = *p->in.tail;
-        if (head != p->head0) {
-            PyObject *v = PyLong_FromLongLong(head);
-            PyObject *seen = PyLong_FromLongLong(__atomic_load_n(p->out.tail, __ATOMIC_ACQUIRE));
-            int bad = !v || !seen || PyDict_SetItem(p->out_dict, names[N_HEAD], v)
-                      || PyDict_SetItem(p->out_dict, names[N_TAIL], seen);
-            Py_XDECREF(v);
-            Py_XDECREF(seen);
-            if (bad) return -1;
-        }
-        if (tail != p->tail0) {
-            PyObject *v = PyLong_FromLongLong(tail);
-            int bad = !v || PyDict_SetItem(p->in_dict, names[N_TAIL], v);
-            Py_XDECREF(v);
-            if (bad) return -1;
-        }
-        if (p->next_id != p->next_id0) {
-            PyObject *v = PyLong_FromLongLong(p->next_id);
-            int bad = !v || PyDict_SetItem(p->out_dict, names[N_NEXT_ID], v);
-            Py_XDECREF(v);
-            if (bad) return -1;
-        }
+        if (head != p->head0
+            && (end_set(p->out_obj, out_at, N_HEAD, PyLong_FromLongLong(head)) < 0
+                || end_set(p->out_obj, out_at, N_TAIL,
+                           PyLong_FromLongLong(__atomic_load_n(p->out.tail, __ATOMIC_ACQUIRE))) < 0)) return -1;
+        if (tail != p->tail0 && end_set(p->in_obj, in_at, N_TAIL, PyLong_FromLongLong(tail)) < 0) return -1;
+        if (p->next_id != p->next_id0 && end_set(p->out_obj, out_at, N_NEXT_ID, PyLong_FromLongLong(p->next_id)) < 0)
+            return -1;
     }
     return 0;
 }
@@ -837,9 +879,8 @@ static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t ta
         p->head0 = *p->out.head;
         p->tail0 = *p->in.tail;
         if (p->rdv) {
-            PyObject *v = PyObject_GetAttr(p->out_obj, names[N_NEXT_ID]);
+            PyObject *v = end_attr(p->out_obj, out_at, N_NEXT_ID);
             p->next_id = v ? PyLong_AsLongLong(v) : -1;
-            Py_XDECREF(v);
             if (PyErr_Occurred()) return -1;
         }
         p->next_id0 = p->next_id;
@@ -937,9 +978,9 @@ static int nothing_stale(CoreProgram *g, int64_t tag, int64_t max_tag) {
     for (int i = 0; i < g->npeers; i++) {
         peer_t *p = &g->peers[i];
         if (!p->shm) return 0;
-        int ok = dict_is(p->in_dict, p->in_obj, N_ERROR, Py_None);
-        if (ok == 1) ok = dict_is(p->in_dict, p->in_obj, N_CURRENT, Py_None);
-        if (ok == 1) ok = dict_empty(p->in_dict, p->in_obj, N_UNEXPECTED);
+        int ok = end_is(p->in_obj, in_at, N_ERROR, Py_None);
+        if (ok == 1) ok = end_is(p->in_obj, in_at, N_CURRENT, Py_None);
+        if (ok == 1) ok = end_empty(p->in_obj, in_at, N_UNEXPECTED);
         if (ok != 1) return ok;
         ring_t *r = &p->in;
         int64_t tail = __atomic_load_n(r->tail, __ATOMIC_RELAXED);
@@ -1659,6 +1700,8 @@ static PyMethodDef methods[] = {
      "find_lane(group, key, tensor) -> the lane of a repeated call, or None (collectives._find_lane)."},
     {"p2p_target", (PyCFunction)(void (*)(void))py_p2p_target, METH_FASTCALL,
      "p2p_target(tensor, rank, group_rank, group, tag, writable) -> (group, peer, array) or None (collie.p2p)."},
+    {"set_ring_ends", py_set_ring_ends, METH_VARARGS,
+     "set_ring_ends(Out, In): where the ring ends' slots are (core.py, at import)."},
     {"set_context", py_set_context, METH_VARARGS,
      "set_context(group module's dict, ProcessGroup, ndarray, numpy_view, dtype names, max tag): see _core.c."},
     {"set_thread_spin", py_set_thread_spin, METH_VARARGS,

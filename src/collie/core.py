@@ -29,12 +29,14 @@ from typing import Callable, Optional
 
 from . import engine
 from . import network as network_module  # the parameter named network is a Network
+from .transports import ring
 from .transports.ring import LINE
 
 try:
     from . import _core
     Lane, find_lane, p2p_target, set_context = _core.Lane, _core.find_lane, _core.p2p_target, _core.set_context
     pack_slots, unpack_slots = _core.pack_slots, _core.unpack_slots  # objects.py's first rounds
+    _core.set_ring_ends(ring.Out, ring.In)
     _WHY_NOT = ""
 except ImportError:  # not built: no C compiler (or Python headers) at install time
     _core = Lane = find_lane = p2p_target = set_context = pack_slots = unpack_slots = None

@@ -210,7 +210,12 @@ class Message:
 
 
 class Out:
-    """What this rank sends to one peer: the ring in the peer's segment."""
+    """What this rank sends to one peer: the ring in the peer's segment.
+    (Slots: the compiled core reads and writes some of them on every run,
+    at their fixed places; see _core.c's set_ring_ends.)"""
+
+    __slots__ = ("ring", "bell", "head", "tail", "queue", "cma_bytes", "pid", "token", "next_id", "pending",
+                 "busy", "error", "__weakref__")
 
     def __init__(self, ring: Ring, bell: Doorbell):
         self.ring = ring
@@ -228,7 +233,11 @@ class Out:
 
 
 class In:
-    """What this rank receives from one peer: the ring in our segment."""
+    """What this rank receives from one peer: the ring in our segment
+    (slots, as Out's)."""
+
+    __slots__ = ("peer", "ring", "tail", "bell", "pid", "token", "shared", "posted", "nposted", "current",
+                 "unexpected", "claims", "stash", "busy", "error", "__weakref__")
 
     def __init__(self, peer: int, ring: Ring):
         self.peer = peer
