@@ -158,8 +158,8 @@ def broadcast_pickle(g: ProcessGroup, payload: Optional[bytes], gsrc: int):
 
 def all_gather_loads(g: ProcessGroup, payload: bytes, loads: Callable) -> list:
     """Every rank's ``payload`` (a pickle), in rank order, each through
-    ``loads``: in the first round's slots when all fit, else all by a
-    second round."""
+    ``loads``: from the first round's slots, and those that did not fit
+    from a second round."""
     s = _slots(g)
     mine, every = s.mine, s.every
     pack_slots(mine, (payload,), SLOT)
