@@ -212,6 +212,21 @@ def _split_and_message_body(rank, size):
     return out
 
 
+def _spawn_body(rank, size):
+    from collie.compat import mpi as MPI
+    try:
+        MPI.COMM_SELF.Spawn("python", ["-c", "pass"], maxprocs=1)
+    except MPI.Exception as exc:
+        return exc.Get_error_class() == MPI.ERR_SPAWN, "collie run -n N -m mpi4py.futures" in str(exc)
+    return "spawned"
+
+
+def test_spawn_says_it_is_not_supported():
+    """Dynamic processes are out of scope: Spawn raises MPI.Exception
+    (ERR_SPAWN) naming the launcher's way, not AttributeError."""
+    assert run_ranks(_spawn_body, 1, timeout=60) == [(True, True)]
+
+
 def test_split_type_and_message_handles_on_two_ranks():
     got = run_ranks(_split_and_message_body, 2, timeout=90)
     for rank, out in enumerate(got):

@@ -18,7 +18,7 @@ from ... import objects as _objects
 from ...arrays import byte_view
 from .constants import (COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED, COMM_TYPE_SHARED,
                         CONGRUENT, IDENT, SIMILAR, UNEQUAL)
-from .exceptions import (ERR_ARG, ERR_COMM, ERR_GROUP, ERR_KEYVAL, ERR_PROC_FAILED, ERR_ROOT, _error, _Handled,
+from .exceptions import (ERR_ARG, ERR_COMM, ERR_GROUP, ERR_KEYVAL, ERR_PROC_FAILED, ERR_ROOT, ERR_SPAWN, _error, _Handled,
                          _last_used)
 from .group import Group
 from .attributes import _Attributed
@@ -1062,6 +1062,17 @@ class Intracomm(Comm):
         meet over peer_comm. Every process of both groups calls it."""
         from .intercomm import create_intercomm
         return create_intercomm(self, local_leader, peer_comm, remote_leader, tag)
+
+    def Spawn(self, command, args=None, maxprocs: int = 1, info=None, root: int = 0, errcodes=None):
+        """Dynamic processes are not supported: an MPI.Exception (ERR_SPAWN)
+        that says so, where mpi4py's programs (an MPIPoolExecutor started by
+        a plain ``python script.py``) would start new processes."""
+        raise _error(ERR_SPAWN, "Spawn: collie does not start processes into a running job; start them all "
+                                "with the launcher (e.g. collie run -n N -m mpi4py.futures script.py)")
+
+    def Spawn_multiple(self, command, args=None, maxprocs=None, info=None, root: int = 0, errcodes=None):
+        """As Spawn: not supported (ERR_SPAWN)."""
+        return self.Spawn(command, args, maxprocs, info, root, errcodes)
 
     # ---- collectives on buffers ----
     #
