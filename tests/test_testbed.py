@@ -225,6 +225,16 @@ def test_bad_input():
     _no_beds_left()
 
 
+def test_the_command_runs_a_module_with_dash_m():
+    """`collie testbed ... -m module args` runs the module on every rank, as `collie run -m` does."""
+    done = subprocess.run([sys.executable, "-m", "collie", "testbed", "--hosts", "2", "-m", "collie.bench",
+                           "--op", "all_reduce", "--sizes", "8", "--iters", "2", "--warmup", "1", "--repeats", "1"],
+                          capture_output=True, text=True, timeout=150)
+    _no_beds_left()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert any(line.split()[:1] == ["8"] for line in done.stdout.splitlines()), done.stdout
+
+
 def test_the_bench_measures_the_link_and_prints_each_ops_bound(tmp_path):
     """collie bench across 2 hosts: the link rate it measures at start is the
     shaper's (50 Mbit/s), and each op's table says what must cross it."""

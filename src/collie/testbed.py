@@ -330,7 +330,9 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--rate", default=None, help="shape every host's link both ways, e.g. 1gbit (tc tbf)")
     p.add_argument("--timeout", type=float, default=600.0, help="stop the job after this many seconds")
     p.add_argument("--clean", action="store_true", help="only remove the beds of dead runs")
-    p.add_argument("target", nargs="?", help="script.py (or -m module, as collie run takes it)")
+    p.add_argument("-m", "--module", action="store_true", help="run the target as a module (python -m), "
+                                                                    "as collie run -m does")
+    p.add_argument("target", nargs="?", help="script.py, or with -m a module")
     p.add_argument("args", nargs=argparse.REMAINDER)
     opts = p.parse_args(argv)
     if opts.clean:
@@ -344,7 +346,8 @@ def main(argv: Optional[list] = None) -> int:
         print(f"collie testbed: {why}", file=sys.stderr)
         return 2
     with TestBed(opts.hosts, opts.rate) as bed:
-        bed.run([opts.target, *opts.args], opts.nproc_per_node, opts.timeout, capture=False)
+        bed.run([*(["-m"] if opts.module else []), opts.target, *opts.args], opts.nproc_per_node, opts.timeout,
+                capture=False)
     if bed.first_failure is not None:
         print(f"collie testbed: host {bed.first_failure} failed first; the others were stopped",
               file=sys.stderr)
