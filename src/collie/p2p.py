@@ -18,7 +18,7 @@ from . import core
 from .arrays import Buffer, byte_view
 from .group import ProcessGroup, resolve
 from .wire import MAX_TAG, TAG_BITS
-from .work import CompletedWork, Work
+from .work import CompletedWork, Work, wait_seconds
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
            "send_object_list", "recv_object_list"]
@@ -203,8 +203,10 @@ class _DeferredRecv(Work):
         return False
 
     def wait(self, timeout=None) -> bool:
-        if self._state is not None and self._take(True):
-            return True
+        if self._state is not None:
+            wait_seconds(timeout, self._timeout)  # a bad timeout is refused before the message is taken
+            if self._take(True):
+                return True
         return super().wait(timeout)
 
     def is_completed(self) -> bool:

@@ -32,8 +32,8 @@ class Work:
         """Block until complete; True on success, raises on failure.
         ``timeout`` (a timedelta or seconds) bounds this wait; None, or
         zero as torch's default ``timedelta(0)``, leaves the call's own."""
+        timeout = wait_seconds(timeout, self._timeout)  # a bad one is refused even once it is done
         if not self._finished:
-            timeout = wait_seconds(timeout, self._timeout)
             try:
                 self._network.wait(self._requests, timeout=timeout, describe=self._describe)
                 if self._on_done is not None:
