@@ -528,3 +528,91 @@ def test_torch_tensors_take_lanes_through_their_numpy_view(executor):
         # float32 and int32 all_reduce, float32 all_gather; bfloat16 has no NumPy view
         assert laned == (["all_gather float32", "all_reduce float32", "all_reduce int32"]
                          if executor == "c" else [])
+
+
+def test_the_public_entries_stand_for_their_functions():
+    """all_reduce, broadcast and reduce are C entries (core.entry) where
+    the core is built: what inspect, help and pickle see is the Python
+    function's."""
+    import inspect
+    import pickle
+    import collie
+    from collie import collectives, core
+    for name in ("all_reduce", "broadcast", "reduce"):
+        entry = getattr(collie, name)
+        assert entry is getattr(collectives, name)
+        assert pickle.loads(pickle.dumps(entry)) is entry
+        assert entry.__name__ == name and entry.__doc__ and entry.__module__ == "collie.collectives"
+        function = getattr(entry, "__wrapped__", entry)
+        assert inspect.signature(entry) == inspect.signature(function)
+        assert list(inspect.signature(entry).parameters)[0] == "tensor"
+        if core.Entry is not None:
+            assert type(entry) is core.Entry and inspect.isfunction(function)
+
+
+def _entry_forms_body(rank, size):
+    """The ways a program may spell a repeated call: each must give NumPy's
+    result and, after its first call, never take the full path (nor, where
+    the core is built, the Python function at all)."""
+    import sys
+    import collie
+    from collie import collectives, core
+    laned = core.EXECUTE is core.execute  # under the Python executor every call takes the full path
+    full = []
+    real_run = collectives._run
+    collectives._run = lambda g, name, *a, **k: (full.append(name), real_run(g, name, *a, **k))[1]
+    world = collie.group.world().group
+    calls = {
+        "positional op and group": lambda x: collie.all_reduce(x, collie.ReduceOp.MAX, None),
+        "keywords": lambda x: collie.all_reduce(x, group=world, op=collie.ReduceOp.MIN, async_op=False),
+        "broadcast by group_src": lambda x: collie.broadcast(x, group_src=size - 1),
+        "reduce, dst positional": lambda x: collie.reduce(x, 0, collie.ReduceOp.SUM),
+        "reduce by keywords": lambda x: collie.reduce(x, dst=size - 1, op=collie.ReduceOp.PRODUCT, algorithm=None),
+    }
+    entered = []  # calls into the Python functions behind the entries
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == collectives.__file__ \
+                and frame.f_code.co_name in ("all_reduce", "broadcast", "reduce"):
+            entered.append(frame.f_code.co_name)
+
+    wrong, first = [], {}
+    for name, call in calls.items():
+        for i in range(4):
+            parts = [np.arange(3, dtype=np.float64) + r + i for r in range(size)]
+            x = parts[rank].copy()
+            before, inside = len(full), len(entered)
+            sys.setprofile(profile)
+            call(x)
+            sys.setprofile(None)
+            if i and laned and core.Entry is not None and len(entered) != inside:
+                wrong.append((name, i, "entered the Python function"))
+            if i == 0:
+                first[name] = len(full) - before
+            elif len(full) != before and laned:
+                wrong.append((name, i, "took the full path"))
+            want = {"positional op and group": np.max(parts, 0), "keywords": np.min(parts, 0),
+                    "broadcast by group_src": parts[size - 1],
+                    "reduce, dst positional": sum(parts) if rank == 0 else parts[rank],
+                    "reduce by keywords": np.prod(parts, 0) if rank == size - 1 else parts[rank]}[name]
+            if not np.array_equal(x, want):
+                wrong.append((name, i, x.tolist(), want.tolist()))
+    # what the entries leave to the Python function: AVG, async, a list, a bad keyword
+    y = np.full(2, float(rank))
+    collie.all_reduce(y, op=collie.ReduceOp.AVG)
+    work = collie.all_reduce(z := np.ones(2), async_op=True)
+    work.wait()
+    try:
+        collie.all_reduce(np.ones(2), colour="red")
+        bad = "no error"
+    except TypeError as exc:
+        bad = str(exc)
+    return wrong, first, y.tolist(), z.tolist(), bad
+
+
+def test_every_spelling_of_a_repeated_call_takes_its_lane(executor):
+    for rank, (wrong, first, avg, summed, bad) in enumerate(run_ranks(_entry_forms_body, 3)):
+        assert wrong == []
+        assert set(first.values()) == {1}  # the first call of each shape took the full path
+        assert avg == [1.0, 1.0] and summed == [3.0, 3.0]
+        assert "colour" in bad

@@ -585,12 +585,12 @@ fail:
  * a good part of a small call. */
 enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN,
        N_UNEXPECTED, N_HEAD, N_TAIL, N_NEXT_ID, N_SEQ, N_ABORT, N_LOST, N_TRACE, N_LOCK, N_DONE, N_WORLD, N_GROUP, N_NETWORK, N_LANES, N_BACKGROUND,
-       N_DRAIN, N_RANK, N_RANKS, N_INDEX, N_DTYPE, NNAMES };
+       N_DRAIN, N_RANK, N_RANKS, N_INDEX, N_DTYPE, N_SIZE, N_CODE, N_SUM, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
                                            "done", "_world", "group", "network", "lanes", "background",
-                                           "drain", "rank", "ranks", "_index", "dtype"};
+                                           "drain", "rank", "ranks", "_index", "dtype", "size", "code", "SUM"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -1453,13 +1453,9 @@ static PyObject *live_group(PyObject *group, PyObject **world) {
  * done, or None: the caller takes the full path. ``group``: a ProcessGroup
  * of the live world, or None for its default group. (What every repeated
  * call looks up first, so it is here rather than in collectives.py.) */
-static PyObject *py_find_lane(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "find_lane(group, key, tensor)");
-        return NULL;
-    }
-    PyObject *key = args[1], *tensor = args[2], *world = NULL, *lane = NULL, *result = NULL;
-    PyObject *g = live_group(args[0], &world);
+static PyObject *lane_of(PyObject *group, PyObject *key, PyObject *tensor) {
+    PyObject *world = NULL, *lane = NULL, *result = NULL;
+    PyObject *g = live_group(group, &world);
     if (!g) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
     PyObject *lanes = PyObject_GetAttr(g, names[N_LANES]);
     Py_DECREF(g);
@@ -1490,6 +1486,200 @@ static PyObject *py_find_lane(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (!result) Py_DECREF(lane);
     return result;
 }
+
+static PyObject *py_find_lane(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "find_lane(group, key, tensor)");
+        return NULL;
+    }
+    return lane_of(args[0], args[1], args[2]);
+}
+
+/* ------------------------------------------------------------ entries */
+
+/* Entry(kind, function, name, reduce_op_type): collectives.py's public
+ * all_reduce, broadcast and reduce. A call on a plain NumPy array whose
+ * shape already has a lane goes to it from here (the key, the look-up and
+ * the run, with no Python frame: about a fifth of a small call); every
+ * other call goes to ``function``, the Python function, as it was. */
+enum { ENTRY_ALL_REDUCE, ENTRY_BROADCAST, ENTRY_REDUCE, NENTRIES };
+#define ENTRY_ARGS 7
+static const char *entry_params[NENTRIES][ENTRY_ARGS + 1] = {
+    {"tensor", "op", "group", "async_op", "algorithm", NULL},
+    {"tensor", "src", "group", "async_op", "group_src", "algorithm", NULL},
+    {"tensor", "dst", "op", "group", "async_op", "group_dst", "algorithm", NULL},
+};
+static PyObject *entry_param_names[NENTRIES][ENTRY_ARGS];  /* interned at import */
+
+/* Each parameter's default: None, False (async_op), ReduceOp.SUM (op). */
+enum { IS_NONE, IS_FALSE, IS_SUM };
+static const char entry_defaults[NENTRIES][ENTRY_ARGS] = {
+    {0, IS_SUM, IS_NONE, IS_FALSE, IS_NONE},
+    {0, IS_NONE, IS_NONE, IS_FALSE, IS_NONE, IS_NONE},
+    {0, IS_NONE, IS_SUM, IS_NONE, IS_FALSE, IS_NONE, IS_NONE},
+};
+/* Where each kind has its op (-1: none), group and async_op. */
+static const int entry_op_at[NENTRIES] = {1, -1, 2}, entry_group_at[NENTRIES] = {2, 2, 3},
+                 entry_async_at[NENTRIES] = {3, 3, 4};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *function, *name, *op_type, *sum, *dict;
+    int kind;
+    vectorcallfunc vectorcall;
+} Entry;
+
+static int entry_traverse(Entry *self, visitproc visit, void *arg) {
+    Py_VISIT(self->function);
+    Py_VISIT(self->name);
+    Py_VISIT(self->op_type);
+    Py_VISIT(self->sum);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int entry_clear(Entry *self) {
+    Py_CLEAR(self->function);
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->op_type);
+    Py_CLEAR(self->sum);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void entry_dealloc(Entry *self) {
+    PyObject_GC_UnTrack(self);
+    entry_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The lane key of a call whose arguments are ``v`` (in entry_params'
+ * order), as collectives.py builds it; NULL with no error where the call
+ * cannot take a lane. */
+static PyObject *entry_key(Entry *self, PyObject **v) {
+    PyObject *tensor = v[0];
+    if ((PyObject *)Py_TYPE(tensor) != ndarray_type) return NULL;
+    PyObject *op = entry_op_at[self->kind] < 0 ? NULL : v[entry_op_at[self->kind]];
+    if (v[entry_async_at[self->kind]] != Py_False || (op && (PyObject *)Py_TYPE(op) != self->op_type)) return NULL;
+    PyObject *dtype = PyObject_GetAttr(tensor, names[N_DTYPE]), *size = PyObject_GetAttr(tensor, names[N_SIZE]);
+    PyObject *code = op ? PyObject_GetAttr(op, names[N_CODE]) : NULL, *key = NULL;
+    if (dtype && size && (code || !op)) {
+        switch (self->kind) {
+        case ENTRY_ALL_REDUCE: key = PyTuple_Pack(5, self->name, dtype, size, code, v[4]); break;
+        case ENTRY_BROADCAST: key = PyTuple_Pack(6, self->name, dtype, size, v[1], v[4], v[5]); break;
+        default: key = PyTuple_Pack(7, self->name, dtype, size, v[1], v[5], code, v[6]); break;
+        }
+    }
+    Py_XDECREF(dtype);
+    Py_XDECREF(size);
+    Py_XDECREF(code);
+    return key;
+}
+
+static PyObject *entry_vectorcall(Entry *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject **params = entry_param_names[self->kind];
+    int count = 0;
+    while (count < ENTRY_ARGS && params[count]) count++;
+    PyObject *v[ENTRY_ARGS] = {NULL};
+    int ok = nargs >= 1 && nargs <= count;
+    for (Py_ssize_t i = 0; ok && i < nargs; i++) v[i] = args[i];
+    for (Py_ssize_t j = 0; ok && j < nkw; j++) {  /* keywords it knows, each once; else the Python function */
+        PyObject *kw = PyTuple_GET_ITEM(kwnames, j);
+        int at = -1;
+        for (int i = 0; i < count; i++)
+            if (kw == params[i]) { at = i; break; }
+        if (at < 0 || v[at]) ok = 0;
+        else v[at] = args[nargs + j];
+    }
+    if (ok) {
+        for (int i = 1; i < count; i++) {
+            if (v[i]) continue;
+            char d = entry_defaults[self->kind][i];
+            v[i] = d == IS_FALSE ? Py_False : d == IS_SUM ? self->sum : Py_None;
+        }
+        PyObject *key = entry_key(self, v), *lane = NULL;
+        if (key) {
+            lane = lane_of(v[entry_group_at[self->kind]], key, v[0]);
+            Py_DECREF(key);
+        }
+        if (PyErr_Occurred()) {
+            Py_XDECREF(lane);
+            return NULL;
+        }
+        if (lane && Py_IS_TYPE(lane, &LaneType)) {
+            PyObject *arrays = PyTuple_Pack(1, args[0]), *result = arrays ? lane_call((Lane *)lane, arrays, NULL) : NULL;
+            Py_XDECREF(arrays);
+            Py_DECREF(lane);
+            return result;
+        }
+        Py_XDECREF(lane);
+    }
+    return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+}
+
+static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    int kind;
+    PyObject *function, *name, *op_type;
+    if (!PyArg_ParseTuple(args, "iOUO!", &kind, &function, &name, &PyType_Type, &op_type)) return NULL;
+    if (kind < 0 || kind >= NENTRIES || !PyCallable_Check(function)) {
+        PyErr_SetString(PyExc_ValueError, "Entry(kind, function, name, ReduceOp): no such kind, or not callable");
+        return NULL;
+    }
+    Entry *self = (Entry *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->kind = kind;
+    self->function = Py_NewRef(function);
+    self->name = Py_NewRef(name);
+    self->op_type = Py_NewRef(op_type);
+    self->vectorcall = (vectorcallfunc)entry_vectorcall;
+    if (!(self->sum = PyObject_GetAttr(op_type, names[N_SUM]))) { Py_DECREF(self); return NULL; }
+    /* What inspect, help() and pickle see: the Python function's. */
+    if (!(self->dict = PyDict_New())) { Py_DECREF(self); return NULL; }
+    static const char *copied[] = {"__doc__", "__name__", "__qualname__", "__module__", NULL};
+    for (int i = 0; copied[i]; i++) {
+        PyObject *value = PyObject_GetAttrString(function, copied[i]);
+        if (!value || PyDict_SetItemString(self->dict, copied[i], value) < 0) {
+            Py_XDECREF(value);
+            Py_DECREF(self);
+            return NULL;
+        }
+        Py_DECREF(value);
+    }
+    if (PyDict_SetItemString(self->dict, "__wrapped__", function) < 0) { Py_DECREF(self); return NULL; }
+    return (PyObject *)self;
+}
+
+/* Pickled by name, as the function it stands for. */
+static PyObject *entry_reduce(Entry *self, PyObject *unused) {
+    return PyObject_GetAttrString(self->function, "__qualname__");
+}
+
+static PyObject *entry_repr(Entry *self) {
+    return PyUnicode_FromFormat("<collie entry %R>", self->function);
+}
+
+static PyMethodDef entry_methods[] = {
+    {"__reduce__", (PyCFunction)entry_reduce, METH_NOARGS, "Pickled by name."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collie._core.Entry",
+    .tp_basicsize = sizeof(Entry),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A collective's public function, with its repeated calls' way to their lane (collectives.py).",
+    .tp_new = entry_new,
+    .tp_dealloc = (destructor)entry_dealloc,
+    .tp_traverse = (traverseproc)entry_traverse,
+    .tp_clear = (inquiry)entry_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Entry, vectorcall),
+    .tp_dictoffset = offsetof(Entry, dict),
+    .tp_methods = entry_methods,
+    .tp_repr = (reprfunc)entry_repr,
+};
 
 /* p2p_target(tensor, rank, group_rank, group, tag, writable) -> (group,
  * peer, array) for a point-to-point call the core may run (collie.p2p's
@@ -1716,12 +1906,17 @@ PyMODINIT_FUNC PyInit__core(void) {
         if (!names[i] && !(names[i] = PyUnicode_InternFromString(name_strings[i]))) return NULL;
     if (!no_requests && !(no_requests = PyTuple_New(0))) return NULL;
     if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
-    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&LaneType) < 0) return NULL;
+    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&LaneType) < 0 || PyType_Ready(&EntryType) < 0) return NULL;
+    for (int k = 0; k < NENTRIES; k++)
+        for (int i = 0; entry_params[k][i]; i++)
+            if (!(entry_param_names[k][i] = PyUnicode_InternFromString(entry_params[k][i]))) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&ProgramType);
     if (PyModule_AddObject(m, "Program", (PyObject *)&ProgramType) < 0) return NULL;
     Py_INCREF(&LaneType);
     if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) return NULL;
+    Py_INCREF(&EntryType);
+    if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0) return NULL;
     return m;
 }

@@ -431,11 +431,9 @@ class DistComm(Comm):
     def _extra(self, algorithm: Optional[str]) -> dict:
         return {}
 
-    def caller(self, op, send, recv, redop, algorithm):
-        d, kw = self.dist, self._extra(algorithm)
-        r = self.wrap(recv)
-        s = self.wrap(send) if send is not None else None
-        rop = getattr(d.ReduceOp, "PRODUCT" if redop == "prod" else redop.upper())
+    @staticmethod
+    def _caller_with(op, d, r, s, rop, kw: dict):
+        """caller()'s call with ``kw`` (an algorithm forced) added."""
         if op == "all_reduce":
             return lambda: d.all_reduce(r, op=rop, **kw)
         if op == "broadcast":
@@ -448,6 +446,29 @@ class DistComm(Comm):
             return lambda: d.reduce_scatter_tensor(r, s, op=rop, **kw)
         if op == "all_to_all":
             return lambda: d.all_to_all_single(r, s, **kw)
+        raise ValueError(op)
+
+    def caller(self, op, send, recv, redop, algorithm):
+        d, kw = self.dist, self._extra(algorithm)
+        r = self.wrap(recv)
+        s = self.wrap(send) if send is not None else None
+        rop = getattr(d.ReduceOp, "PRODUCT" if redop == "prod" else redop.upper())
+        # Each call as a program writes it: keywords spelled out, none splatted
+        # from an empty dict (that costs more per call than some whole 8-byte calls).
+        if kw and op != "sendrecv":
+            return self._caller_with(op, d, r, s, rop, kw)
+        if op == "all_reduce":
+            return lambda: d.all_reduce(r, op=rop)
+        if op == "broadcast":
+            return lambda: d.broadcast(r, src=0)
+        if op == "reduce":
+            return lambda: d.reduce(r, dst=0, op=rop)
+        if op == "all_gather":
+            return lambda: d.all_gather_into_tensor(r, s)
+        if op == "reduce_scatter":
+            return lambda: d.reduce_scatter_tensor(r, s, op=rop)
+        if op == "all_to_all":
+            return lambda: d.all_to_all_single(r, s)
         if op == "sendrecv":
             p2p = [d.P2POp(d.isend, s, (self.rank + 1) % self.size),
                    d.P2POp(d.irecv, r, (self.rank - 1) % self.size)]

@@ -436,6 +436,7 @@ def _reduce_prep(buf: Buffer, op, what: str) -> ReduceOp:
 
 # ---- the collectives ----
 
+@core.entry
 def broadcast(tensor, src: Optional[int] = None, group=None, async_op: bool = False,
               group_src: Optional[int] = None, algorithm: Optional[str] = None):
     """Copy ``tensor`` from rank ``src`` to every rank of the group, in place.
@@ -460,6 +461,7 @@ def broadcast(tensor, src: Optional[int] = None, group=None, async_op: bool = Fa
                 after=buf.finish, lane_key=key)
 
 
+@core.entry
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
                algorithm: Optional[str] = None):
     """Reduce ``tensor`` across the group; every rank gets the result, in place.
@@ -496,6 +498,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
                 after=after, lane_key=key)
 
 
+@core.entry
 def reduce(tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
            group_dst: Optional[int] = None, algorithm: Optional[str] = None):
     """Reduce ``tensor`` across the group into rank ``dst``'s tensor; the
