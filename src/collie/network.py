@@ -461,8 +461,14 @@ class Network:
                 req.peer = p
                 req.inner = self.routes[p].irecv(p, req.tag, req.dst, req.combine, req.meta)
                 return
-        if req.candidates and all(p in self._lost for p in req.candidates):
-            req.error = self._lost[req.candidates[0]]
+        # Nothing waits from a live peer: a candidate that died fails the
+        # receive (the one it waits for may be that one, and a wait on
+        # "anyone" must not outlive a death, as in MPI's ERR_PROC_FAILED_PENDING);
+        # peers that left cleanly fail it only once all have.
+        lost = [p for p in req.candidates if p in self._lost]
+        died = [p for p in lost if not getattr(self._lost[p], "left", False)]
+        if died or (lost and len(lost) == len(req.candidates)):
+            req.error = self._lost[(died or lost)[0]]
 
     def _fail_lost(self) -> None:
         """Fail requests on peers that died since we last looked.
