@@ -595,14 +595,6 @@ static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
 
-static int attr_is(PyObject *obj, int name, PyObject *value) {
-    PyObject *v = PyObject_GetAttr(obj, names[name]);
-    if (!v) return -1;
-    int same = v == value;
-    Py_DECREF(v);
-    return same;
-}
-
 /* Attribute ``name`` of ``obj`` whose __dict__ is ``dict``, borrowed: the
  * checks below run on every call, and a look in the dict costs a fraction of
  * PyObject_GetAttr's (these classes have no properties or slots). */
@@ -1169,6 +1161,8 @@ typedef struct {
     PyObject_HEAD
     CoreProgram *core;
     PyObject *group, *network, *acquire, *release, *done, *context, *meta_obj, *module_dict;
+    PyObject *group_dict, *network_dict;  /* their __dict__s: seq, current, _abort, _lost read and
+                                             written there on every call (no properties have those names) */
     PyObject *extra;        /* the buffers after the call's arrays: a tuple, or a function giving them */
     PyObject *slow, *end;   /* end(seq, tag): a rooted call's books (None: the plain ones, here) */
     PyObject *glance;       /* a rooted call's: a program whose peers are the group's others (see
@@ -1192,6 +1186,8 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg) {
     Py_VISIT(self->context);
     Py_VISIT(self->meta_obj);
     Py_VISIT(self->module_dict);
+    Py_VISIT(self->group_dict);
+    Py_VISIT(self->network_dict);
     Py_VISIT(self->extra);
     Py_VISIT(self->slow);
     Py_VISIT(self->end);
@@ -1209,6 +1205,8 @@ static int lane_clear(Lane *self) {
     Py_CLEAR(self->context);
     Py_CLEAR(self->meta_obj);
     Py_CLEAR(self->module_dict);
+    Py_CLEAR(self->group_dict);
+    Py_CLEAR(self->network_dict);
     Py_CLEAR(self->extra);
     Py_CLEAR(self->slow);
     Py_CLEAR(self->end);
@@ -1265,7 +1263,10 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     }
     self->done = PyObject_GetAttr(network, names[N_DONE]);
     self->meta_obj = PyLong_FromUnsignedLongLong(meta);
-    if (!self->acquire || !self->release || !self->done || !self->meta_obj) {
+    self->group_dict = PyObject_GenericGetDict(group, NULL);
+    self->network_dict = PyObject_GenericGetDict(network, NULL);
+    if (!self->acquire || !self->release || !self->done || !self->meta_obj || !self->group_dict
+        || !self->network_dict) {
         Py_DECREF(self);
         return NULL;
     }
@@ -1286,18 +1287,13 @@ static PyObject *lane_slow(Lane *self, PyObject *seq, PyObject *resume, PyObject
     return result;
 }
 
-/* Whether the network is broken (an abort, a lost peer): -1 on error. */
-static int network_broken(PyObject *network) {
-    PyObject *abort = PyObject_GetAttr(network, names[N_ABORT]);
+/* Whether the lane's network is broken (an abort, a lost peer): -1 on error. */
+static int network_broken(Lane *self) {
+    PyObject *abort = dict_attr(self->network_dict, self->network, N_ABORT);
     if (!abort) return -1;
-    int broken = abort != Py_None;
-    Py_DECREF(abort);
-    if (broken) return 1;
-    PyObject *lost = PyObject_GetAttr(network, names[N_LOST]);
-    if (!lost) return -1;
-    broken = PyObject_IsTrue(lost);
-    Py_DECREF(lost);
-    return broken;
+    if (abort != Py_None) return 1;
+    PyObject *lost = dict_attr(self->network_dict, self->network, N_LOST);
+    return lost ? PyObject_IsTrue(lost) : -1;
 }
 
 /* The core's run of a lane's call, and its end (see lane_run). */
@@ -1332,7 +1328,7 @@ static PyObject *lane_core(Lane *self, PyObject *seq, int64_t tag, PyObject *tag
     Py_DECREF(released);
     PyErr_Restore(exc_type, exc, tb);
     if (rc < 0) goto out;
-    if (o.step == core->nsteps && (quiet = attr_is(self->network, N_ABORT, Py_None)) == 1) {  /* the usual end */
+    if (o.step == core->nsteps && (quiet = dict_is(self->network_dict, self->network, N_ABORT, Py_None)) == 1) {
         Py_DECREF(o.inflight);
         int clean = self->end == Py_None ? 1 : self->glance == Py_None ? 0
                     : nothing_stale((CoreProgram *)self->glance, tag, self->max_tag);
@@ -1343,7 +1339,7 @@ static PyObject *lane_core(Lane *self, PyObject *seq, int64_t tag, PyObject *tag
         }
         PyObject *entry = PyTuple_Pack(2, seq, self->meta_obj);
         if (entry && PyDict_SetItem(self->done, self->context, entry) == 0
-            && PyObject_SetAttr(self->network, names[N_CURRENT], zero) == 0) result = Py_NewRef(Py_None);
+            && PyDict_SetItem(self->network_dict, names[N_CURRENT], zero) == 0) result = Py_NewRef(Py_None);
         Py_XDECREF(entry);
         goto out;
     }
@@ -1360,12 +1356,12 @@ static PyObject *lane_run(Lane *self, PyObject *seq, long long s, PyObject *args
         return lane_slow(self, seq, Py_NewRef(Py_None), args);
     int64_t tag = self->fixed | (s & self->max_tag);
     PyObject *tag_obj = PyLong_FromLongLong(tag);
-    if (!tag_obj || PyObject_SetAttr(self->network, names[N_CURRENT], tag_obj) < 0) {
+    if (!tag_obj || PyDict_SetItem(self->network_dict, names[N_CURRENT], tag_obj) < 0) {
         Py_XDECREF(tag_obj);
         return NULL;
     }
     PyObject *result = NULL;
-    int broken = network_broken(self->network);
+    int broken = network_broken(self);
     if (broken < 0) goto out;
     if (broken) {  /* Python's checks, step by step */
         result = lane_slow(self, seq, Py_BuildValue("iiiO", 0, 0, 0, no_requests), args);
@@ -1386,12 +1382,13 @@ static PyObject *lane_call(Lane *self, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_TypeError, "a lane takes its call's %d arrays", self->narrays);
         return NULL;
     }
-    PyObject *seq = PyObject_GetAttr(self->group, names[N_SEQ]);
+    PyObject *seq = dict_attr(self->group_dict, self->group, N_SEQ);
     if (!seq) return NULL;
+    Py_INCREF(seq);
     long long s = PyLong_AsLongLong(seq);
     PyObject *next = s == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(s + 1);
     PyObject *result = NULL;
-    if (next && PyObject_SetAttr(self->group, names[N_SEQ], next) == 0) result = lane_run(self, seq, s, args);
+    if (next && PyDict_SetItem(self->group_dict, names[N_SEQ], next) == 0) result = lane_run(self, seq, s, args);
     Py_XDECREF(next);
     Py_DECREF(seq);
     return result;
