@@ -28,6 +28,7 @@ import sys
 import time
 
 from collie import sim
+from collie.transports import shm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PER_HOST = 8  # ranks per host, as GPUs per node in NCCL's figures
@@ -68,20 +69,24 @@ def pack(folder: str, out: str = RUNS) -> None:
             rows.setdefault(key, {})[run] = round(r["time_us"], 3)
     data = {"command": "collie bench -n N --sizes 8K,16K,64K,256K,1M,4M,16M,64M --time-budget 0.3 --json "
                        "tuner-nN-R.json (N = 2, 3, 4, 6, 8; the tuner's picks)",
+            # the transport the runs measured: pack in the environment that ran them
+            "single_copy": int(os.environ.get("COLLIE_SHM_CMA_BYTES", shm.DEFAULT_CMA_BYTES)),
             "runs": dict(sorted(runs.items(), key=lambda kv: int(kv[0]))),
             "rows": [{"op": k[0], "nranks": k[1], "bytes": k[2], "algorithm": k[3], "us": v}
                      for k, v in sorted(rows.items())]}
     with open(out, "w") as f:  # a row a line
-        f.write('{"command": %s,\n"runs": %s,\n"rows": [\n' % (json.dumps(data["command"]), json.dumps(data["runs"])))
+        f.write('{"command": %s,\n"single_copy": %d,\n"runs": %s,\n"rows": [\n'
+                % (json.dumps(data["command"]), data["single_copy"], json.dumps(data["runs"])))
         f.write(",\n".join(json.dumps(r, separators=(",", ":")) for r in data["rows"]))
         f.write("\n]}\n")
 
 
 def bench_runs(path: str = RUNS) -> tuple:
-    """(rows as tuner-runs.json has them, run names in order)."""
+    """(rows as tuner-runs.json has them, run names in order, the single-copy
+    threshold the runs were made with)."""
     with open(path) as f:
         data = json.load(f)
-    return data["rows"], sorted(data["runs"], key=int)
+    return data["rows"], sorted(data["runs"], key=int), data["single_copy"]
 
 
 def split(names: list) -> tuple:
@@ -193,11 +198,11 @@ def main(argv=None) -> int:
     # 3. predicted against measured on this machine (2 cores): the host model fitted to the
     #    medians of every other bench run of the tuner's picks, checked against the medians
     #    of the others, which the fit never saw
-    rows, names = bench_runs()
+    rows, names, single_copy = bench_runs()
     fit_runs, held_runs = split(names)
     fit_rows, held_rows = medians(rows, fit_runs), medians(rows, held_runs)
     t = time.perf_counter()
-    fitted, _ = sim.calibrate(fit_rows, cores=2)
+    fitted, _ = sim.calibrate(fit_rows, cores=2, base=sim.HOST_START._replace(cores=2, single_copy=single_copy))
     print(f"calibrated in {time.perf_counter() - t:.0f} s: {fitted.describe()}", flush=True)
     with open(os.path.join(opts.out, "model.json"), "w") as f:
         json.dump(fitted.to_json(), f, indent=1)

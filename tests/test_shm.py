@@ -815,6 +815,17 @@ def test_single_copy_can_be_turned_off(local, monkeypatch):
         local(2)
 
 
+def test_single_copy_starts_lower_where_ranks_share_cores(local, monkeypatch):
+    """The threshold: 2 MiB where each rank has a core, 1 MiB where ranks
+    share cores (the Network says which); the variable sets both."""
+    from collie.transports import shm
+    monkeypatch.delenv("COLLIE_SHM_CMA_BYTES", raising=False)
+    assert [t.cma_bytes for t in local(2)] == [shm.DEFAULT_CMA_BYTES] * 2 == [2 << 20] * 2
+    assert [t.cma_bytes for t in local(2, crowded=True)] == [shm.CROWDED_CMA_BYTES] * 2 == [1 << 20] * 2
+    monkeypatch.setenv("COLLIE_SHM_CMA_BYTES", "4096")
+    assert [t.cma_bytes for t in local(2, crowded=True)] == [4096, 4096]
+
+
 def test_yama_scope_one_lets_same_user_processes_read(tmp_path, monkeypatch):
     from collie.transports import cma
     calls = []

@@ -176,7 +176,7 @@ class Network:
         self.shm = None
         if shm_peers:
             from .transports.shm import ShmTransport
-            self.shm = ShmTransport(rank, shm_peers, store, job_id, timeout)
+            self.shm = ShmTransport(rank, shm_peers, store, job_id, timeout, crowded=self._crowded)
             self.doorbell = self.shm.doorbell
         else:
             self.doorbell = Doorbell.private()

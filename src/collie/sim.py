@@ -111,6 +111,7 @@ import numpy as np
 
 from . import algorithms, engine
 from .schedule import COLLECTIVES, Copy, Read, Recv, Reduce, Send
+from .transports.shm import DEFAULT_CMA_BYTES, DEFAULT_SLOTS
 
 __all__ = ["Link", "Model", "DEFAULT_MODEL", "Result", "simulate", "bench_seconds", "block_sizes", "calibrate",
            "closed_form", "main"]
@@ -904,9 +905,10 @@ _HOST_PARAMS = tuple(_PARAMS)
 # Where a fit of the host model starts: round numbers near what the 2-core
 # test machine came to (docs/scale.md), and collie's shared-memory transport
 # as it is configured by default (transports.shm: 8 slots a ring, single copy
-# from 256 KiB).
+# from 2 MiB; from 1 MiB where ranks share cores, which the model does not
+# tell apart; a fit to runs made otherwise says how they were made).
 HOST_START = Model(Link(0.5e-6, 1 / 50e9), DEFAULT_MODEL.inter, gamma=1 / 40e9, delta=1 / 40e9, cores=1,
-                   slots=8, single_copy=256 << 10, read=Link(20e-6, 1 / 20e9), python=10e-6, call=1e-6,
+                   slots=DEFAULT_SLOTS, single_copy=DEFAULT_CMA_BYTES, read=Link(20e-6, 1 / 20e9), python=10e-6, call=1e-6,
                    slow_call=5e-6, switch=2e-6, wake=1e-6, cache=16 << 20, dram=2.0)
 
 

@@ -155,7 +155,7 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
     """The measured table's choice for one call.
 
     Crossovers measured with `collie bench --algo all` on a 2-core machine
-    (docs/performance.md). Over shared memory, messages from 256 KiB go
+    (docs/performance.md). Over shared memory, messages from 1-2 MiB go
     single copy (the reader copies straight out of the sender's memory), so
     the plain algorithms (direct, rabenseifner) win most large cases; the shm
     algorithm's windows still pay off where many ranks share few cores and
@@ -192,9 +192,12 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
             # 4.0-4.8 and 3.8-5.1); from 2 MiB ring caught up.
             return Choice("tree", segs, "small message, ranks sharing cores: fewest hand-offs")
         if shm and nbytes < 512 * KiB:
-            # A whole-buffer message from 256 KiB goes single copy, whose
-            # rendezvous costs a scheduler hand-off when ranks share cores;
-            # dbtree's halves stay under that threshold.
+            # Measured when a whole-buffer message from 256 KiB went single
+            # copy, whose rendezvous costs a scheduler hand-off when ranks
+            # share cores, and dbtree's halves stayed in the rings. Since
+            # single copy starts at 1 MiB there, one `--algo all` run put shm level
+            # or ahead here (4 ranks, 256 KiB: shm 56, rabenseifner 65, dbtree
+            # 70 us): the rule stays until more runs say otherwise.
             return Choice("dbtree", 1, "ranks sharing cores, 256-512 KiB: halves that stay in the rings")
         if shm and nbytes < 16 * MiB:
             return Choice("shm", 1, "mid size on one host: one-sided reads, three barriers")
@@ -207,11 +210,11 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
             return Choice("rabenseifner", 1, "many ranks: ring's 2(n-1) steps of S/n bytes are latency-bound; "
                                              "halving then doubling moves as little in log2(n) steps")
         return Choice("ring", segs, "large message: ring moves 2(n-1)/n of the data per rank, the least")
-    # Two ranks over shm, 256-512 KiB: a whole buffer would go single copy
-    # (each read pays a fixed cost in the kernel), dbtree's halves stay in
-    # the rings, one copied in while the other is copied out. Above that its
-    # halves go single copy too, and a single-copy read shared between both
-    # ranks (shm.py) does better; below, one message in the rings does.
+    # Two ranks over shm, 256-512 KiB: dbtree's halves, one copied in
+    # while the other is copied out, beat one whole message (measured first
+    # when that message went single copy; with single copy from 2 MiB it
+    # still does at 512 KiB, broadcast 17 against 26 us, reduce 21 against
+    # 27, and is level at 256 KiB). Below, one message in the rings does.
     halves = few and shm and 256 * KiB <= nbytes < 512 * KiB
     # Across hosts (test bed, 2 hosts x 2 ranks, docs/multihost.md): hier
     # broadcast and reduce matched the best flat ones from 4 MiB at 1 Gbit/s

@@ -15,7 +15,7 @@ ring.py; the segment, how peers find it and why nothing of it stays in
 /dev/shm, in segment.py.
 
 Single copy. A message of at least ``cma_bytes`` (COLLIE_SHM_CMA_BYTES,
-default 256 KiB; 0: never) does not go through the slots when the reader can
+default 2 MiB, 1 MiB where ranks share cores; 0: never) does not go through the slots when the reader can
 read this process's memory (checked at setup, see cma.py): the writer puts
 one slot in the ring saying where the message is (fragment offset -1, the
 payload: address and a rendezvous id) and keeps the send pending; the reader
@@ -26,8 +26,20 @@ stores the id in the ring's acknowledgement word
 of two, and no slot space for the body. Like MPI's rendezvous protocol, such
 a send completes only once a receive has taken it.
 
-A plain (non-combining) receive of at least twice that size shares the copy
-with the writer, whose core is otherwise idle waiting for the
+Why so large: the kernel's copy between processes runs at about 15 GB/s
+here (process_vm_readv, after a fixed few microseconds), where a copy
+within a process runs at 40-100 GB/s; through the slots the sender's copy
+in and the reader's copy out overlap on two cores. From 256 KiB (the
+default until 2026-11-27, set on a machine whose copies were 3x slower)
+single copy lost on 2 ranks (sendrecv of 256 KiB 33-36 against 12-18 us;
+broadcast, reduce and sendrecv of 1 MiB 69-108 against 30-57 us) and on 4
+(broadcast and reduce of 256 KiB 55-106 against 18-24 us). Where ranks
+share cores the slots' hand-offs cost a switch each, and from 1 MiB single
+copy still wins there (4 ranks, all_to_all of 4 MiB, 1 MiB blocks: 2.6x
+faster) (docs/performance.md, "The single-copy threshold").
+
+A plain (non-combining) receive of at least twice that size (or 2 MiB, if
+less) shares the copy with the writer, whose core is otherwise idle waiting for the
 acknowledgement: the reader publishes an offer (its buffer's address and a
 split point) and posts a one-token semaphore, then reads the first part.
 The writer, in its progress(), takes the token if it is there and writes
@@ -72,7 +84,10 @@ from .segment import Segment, close_mapping, map_peer, sweep_segments
 DEFAULT_SLOTS = 8
 DEFAULT_SLOT_BYTES = 256 * 1024
 DEFAULT_WINDOW_BYTES = 64 << 20
-DEFAULT_CMA_BYTES = 256 * 1024
+DEFAULT_CMA_BYTES = 2 << 20       # single copy from here where each rank has a core of its own,
+CROWDED_CMA_BYTES = 1 << 20       # and from here where ranks share cores (see "Why" above)
+SHARED_READ_BYTES = 2 << 20       # a plain single-copy receive shares its read from twice the
+                                  # threshold, or from here if that is less
 
 _MASK64 = (1 << 64) - 1
 _CMA_CHUNK = 256 * 1024           # a combining receive reads this much at a time, then combines
@@ -114,7 +129,8 @@ class ShmTransport(Transport):
 
     def __init__(self, rank: int, peers: list[int], store, job_id: str, timeout: float, *,
                  memfd: Optional[bool] = None, slots: Optional[int] = None,
-                 slot_bytes: Optional[int] = None, cma_bytes: Optional[int] = None):
+                 slot_bytes: Optional[int] = None, cma_bytes: Optional[int] = None,
+                 crowded: bool = False):
         if not job_id or "/" in job_id or "\0" in job_id:
             raise ValueError(f"job_id must be a non-empty name without '/', not {job_id!r}")
         self.rank = rank
@@ -129,8 +145,8 @@ class ShmTransport(Transport):
             raise ValueError(f"COLLIE_SHM_SLOT_BYTES must be a positive multiple of 64, "
                              f"not {self.slot_bytes}")
         self.window_bytes = align(_env_int("COLLIE_SHM_WINDOW_BYTES", DEFAULT_WINDOW_BYTES), PAGE)
-        self.cma_bytes = (_env_int("COLLIE_SHM_CMA_BYTES", DEFAULT_CMA_BYTES)
-                          if cma_bytes is None else cma_bytes)
+        default = CROWDED_CMA_BYTES if crowded else DEFAULT_CMA_BYTES
+        self.cma_bytes = _env_int("COLLIE_SHM_CMA_BYTES", default) if cma_bytes is None else cma_bytes
         if self.cma_bytes < 0:
             raise ValueError(f"COLLIE_SHM_CMA_BYTES must be 0 (off) or a size in bytes, not {self.cma_bytes}")
         if self.cma_bytes:
@@ -622,7 +638,7 @@ class ShmTransport(Transport):
         ok = True
         if not self._mismatch(req, nbytes, meta):
             try:
-                if (req.combine is None and nbytes >= 2 * self.cma_bytes and not inb.shared
+                if (req.combine is None and nbytes >= min(2 * self.cma_bytes, SHARED_READ_BYTES) and not inb.shared
                         and not self._out[inb.peer].pending):
                     if self._read_shared(inb, req, nbytes, address, rid):
                         return  # the writer copies the rest; completed in _shared_done
