@@ -157,6 +157,9 @@ def test_random_programs_give_the_same_bytes_under_both_executors(size, seed, en
             assert c == p, f"rank {rank}, call {k} {calls[k]}: the executors' results differ"
 
 
+SINGLE_COPY_1MIB = {"COLLIE_SHM_CMA_BYTES": str(1 << 20)}  # the default is 2 MiB with a core per rank
+
+
 def _single_copy_body(rank, size, spoil_pid):
     """A 1 MiB broadcast from rank 0, which posts it 50 ms before rank 1
     looks: rank 1's core finds it waiting and reads it; rank 0's core spins
@@ -202,7 +205,7 @@ def _single_copy_body(rank, size, spoil_pid):
 @needs_core
 @pytest.mark.timeout(120)
 def test_the_core_reads_single_copy_messages_and_hands_over_unacknowledged_sends():
-    sender, receiver = run_ranks(_single_copy_body, 2, False, timeout=90)
+    sender, receiver = run_ranks(_single_copy_body, 2, False, timeout=90, env=SINGLE_COPY_1MIB)
     assert receiver == {"python read": 0, "adopted": 0}, receiver  # all in the core
     assert sender == {"python read": 0, "adopted": 1}, sender
 
@@ -212,7 +215,7 @@ def test_the_core_reads_single_copy_messages_and_hands_over_unacknowledged_sends
 def test_a_single_copy_read_that_fails_fails_both_ends():
     """The receiver's core cannot read (its peer's pid is wrong): Python reads
     again, fails, and tells the writer, whose send fails with why."""
-    sender, receiver = run_ranks(_single_copy_body, 2, True, timeout=90, expect_errors=True)
+    sender, receiver = run_ranks(_single_copy_body, 2, True, timeout=90, expect_errors=True, env=SINGLE_COPY_1MIB)
     assert receiver[0] == "PeerError" and "rank 0 died" in receiver[1], receiver
     assert receiver[2]["python read"] == 1, receiver
     # The writer hears of it from the failed acknowledgement, or first from

@@ -50,10 +50,13 @@ def _nonblocking_body(rank, size, n):
     return ok, works[1].result()
 
 
+SINGLE_COPY_256K = {"COLLIE_SHM_CMA_BYTES": str(256 << 10)}  # the default starts at 1-2 MiB
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n", [1 << 17, 1 << 20])  # single copy, and larger than any ring
 def test_isend_irecv_both_ways(backend, n):
-    assert run_ranks(_nonblocking_body, 2, n, backend=backend) == [(True, 1), (True, 0)]
+    assert run_ranks(_nonblocking_body, 2, n, backend=backend, env=SINGLE_COPY_256K) == [(True, 1), (True, 0)]
 
 
 def _batch_body(rank, size):
@@ -268,7 +271,7 @@ def test_receives_take_messages_in_the_order_they_were_posted(executor):
     if executor == "c" and core.choose({"COLLIE_EXECUTOR": "auto"})[0] != "c":
         pytest.skip("the compiled core is not built here")
     deferred, got, src, never_waited, sender, whole = run_ranks(
-        _posting_order_body, 2, backend="shm", env={"COLLIE_EXECUTOR": executor})[1]
+        _posting_order_body, 2, backend="shm", env={"COLLIE_EXECUTOR": executor, **SINGLE_COPY_256K})[1]
     assert got == list(range(11))
     assert (src, never_waited, sender, whole) == (0, True, 0, True)
     assert deferred == (executor == "c")

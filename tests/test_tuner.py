@@ -67,8 +67,9 @@ def test_debug_info_says_what_and_why_once_per_size_band(capsys):
 
 def test_all_reduce_bands_for_ranks_sharing_cores():
     """More than 2 ranks over shm (fit on 4 ranks on 2 cores): recursive
-    doubling for small calls on 2^k ranks, the tree on others; from 256 KiB,
-    where a whole buffer would go single copy, dbtree's halves; then shm."""
+    doubling for small calls on 2^k ranks, the tree on others; at 256-512
+    KiB dbtree's halves (measured when a whole buffer went single copy
+    there); then shm."""
     pick = lambda nbytes, n, transport="shm": default_choice("all_reduce", nbytes, n, transport).algorithm
     assert [pick(8, 4), pick(32 * KiB, 8), pick(8, 3), pick(8, 5)] == \
         ["recursive_doubling", "recursive_doubling", "tree", "tree"]
@@ -79,9 +80,9 @@ def test_all_reduce_bands_for_ranks_sharing_cores():
         ["tree", "tree", "tree", "ring"]
 
 
-def test_two_rank_broadcast_and_reduce_take_dbtree_where_its_halves_stay_in_the_rings():
-    """256-512 KiB over shm: the whole buffer would go single copy, the halves
-    would not; elsewhere one message (or the pipelined tree) does better."""
+def test_two_rank_broadcast_and_reduce_take_dbtree_at_256_to_512_kib():
+    """256-512 KiB over shm: dbtree's halves, one copied in while the other
+    is copied out; elsewhere one message (or the pipelined tree) does better."""
     for collective, other in (("broadcast", "direct"), ("reduce", "tree")):
         pick = lambda nbytes, transport="shm": default_choice(collective, nbytes, 2, transport).algorithm
         assert [pick(128 * KiB), pick(256 * KiB), pick(384 * KiB), pick(512 * KiB), pick(MiB)] == \
