@@ -277,50 +277,34 @@ def test_receives_take_messages_in_the_order_they_were_posted(executor):
     assert deferred == (executor == "c")
 
 
-def _dead_sender_body(rank, size, how):
+def _dead_sender_body(rank, size, how, dead=0):
     import os
     import time
 
     import collie
     collie.barrier()
-    if rank == 0:
+    if rank == dead:
         time.sleep(0.5)
         os._exit(7)
     buf = np.zeros(4)
     start = time.monotonic()
     try:
         if how == "irecv":
-            collie.irecv(buf, 0).wait()  # deferred: the core waits for it, then Python
-        else:
-            collie.recv(buf, 0)
+            collie.irecv(buf, dead).wait()  # deferred: the core waits for it, then Python
+        elif how == "recv":
+            collie.recv(buf, dead)
+        else:  # from any source: the others are alive but send nothing
+            collie.recv(buf, None)
     except collie.CollieError as exc:
-        return type(exc).__name__, str(exc), time.monotonic() - start
+        return type(exc).__name__, getattr(exc, "peer", None), str(exc), time.monotonic() - start
     return "no error"
 
 
 @pytest.mark.parametrize("how", ["irecv", "recv"])
 def test_a_receive_from_a_dead_peer_raises_peer_error(how):
-    name, msg, elapsed = run_ranks(_dead_sender_body, 2, how, backend="shm", expect_errors=True)[1]
+    name, _, msg, elapsed = run_ranks(_dead_sender_body, 2, how, backend="shm", expect_errors=True)[1]
     assert name == "PeerError" and "rank 0" in msg, msg
     assert elapsed < 10
-
-
-def _any_source_dead_body(rank, size):
-    import os
-    import time
-
-    import collie
-    collie.barrier()
-    if rank == 1:
-        time.sleep(0.5)
-        os._exit(7)
-    buf = np.zeros(4)
-    start = time.monotonic()
-    try:  # rank 2 is alive but sends nothing: the one that would have died
-        collie.recv(buf, None)
-    except collie.CollieError as exc:
-        return type(exc).__name__, getattr(exc, "peer", None), str(exc), time.monotonic() - start
-    return "no error"
 
 
 @pytest.mark.parametrize("backend", ["shm", "tcp"])
@@ -330,7 +314,7 @@ def test_a_receive_from_any_source_fails_once_a_candidate_dies(backend):
     that is itself stuck waiting. Both raise PeerError naming rank 1 (as an
     MPI ANY_SOURCE receive gets ERR_PROC_FAILED_PENDING), long before the
     group's timeout; a live candidate is not enough to keep waiting."""
-    results = run_ranks(_any_source_dead_body, 3, backend=backend, expect_errors=True, timeout=60)
+    results = run_ranks(_dead_sender_body, 3, "any", 1, backend=backend, expect_errors=True, timeout=60)
     for rank in (0, 2):
         name, peer, msg, elapsed = results[rank]
         assert (name, peer) == ("PeerError", 1) and "rank 1" in msg, msg
