@@ -67,24 +67,55 @@ def test_debug_info_says_what_and_why_once_per_size_band(capsys):
 
 def test_all_reduce_bands_for_ranks_sharing_cores():
     """More than 2 ranks over shm (fit on 4 ranks on 2 cores): recursive
-    doubling for small calls on 2^k ranks, the tree on others; at 256-512
-    KiB dbtree's halves (measured when a whole buffer went single copy
-    there); then shm."""
+    doubling for small calls on 2^k ranks, the tree on others; from 256 KiB
+    the shared windows on 3-4 ranks, dbtree's halves first on more (measured
+    when a whole buffer went single copy from 256 KiB); then shm."""
     pick = lambda nbytes, n, transport="shm": default_choice("all_reduce", nbytes, n, transport).algorithm
     assert [pick(8, 4), pick(32 * KiB, 8), pick(8, 3), pick(8, 5)] == \
         ["recursive_doubling", "recursive_doubling", "tree", "tree"]
     assert [pick(128 * KiB, 4), pick(256 * KiB, 4), pick(384 * KiB, 3), pick(512 * KiB, 4)] == \
-        ["tree", "dbtree", "dbtree", "shm"]
+        ["tree", "shm", "shm", "shm"]
+    assert [pick(256 * KiB, 8), pick(512 * KiB, 8), pick(16 * MiB, 4)] == ["dbtree", "shm", "rabenseifner"]
     # no shared windows, no rings: the tree up to 2 MiB over TCP
     assert [pick(8, 4, "tcp"), pick(512 * KiB, 4, "tcp"), pick(MiB, 3, "tcp"), pick(2 * MiB, 3, "tcp")] == \
         ["tree", "tree", "tree", "ring"]
 
 
-def test_two_rank_broadcast_and_reduce_take_dbtree_at_256_to_512_kib():
-    """256-512 KiB over shm: dbtree's halves, one copied in while the other
-    is copied out; elsewhere one message (or the pipelined tree) does better."""
-    for collective, other in (("broadcast", "direct"), ("reduce", "tree")):
-        pick = lambda nbytes, transport="shm": default_choice(collective, nbytes, 2, transport).algorithm
-        assert [pick(128 * KiB), pick(256 * KiB), pick(384 * KiB), pick(512 * KiB), pick(MiB)] == \
-            [other, "dbtree", "dbtree", other, other], collective
-        assert pick(256 * KiB, "tcp") == other
+def test_two_rank_all_reduce_from_4_mib_takes_dbtree_on_shm():
+    pick = lambda nbytes, transport="shm": default_choice("all_reduce", nbytes, 2, transport)
+    assert [pick(n).algorithm for n in (64 * KiB, 512 * KiB, MiB, 4 * MiB, 64 * MiB)] == \
+        ["direct", "ring", "shm", "dbtree", "dbtree"]
+    assert pick(64 * MiB).segments == 32  # pipelined in 1 MiB messages
+    assert pick(4 * MiB, "tcp").algorithm == "rabenseifner"
+
+
+def test_two_rank_broadcast_and_reduce_take_dbtree_but_at_1_mib():
+    """Over shm, dbtree's halves, one copied in while the other is copied
+    out: broadcast at 256 KiB-4 MiB, reduce from 256 KiB; not at 1 MiB,
+    where one whole message goes through the rings as its halves do."""
+    pick = lambda collective, nbytes, transport="shm": default_choice(collective, nbytes, 2, transport).algorithm
+    sizes = (128 * KiB, 256 * KiB, 512 * KiB, MiB, 2 * MiB, 4 * MiB, 64 * MiB)
+    assert [pick("broadcast", n) for n in sizes] == \
+        ["direct", "dbtree", "dbtree", "direct", "dbtree", "direct", "direct"]
+    assert [pick("reduce", n) for n in sizes] == ["tree", "dbtree", "dbtree", "tree", "dbtree", "dbtree", "dbtree"]
+    assert pick("broadcast", 256 * KiB, "tcp") == "direct" and pick("reduce", 256 * KiB, "tcp") == "tree"
+
+
+def test_three_or_four_ranks_take_the_windows_at_mid_sizes():
+    """Broadcast and reduce: dbtree at 512 KiB-1 MiB, the shared windows at
+    1-4 MiB (broadcast) and 1-8 MiB (reduce), reduce's dbtree from 8 MiB;
+    all_gather and reduce_scatter: the windows at 1-8 MiB (on 2 ranks only
+    at 1-2 MiB), reduce_scatter's direct from 256 KiB. Not over TCP, nor on
+    more ranks, where nothing was re-measured."""
+    pick = lambda collective, nbytes, n=4, transport="shm": default_choice(collective, nbytes, n, transport).algorithm
+    sizes = (256 * KiB, 512 * KiB, MiB, 4 * MiB, 8 * MiB, 64 * MiB)
+    assert [pick("broadcast", n) for n in sizes] == ["direct", "dbtree", "shm", "direct", "direct", "direct"]
+    assert [pick("reduce", n, 3) for n in sizes] == ["direct", "dbtree", "shm", "shm", "dbtree", "dbtree"]
+    assert [pick("all_gather", n) for n in sizes] == ["direct", "direct", "shm", "shm", "direct", "direct"]
+    assert [pick("reduce_scatter", n) for n in (64 * KiB,) + sizes] == \
+        ["rabenseifner", "direct", "direct", "shm", "shm", "direct", "direct"]
+    assert [pick("all_gather", n, 2) for n in (MiB, 2 * MiB)] == ["shm", "direct"]
+    assert [pick("broadcast", MiB, 4, "tcp"), pick("reduce", MiB, 4, "tcp"), pick("reduce", MiB, 8)] == \
+        ["direct", "direct", "tree"]
+    assert [pick("reduce_scatter", 256 * KiB, 4, "tcp"), pick("reduce_scatter", 4 * MiB, 8)] == \
+        ["rabenseifner", "shm"]

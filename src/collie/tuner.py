@@ -183,6 +183,11 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
                 return Choice("ring", 1, "two ranks, mid size: halves both ways, two steps")
             if shm and nbytes < 4 * MiB:
                 return Choice("shm", 1, "two ranks on one host: one-sided reads of the halves")
+            if shm:
+                # 2026-11-27, three `--algo all` runs (docs/performance.md, "The
+                # tuner after the threshold"): dbtree 0.7-0.8x rabenseifner's
+                # time at 4, 8, 16 and 64 MiB in every run.
+                return Choice("dbtree", segs, "two ranks, large message: two pipelined halves")
             return Choice("rabenseifner", 1, "large message: reduce-scatter then all-gather, single copy")
         if shm and nbytes < 64 * KiB and nranks & (nranks - 1) == 0:
             return Choice("recursive_doubling", 1, "small message, 2^k ranks: log2(n) exchanges, each rank busy in every one")
@@ -191,13 +196,11 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
             # tree took 2.4-3.5 ms and ring 3.7-4.6 (on 2 hosts x 2 ranks
             # 4.0-4.8 and 3.8-5.1); from 2 MiB ring caught up.
             return Choice("tree", segs, "small message, ranks sharing cores: fewest hand-offs")
-        if shm and nbytes < 512 * KiB:
-            # Measured when a whole-buffer message from 256 KiB went single
-            # copy, whose rendezvous costs a scheduler hand-off when ranks
-            # share cores, and dbtree's halves stayed in the rings. Since
-            # single copy starts at 1 MiB there, one `--algo all` run put shm level
-            # or ahead here (4 ranks, 256 KiB: shm 56, rabenseifner 65, dbtree
-            # 70 us): the rule stays until more runs say otherwise.
+        if shm and nranks > 4 and nbytes < 512 * KiB:
+            # Measured on 4 ranks when a whole buffer went single copy from
+            # 256 KiB and dbtree's halves stayed in the rings; on 3-4 ranks,
+            # since, shm from 256 KiB (three runs, 2026-11-27: 35-37 us
+            # against dbtree's 40-80). Not re-measured on more ranks.
             return Choice("dbtree", 1, "ranks sharing cores, 256-512 KiB: halves that stay in the rings")
         if shm and nbytes < 16 * MiB:
             return Choice("shm", 1, "mid size on one host: one-sided reads, three barriers")
@@ -210,12 +213,20 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
             return Choice("rabenseifner", 1, "many ranks: ring's 2(n-1) steps of S/n bytes are latency-bound; "
                                              "halving then doubling moves as little in log2(n) steps")
         return Choice("ring", segs, "large message: ring moves 2(n-1)/n of the data per rank, the least")
-    # Two ranks over shm, 256-512 KiB: dbtree's halves, one copied in
-    # while the other is copied out, beat one whole message (measured first
-    # when that message went single copy; with single copy from 2 MiB it
-    # still does at 512 KiB, broadcast 17 against 26 us, reduce 21 against
-    # 27, and is level at 256 KiB). Below, one message in the rings does.
-    halves = few and shm and 256 * KiB <= nbytes < 512 * KiB
+    # Broadcast and reduce over shm, re-measured 2026-11-27 (`--algo all`,
+    # three runs on 2 and 4 ranks, docs/performance.md, "The tuner after the
+    # threshold"). Two ranks: dbtree's halves, one copied in while the other
+    # is copied out (broadcast 256 KiB-4 MiB: 512 KiB 8 against direct's 19
+    # us, 2 MiB 59 against 93; reduce from 256 KiB: 2 MiB 64-88 against
+    # tree's 231-238, 64 MiB 3.2-3.5 ms against 7.3), but at 1 MiB, where
+    # one whole message took 0.9x dbtree's time in four sets of runs (the
+    # whole buffer and its halves both go through the rings there; from 2
+    # MiB the whole one would go single copy). Three or four ranks:
+    # dbtree at 512 KiB-1 MiB (broadcast 42-54 against direct's 79-94),
+    # then the shared windows (broadcast 1-4 MiB 99 and 184 against 221 and
+    # 464 at 1 and 2 MiB; reduce 1-8 MiB, 262 against 742 at 2 MiB), then
+    # reduce's dbtree again from 8 MiB (2.0-2.1 ms against direct's 2.5-2.7).
+    mid = shm and 2 < nranks <= 4
     # Across hosts (test bed, 2 hosts x 2 ranks, docs/multihost.md): hier
     # broadcast and reduce matched the best flat ones from 4 MiB at 1 Gbit/s
     # (and beat direct, the default for 4 ranks, 2x) and unshaped; hier
@@ -232,14 +243,24 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
         return Choice("hier", 1, "several hosts with several ranks each: each host's sum of a block "
                                  "leaves it once")
     if collective == "broadcast":
-        if halves:
-            return Choice("dbtree", 1, "two ranks, 256-512 KiB: two halves that stay in the rings")
+        if few and shm and (256 * KiB <= nbytes < 1 * MiB or 2 * MiB <= nbytes < 4 * MiB):
+            return Choice("dbtree", 1, "two ranks, 256 KiB-4 MiB but 1 MiB: two halves, one copied in while the other is copied out")
+        if mid and 512 * KiB <= nbytes < 1 * MiB:
+            return Choice("dbtree", 1, "three or four ranks, 512 KiB-1 MiB: two half-size trees")
+        if mid and 1 * MiB <= nbytes < 4 * MiB:
+            return Choice("shm", 1, "three or four ranks, 1-4 MiB: one-sided reads of the root's window")
         if nranks <= 4 or nbytes < 64 * KiB:
             return Choice("direct" if nranks <= 4 else "tree", 1, "few ranks or small message: fewest steps")
         return Choice("tree", segs, "pipelined binomial tree")
     if collective == "reduce":
-        if halves:
-            return Choice("dbtree", 1, "two ranks, 256-512 KiB: two halves that stay in the rings")
+        if few and shm and (256 * KiB <= nbytes < 1 * MiB or nbytes >= 2 * MiB):
+            return Choice("dbtree", segs, "two ranks from 256 KiB but 1 MiB: two halves, one copied in while the other is combined")
+        if mid and 512 * KiB <= nbytes < 1 * MiB:
+            return Choice("dbtree", 1, "three or four ranks, 512 KiB-1 MiB: two half-size trees")
+        if mid and 1 * MiB <= nbytes < 8 * MiB:
+            return Choice("shm", 1, "three or four ranks, 1-8 MiB: one-sided reads, the work shared")
+        if mid and nbytes >= 8 * MiB:
+            return Choice("dbtree", segs, "three or four ranks from 8 MiB: two pipelined trees")
         if few and nbytes < 1 * MiB or nbytes < 64 * KiB:
             return Choice("tree", 1, "small message: the root combines as contributions arrive")
         if few:
@@ -253,9 +274,19 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
         total = nbytes  # all_gather: the whole output; reduce_scatter: the whole input
         if collective == "all_gather" and few and total >= 32 * MiB:
             return Choice("bruck", 1, "two ranks, large message: one exchange, then one local rotation")
-        if collective == "reduce_scatter" and shm and not few and 1 * MiB <= total < 16 * MiB:
+        # Re-measured 2026-11-27 (three runs on 2 and 4 ranks): the shared
+        # windows at 1-8 MiB on 3-4 ranks (2 MiB: all_gather 107 us against
+        # direct's 356, reduce_scatter 160 against 402), direct from 8 MiB;
+        # on 2 ranks only at 1-2 MiB (all_gather 29-43 against 43-59,
+        # reduce_scatter 30-46 against 45-58): from 2 MiB one run in three
+        # took 3x its time (190 against 60 us), and so did the tuner's own
+        # runs. On 4 ranks under 1 MiB, reduce_scatter's direct took 26-49
+        # us where rabenseifner took 60-119 (256-512 KiB).
+        if shm and nranks <= 4 and 1 * MiB <= total < (2 * MiB if few else 8 * MiB):
+            return Choice("shm", 1, "mid size on one host: one-sided reads of the windows")
+        if collective == "reduce_scatter" and shm and nranks > 4 and 1 * MiB <= total < 16 * MiB:
             return Choice("shm", 1, "mid size, ranks sharing cores: one-sided reads")
-        if collective == "reduce_scatter" and not few and total < 1 * MiB:
+        if collective == "reduce_scatter" and not few and total < (256 * KiB if shm and nranks <= 4 else 1 * MiB):
             return Choice("rabenseifner", 1, "small message: recursive halving, log2(n) steps")
         if nranks <= 4:
             return Choice("direct", 1, "one step, no forwarding")
