@@ -119,3 +119,11 @@ def test_three_or_four_ranks_take_the_windows_at_mid_sizes():
         ["direct", "direct", "tree"]
     assert [pick("reduce_scatter", 256 * KiB, 4, "tcp"), pick("reduce_scatter", 4 * MiB, 8)] == \
         ["rabenseifner", "shm"]
+
+
+def test_all_to_all_takes_the_windows_on_two_ranks_at_1_to_2_mib_given_its_size():
+    """all_to_all_single with even splits passes its size; uneven splits
+    pass 0, which every rank can agree on."""
+    pick = lambda nbytes, n=2, transport="shm": default_choice("all_to_all", nbytes, n, transport).algorithm
+    assert [pick(0), pick(512 * KiB), pick(MiB), pick(2 * MiB), pick(MiB, 4), pick(MiB, 2, "tcp")] == \
+        ["pairwise", "pairwise", "shm", "pairwise", "direct", "pairwise"]

@@ -508,13 +508,13 @@ class CollieComm(DistComm):
         if algorithm:
             return algorithm
         # What the tuner picks for this call; collectives pass the tuner the
-        # bytes below (all_to_all passes 0), and each rank's host.
+        # bytes below (all_to_all_single with even splits, as here, its
+        # input's), and each rank's host.
         try:
             from . import collectives
             from .group import resolve
             g = resolve(None)
-            nbytes = 0 if op == "all_to_all" else lay.nbytes
-            return collectives.choose(g, op, nbytes).algorithm
+            return collectives.choose(g, op, lay.nbytes).algorithm
         except Exception:  # noqa: BLE001 - only a label
             return "auto"
 

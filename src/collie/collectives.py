@@ -798,9 +798,11 @@ def all_to_all_single(output, input, output_split_sizes: Optional[list] = None,
     dtype_name = _same_dtype([src, out], "all_to_all_single")
     in_sizes = _splits(src, input_split_sizes, g.size, "input")
     out_sizes = _splits(out, output_split_sizes, g.size, "output")
+    # Even splits: every rank has the same size, so the tuner may use it;
+    # uneven ones give each rank another, and all must choose alike.
     return _run(g, "all_to_all", {"in": src.flat, "out": out.flat}, {"in": in_sizes, "out": out_sizes},
-                dtype_name=dtype_name, nbytes=0, algorithm=algorithm, async_op=async_op, after=out.finish,
-                lane_key=key)
+                dtype_name=dtype_name, nbytes=src.nbytes if even else 0, algorithm=algorithm,
+                async_op=async_op, after=out.finish, lane_key=key)
 
 
 def _splits(buf: Buffer, split_sizes, n: int, which: str) -> tuple:

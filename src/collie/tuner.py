@@ -295,8 +295,13 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
                           "small message: log2(n) steps")
         return Choice("ring", 1, "large message: ring moves (n-1)/n of the data per rank")
     if collective == "all_to_all":
-        # No size here: with uneven splits every rank sees another size, and
-        # all ranks must choose the same algorithm (the call passes 0).
+        # Only all_to_all_single with even splits passes its size: with
+        # uneven ones every rank sees another, and all ranks must choose the
+        # same algorithm (the call passes 0). Two ranks at 1-2 MiB: the
+        # shared windows (2026-11-27, three runs: 31-42 us against
+        # pairwise's 45-58); from 2 MiB they were 3x slower in one run of three.
+        if few and shm and 1 * MiB <= nbytes < 2 * MiB:
+            return Choice("shm", 1, "two ranks, 1-2 MiB: one-sided reads of the windows")
         if 2 < nranks <= 8:
             return Choice("direct", 1, "everyone sends to everyone in one step")
         return Choice("pairwise", 1, "one peer per step keeps every link busy")
