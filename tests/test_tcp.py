@@ -151,6 +151,13 @@ def run_ranks(tmp_path, size: int, body, *args, tokens=None, timeout: float = 30
     return [out[rank][1] if rank in out else None for rank in range(size)]
 
 
+# pytest's limit for a test of run_ranks' default 30 s: above it, so that run_ranks
+# kills a rank still running at its deadline and reports what is missing (with both
+# at 30, a loaded CI run failed in run_ranks' join of a rank that had given its
+# result 0.3 s in and then took 30 s to exit).
+BACKSTOP = 45
+
+
 @functools.cache
 def _random_block() -> np.ndarray:
     return np.frombuffer(np.random.default_rng(7).bytes(128 * MiB + 4096), np.uint8)
@@ -540,29 +547,29 @@ def test_message_sizes(tmp_path, links, size):
     assert run_ranks(tmp_path, size, _all_sizes) == [len(SIZES) * (size - 1)] * size
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_fifo_per_tag_and_tags_in_any_order(tmp_path, links):
     run_ranks(tmp_path, 2, _order)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_combine_gets_aligned_pieces(tmp_path, links):
     run_ranks(tmp_path, 2, _combine)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_combine_that_raises_fails_only_its_receive(tmp_path, links):
     run_ranks(tmp_path, 2, _combine_raises)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 @pytest.mark.parametrize("posted", [True, False], ids=["posted", "unexpected"])
 def test_mismatch_consumes_the_message(tmp_path, links, posted):
     _, outcome = run_ranks(tmp_path, 2, _mismatch, posted)
     assert outcome == ["mismatch", "ok", "mismatch", "ok", "mismatch", "ok"]
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_probe(tmp_path, links):
     run_ranks(tmp_path, 2, _probe)
 
@@ -573,55 +580,55 @@ def test_big_sends_both_ways_before_receives(tmp_path, links):
     assert max(isend_seconds) < 1.0  # isend hands big messages to a thread
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_receive_posted_while_the_message_arrives(tmp_path, links):
     run_ranks(tmp_path, 2, _take_while_arriving)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_control_messages_between_data(tmp_path, links):
     run_ranks(tmp_path, 3, _control)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_killed_peer_fails_pending_requests(tmp_path, links):
     latencies = run_ranks(tmp_path, 3, _killed, dies=(1,))
     assert max(latencies[0], latencies[2]) < 1.0
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_clean_leave_reports_destroy(tmp_path, links):
     run_ranks(tmp_path, 2, _clean_leave)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_leaving_right_after_a_send_delivers_it(tmp_path, links):
     run_ranks(tmp_path, 2, _leave_right_after_sending)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_control_follows_the_data_sent_before_it(tmp_path, links):
     run_ranks(tmp_path, 2, _control_after_data)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_a_sender_killed_mid_message_fails_the_receive(tmp_path, links):
     outcome, _ = run_ranks(tmp_path, 2, _killed_while_sending, dies=(1,))
     assert outcome == "failed"  # the sender dies after 1 MiB of its payload (and what isend wrote at once)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_fail_peer(tmp_path):
     _, seen_by_1 = run_ranks(tmp_path, 2, _fail_peer)
     assert "rank 0 died (connection lost" in seen_by_1
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_same_token_connects(tmp_path):
     assert run_ranks(tmp_path, 3, _exchange, tokens=[b"s3cret"] * 3) == [0, 1, 2]
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 @pytest.mark.parametrize("tokens", [[b"a", b"b"], [b"a", None], [None, b"b"]])
 def test_wrong_token_is_refused(tmp_path, tokens):
     results = run_ranks(tmp_path, 2, _exchange, tokens=tokens, errors_ok=True)
@@ -629,7 +636,7 @@ def test_wrong_token_is_refused(tmp_path, tokens):
         assert status == "AuthError", text
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_one_bad_token_fails_every_rank_quickly(tmp_path):
     start = time.monotonic()
     results = run_ranks(tmp_path, 3, _exchange, tokens=[b"a", b"a", b"b"], errors_ok=True,
@@ -639,7 +646,7 @@ def test_one_bad_token_fails_every_rank_quickly(tmp_path):
     assert results[1][0] in ("AuthError", "PeerError"), results[1]
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 def test_missing_peer_times_out(tmp_path):
     bell = Doorbell.private()
     with pytest.raises(CollieError, match=r"rank\(s\) \[1\] to connect"):
@@ -674,7 +681,7 @@ def _ipv6_works() -> bool:
         return False
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(BACKSTOP)
 @pytest.mark.skipif(not _ipv6_works(), reason="no IPv6 loopback")
 def test_ipv6_loopback(tmp_path):
     assert run_ranks(tmp_path, 3, _exchange, master_addr="::1") == [0, 1, 2]
