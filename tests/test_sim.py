@@ -9,8 +9,8 @@ import time
 import pytest
 
 from collie import algorithms, engine
-from collie.sim import (DEFAULT_MODEL, HOST_START, Link, Model, _basis_model, _nnls, _Sizer, _skeleton, bench_seconds, block_sizes,
-                        calibrate, closed_form, main, read_bench_rows, simulate)
+from collie.sim import (DEFAULT_MODEL, HOST_START, Link, Model, _basis_model, _nnls, _Sizer, _skeleton,
+                        bench_seconds, block_sizes, calibrate, closed_form, main, read_bench_rows, simulate)
 
 # delta (local copies) is 0: the paper does not count them.
 PAPER = Model(Link(3e-6, 1 / 8e9), Link(3e-6, 1 / 8e9), gamma=1 / 5e9, delta=0.0)

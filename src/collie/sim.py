@@ -908,8 +908,8 @@ _HOST_PARAMS = tuple(_PARAMS)
 # from 2 MiB; from 1 MiB where ranks share cores, which the model does not
 # tell apart; a fit to runs made otherwise says how they were made).
 HOST_START = Model(Link(0.5e-6, 1 / 50e9), DEFAULT_MODEL.inter, gamma=1 / 40e9, delta=1 / 40e9, cores=1,
-                   slots=DEFAULT_SLOTS, single_copy=DEFAULT_CMA_BYTES, read=Link(20e-6, 1 / 20e9), python=10e-6, call=1e-6,
-                   slow_call=5e-6, switch=2e-6, wake=1e-6, cache=16 << 20, dram=2.0)
+                   slots=DEFAULT_SLOTS, single_copy=DEFAULT_CMA_BYTES, read=Link(20e-6, 1 / 20e9),
+                   python=10e-6, call=1e-6, slow_call=5e-6, switch=2e-6, wake=1e-6, cache=16 << 20, dram=2.0)
 
 
 def _refine(rows: list, model: Model, names=_BASIS, rounds: int = 2000, smallest: float = 1.02) -> Model:

@@ -244,7 +244,8 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
                                  "leaves it once")
     if collective == "broadcast":
         if few and shm and (256 * KiB <= nbytes < 1 * MiB or 2 * MiB <= nbytes < 4 * MiB):
-            return Choice("dbtree", 1, "two ranks, 256 KiB-4 MiB but 1 MiB: two halves, one copied in while the other is copied out")
+            return Choice("dbtree", 1, "two ranks, 256 KiB-4 MiB but 1 MiB: two halves, one copied in "
+                                       "while the other is copied out")
         if mid and 512 * KiB <= nbytes < 1 * MiB:
             return Choice("dbtree", 1, "three or four ranks, 512 KiB-1 MiB: two half-size trees")
         if mid and 1 * MiB <= nbytes < 4 * MiB:
@@ -254,7 +255,8 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
         return Choice("tree", segs, "pipelined binomial tree")
     if collective == "reduce":
         if few and shm and (256 * KiB <= nbytes < 1 * MiB or nbytes >= 2 * MiB):
-            return Choice("dbtree", segs, "two ranks from 256 KiB but 1 MiB: two halves, one copied in while the other is combined")
+            return Choice("dbtree", segs, "two ranks from 256 KiB but 1 MiB: two halves, one copied in "
+                                          "while the other is combined")
         if mid and 512 * KiB <= nbytes < 1 * MiB:
             return Choice("dbtree", 1, "three or four ranks, 512 KiB-1 MiB: two half-size trees")
         if mid and 1 * MiB <= nbytes < 8 * MiB:

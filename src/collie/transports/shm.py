@@ -15,15 +15,15 @@ ring.py; the segment, how peers find it and why nothing of it stays in
 /dev/shm, in segment.py.
 
 Single copy. A message of at least ``cma_bytes`` (COLLIE_SHM_CMA_BYTES,
-default 2 MiB, 1 MiB where ranks share cores; 0: never) does not go through the slots when the reader can
-read this process's memory (checked at setup, see cma.py): the writer puts
-one slot in the ring saying where the message is (fragment offset -1, the
-payload: address and a rendezvous id) and keeps the send pending; the reader
-copies the bytes straight from the writer's memory into the receive's buffer
-(process_vm_readv; at once inside irecv when the slot is already there),
-stores the id in the ring's acknowledgement word
-``id % 64``, and rings the writer, whose send is then done. One copy instead
-of two, and no slot space for the body. Like MPI's rendezvous protocol, such
+default 2 MiB, 1 MiB where ranks share cores; 0: never) does not go through
+the slots when the reader can read this process's memory (checked at setup,
+see cma.py): the writer puts one slot in the ring saying where the message
+is (fragment offset -1, the payload: address and a rendezvous id) and keeps
+the send pending; the reader copies the bytes straight from the writer's
+memory into the receive's buffer (process_vm_readv; at once inside irecv
+when the slot is already there), stores the id in the ring's
+acknowledgement word ``id % 64``, and rings the writer, whose send is then
+done. One copy instead of two, and no slot space for the body. Like MPI's rendezvous protocol, such
 a send completes only once a receive has taken it.
 
 Why so large: the kernel's copy between processes runs at about 15 GB/s
@@ -39,8 +39,8 @@ copy still wins there (4 ranks, all_to_all of 4 MiB, 1 MiB blocks: 2.6x
 faster) (docs/performance.md, "The single-copy threshold").
 
 A plain (non-combining) receive of at least twice that size (or 2 MiB, if
-less) shares the copy with the writer, whose core is otherwise idle waiting for the
-acknowledgement: the reader publishes an offer (its buffer's address and a
+less) shares the copy with the writer, whose core is otherwise idle waiting
+for the acknowledgement: the reader publishes an offer (its buffer's address and a
 split point) and posts a one-token semaphore, then reads the first part.
 The writer, in its progress(), takes the token if it is there and writes
 the second part into the reader's buffer (process_vm_writev), then stores
