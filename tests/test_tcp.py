@@ -152,9 +152,8 @@ def run_ranks(tmp_path, size: int, body, *args, tokens=None, timeout: float = 30
 
 
 # pytest's limit for a test of run_ranks' default 30 s: above it, so that run_ranks
-# kills a rank still running at its deadline and reports what is missing (with both
-# at 30, a loaded CI run failed in run_ranks' join of a rank that had given its
-# result 0.3 s in and then took 30 s to exit).
+# kills a rank still running at its deadline and reports what is missing, rather
+# than pytest stopping it inside its joins.
 BACKSTOP = 45
 
 
@@ -506,16 +505,29 @@ def _killed_while_sending(r: Rank):
     """Rank 1 dies with a big message to rank 0 on the way: rank 0's receive
     fails (its stripes never all come), and nothing of rank 0 is left waiting."""
     if r.rank == 1:
-        real = socket.socket.sendall
+        real_sendall, real_sendmsg = socket.socket.sendall, socket.socket.sendmsg
 
-        def sendall(sock, data, *flags):  # the message's payload: 1 MiB of it, then death
+        # The message's payload, whichever call carries it (isend's sendmsg
+        # without waiting, which can take all of it when the reader keeps
+        # up, or the sender thread's sendall): 1 MiB of it, then death.
+        def sendall(sock, data, *flags):
             view = memoryview(data)
             if view.nbytes > MiB:
-                real(sock, view[:MiB], *flags)
+                real_sendall(sock, view[:MiB], *flags)
                 os.kill(os.getpid(), signal.SIGKILL)
-            return real(sock, data, *flags)
+            return real_sendall(sock, data, *flags)
 
-        socket.socket.sendall = sendall  # in this rank's process only
+        def sendmsg(sock, buffers, *rest):
+            views = [memoryview(b).cast("B") for b in buffers]
+            if sum(v.nbytes for v in views) > MiB:
+                left = MiB  # the header, then the payload's first bytes
+                for v in views:
+                    real_sendall(sock, v[:left])
+                    left -= min(left, v.nbytes)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_sendmsg(sock, buffers, *rest)
+
+        socket.socket.sendall, socket.socket.sendmsg = sendall, sendmsg  # in this rank's process only
         data = _payload(1, 0, 128 * MiB)
         r.sync()
         r.send(0, 2, data)
@@ -614,7 +626,7 @@ def test_control_follows_the_data_sent_before_it(tmp_path, links):
 @pytest.mark.timeout(BACKSTOP)
 def test_a_sender_killed_mid_message_fails_the_receive(tmp_path, links):
     outcome, _ = run_ranks(tmp_path, 2, _killed_while_sending, dies=(1,))
-    assert outcome == "failed"  # the sender dies after 1 MiB of its payload (and what isend wrote at once)
+    assert outcome == "failed"  # the sender dies after 1 MiB of its payload, whichever call sends it
 
 
 @pytest.mark.timeout(BACKSTOP)
