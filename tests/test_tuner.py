@@ -48,9 +48,9 @@ def test_forcing_an_unknown_or_inapplicable_algorithm_is_an_error():
 
 def test_an_excluded_default_falls_back():
     t = Tuner({})
-    assert default_choice("all_reduce", 2 * MiB, 2, "shm").algorithm == "shm"
+    assert default_choice("all_reduce", MiB, 2, "shm").algorithm == "shm"
     excluded = {"shm": "its ranks are not all on one host"}
-    assert t.choose("all_reduce", 2 * MiB, 2, "shm", exclude=excluded).algorithm == "direct"
+    assert t.choose("all_reduce", MiB, 2, "shm", exclude=excluded).algorithm == "direct"
 
 
 def test_debug_info_says_what_and_why_once_per_size_band(capsys):
@@ -81,10 +81,10 @@ def test_all_reduce_bands_for_ranks_sharing_cores():
         ["tree", "tree", "tree", "ring"]
 
 
-def test_two_rank_all_reduce_from_4_mib_takes_dbtree_on_shm():
+def test_two_rank_all_reduce_from_2_mib_takes_dbtree_on_shm():
     pick = lambda nbytes, transport="shm": default_choice("all_reduce", nbytes, 2, transport)
-    assert [pick(n).algorithm for n in (64 * KiB, 512 * KiB, MiB, 4 * MiB, 64 * MiB)] == \
-        ["direct", "ring", "shm", "dbtree", "dbtree"]
+    assert [pick(n).algorithm for n in (64 * KiB, 512 * KiB, MiB, 2 * MiB, 4 * MiB, 64 * MiB)] == \
+        ["direct", "ring", "shm", "dbtree", "dbtree", "dbtree"]
     assert pick(64 * MiB).segments == 32  # pipelined in 1 MiB messages
     assert pick(4 * MiB, "tcp").algorithm == "rabenseifner"
 

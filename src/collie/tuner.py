@@ -181,12 +181,14 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
                 return Choice("direct", 1, "small message, two ranks: one exchange")
             if nbytes < 1 * MiB:
                 return Choice("ring", 1, "two ranks, mid size: halves both ways, two steps")
-            if shm and nbytes < 4 * MiB:
+            if shm and nbytes < 2 * MiB:
                 return Choice("shm", 1, "two ranks on one host: one-sided reads of the halves")
             if shm:
-                # 2026-11-27, three `--algo all` runs (docs/performance.md, "The
-                # tuner after the threshold"): dbtree 0.7-0.8x rabenseifner's
-                # time at 4, 8, 16 and 64 MiB in every run.
+                # 2026-11-27 (docs/performance.md, "The tuner after the
+                # threshold"): dbtree 0.7-0.8x rabenseifner's time at 4, 8, 16
+                # and 64 MiB in three `--algo all` runs; at 2 MiB the shared
+                # windows took 83-89 us in two runs and 312-369 in the seven
+                # others (dbtree 107-164).
                 return Choice("dbtree", segs, "two ranks, large message: two pipelined halves")
             return Choice("rabenseifner", 1, "large message: reduce-scatter then all-gather, single copy")
         if shm and nbytes < 64 * KiB and nranks & (nranks - 1) == 0:
