@@ -31,6 +31,7 @@ from . import engine
 from . import network as network_module  # the parameter named network is a Network
 from .transports import ring
 from .transports.ring import LINE
+from .transports.shm import SHARED_READ_BYTES
 
 try:
     from . import _core
@@ -86,8 +87,8 @@ def choose(environ=os.environ) -> tuple[str, str]:
 # receives (a broadcast's, a scatter's) is left to Python's executor: its
 # reader offers the writer half of the copy (the shared copy, shm.py), so
 # that both ranks copy, which the core does not do. Smaller ones are worth
-# more in the core than the half copy saves.
-SHARED_COPY_BYTES = 2 << 20
+# more in the core than the half copy saves. (The transport's own bound.)
+SHARED_COPY_BYTES = SHARED_READ_BYTES
 
 
 def _address(buffer) -> int:

@@ -87,7 +87,8 @@ DEFAULT_WINDOW_BYTES = 64 << 20
 DEFAULT_CMA_BYTES = 2 << 20       # single copy from here where each rank has a core of its own,
 CROWDED_CMA_BYTES = 1 << 20       # and from here where ranks share cores (see "Why" above)
 SHARED_READ_BYTES = 2 << 20       # a plain single-copy receive shares its read from twice the
-                                  # threshold, or from here if that is less
+                                  # threshold, or from here if that is less (core.py hands such
+                                  # one-way messages to Python from here)
 
 _MASK64 = (1 << 64) - 1
 _CMA_CHUNK = 256 * 1024           # a combining receive reads this much at a time, then combines
