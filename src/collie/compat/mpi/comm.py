@@ -8,7 +8,7 @@ import os
 import sys
 import warnings
 import weakref
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -848,6 +848,8 @@ class Comm(_Handled, _Attributed):
 
     def _root(self, g: ProcessGroup, root, what: str) -> int:
         """The root as a rank; a bad one is MPI.Exception(ERR_ROOT), as in MPI."""
+        if root.__class__ is int and 0 <= root < g.size:
+            return root  # the common case, at once
         try:
             r = operator.index(root)
         except TypeError:
@@ -899,11 +901,13 @@ class _Refused:
         return item
 
 
-def _scatter_items(sendobj, n: int, what: str) -> list:
+def _scatter_items(sendobj, n: int, what: str) -> Sequence:
     """The root's sequence of n items (None: n Nones, as in mpi4py), or n
     _Refused when it is not one."""
     if sendobj is None:
         return [None] * n
+    if sendobj.__class__ in (list, tuple) and len(sendobj) == n:
+        return sendobj  # the common case, as it is
     try:
         items = list(sendobj)
     except TypeError:
@@ -1469,20 +1473,16 @@ class Intracomm(Comm):
     def scatter(self, sendobj=None, root: int = 0) -> Any:
         """Item r of root's sequence, on rank r."""
         g = self._g("scatter")
-        if root.__class__ is not int or not 0 <= root < g.size:
-            root = self._root(g, root, "scatter")  # raises, or makes it an int
+        root = self._root(g, root, "scatter")
         payloads = None
         if g.rank == root:
-            items = sendobj if sendobj.__class__ in (list, tuple) and len(sendobj) == g.size else \
-                _scatter_items(sendobj, g.size, "scatter")
-            payloads = list(map(_pickle.dumps, items))
+            payloads = list(map(_pickle.dumps, _scatter_items(sendobj, g.size, "scatter")))
         return _Refused.check(_pickle.loads(_objects.scatter_pickles(g, payloads, root)))
 
     def gather(self, sendobj, root: int = 0) -> Optional[list]:
         """Every rank's object, in a list at root (None elsewhere)."""
         g = self._g("gather")
-        if root.__class__ is not int or not 0 <= root < g.size:
-            root = self._root(g, root, "gather")  # raises, or makes it an int
+        root = self._root(g, root, "gather")
         return _objects.gather_loads(g, _pickle.dumps(sendobj), root, _pickle.loads)
 
     def allgather(self, sendobj) -> list:
