@@ -1507,6 +1507,7 @@ static const char *entry_params[NENTRIES][ENTRY_ARGS + 1] = {
     {"tensor", "dst", "op", "group", "async_op", "group_dst", "algorithm", NULL},
 };
 static PyObject *entry_param_names[NENTRIES][ENTRY_ARGS];  /* interned at import */
+static int entry_nparams[NENTRIES];                          /* counted then */
 
 /* Each parameter's default: None, False (async_op), ReduceOp.SUM (op). */
 enum { IS_NONE, IS_FALSE, IS_SUM };
@@ -1576,8 +1577,7 @@ static PyObject *entry_key(Entry *self, PyObject **v) {
 static PyObject *entry_vectorcall(Entry *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     PyObject **params = entry_param_names[self->kind];
-    int count = 0;
-    while (count < ENTRY_ARGS && params[count]) count++;
+    int count = entry_nparams[self->kind];
     PyObject *v[ENTRY_ARGS] = {NULL};
     int ok = nargs >= 1 && nargs <= count;
     for (Py_ssize_t i = 0; ok && i < nargs; i++) v[i] = args[i];
@@ -1904,9 +1904,12 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (!no_requests && !(no_requests = PyTuple_New(0))) return NULL;
     if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
     if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&LaneType) < 0 || PyType_Ready(&EntryType) < 0) return NULL;
-    for (int k = 0; k < NENTRIES; k++)
-        for (int i = 0; entry_params[k][i]; i++)
+    for (int k = 0; k < NENTRIES; k++) {
+        int i = 0;
+        for (; entry_params[k][i]; i++)
             if (!(entry_param_names[k][i] = PyUnicode_InternFromString(entry_params[k][i]))) return NULL;
+        entry_nparams[k] = i;
+    }
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&ProgramType);

@@ -509,12 +509,13 @@ def reduce(tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async
     >>> x                                   # rank 0: [3, 6]  rank 1: [2, 4]
     """
     arr = tensor if tensor.__class__ is np.ndarray else numpy_view(tensor)
-    key = None
-    if arr is not None and op.__class__ is ReduceOp and op.name not in ("AVG", "PREMUL_SUM") and not async_op:
-        key = ("reduce", arr.dtype, arr.size, dst, group_dst, op.code, algorithm)  # as _lane_key's
+    if arr is not None and op.__class__ is ReduceOp and not async_op:
+        key = ("reduce", arr.dtype, arr.size, dst, group_dst, op.code, algorithm)  # _lane_key's, written out
         lane = _find_lane(group, key, arr)
         if lane is not None:
             return lane(arr)
+    else:
+        key = None
     g = _member(group, "reduce")
     root = _root(g, dst, group_dst, "dst", "reduce")
     buf = Buffer(tensor, writable=True, what="reduce tensor")
@@ -530,6 +531,8 @@ def reduce(tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async
             if op.name == "AVG":
                 average(buf.flat, g.size, buf.dtype_name)
             buf.finish()
+    if op.name in ("AVG", "PREMUL_SUM"):
+        key = None  # a lane does the exchange alone, with nothing before or after
 
     return _run(g, "reduce", {"out": work}, {"out": (buf.count,)}, dtype_name=buf.dtype_name, op=op,
                 root=root, count=buf.count, nbytes=buf.nbytes, algorithm=algorithm, async_op=async_op,
