@@ -226,12 +226,9 @@ def all_to_all_loads(g: ProcessGroup, payloads: Sequence[bytes], loads: Callable
     if fits and large is None:
         return items
     me = g.rank
-    if not fits:
-        sends = [(r, p) for r, p in enumerate(payloads) if len(p) > _FITS and r != me]
-        if len(payloads[me]) > _FITS:
-            items[me] = loads(payloads[me])
-    else:
-        sends = []
+    sends = [] if fits else [(r, p) for r, p in enumerate(payloads) if len(p) > _FITS and r != me]
+    if len(payloads[me]) > _FITS:  # its own, at hand
+        items[me] = loads(payloads[me])
     recvs = [(r, n) for r, n in large or () if r != me]
     if sends or recvs:
         _fill_in(items, recvs, _large(g, sends, recvs, "all_to_all"), loads)
