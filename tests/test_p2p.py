@@ -319,3 +319,81 @@ def test_a_receive_from_any_source_fails_once_a_candidate_dies(backend):
         name, peer, msg, elapsed = results[rank]
         assert (name, peer) == ("PeerError", 1) and "rank 1" in msg, msg
         assert elapsed < 10
+
+
+def _repeated_body(rank, size):
+    """Repeated calls of a few shapes (the core's entries keep a route for
+    each), with what must still leave them: a message of another tag in
+    the way, a sender slower than the receive's spin, a receive posted
+    before, a read-only array to receive into, a new world."""
+    import time
+
+    import collie
+    peer, out = 1 - rank, []
+    f32, i32, late = np.zeros(4, np.float32), np.zeros(4, np.int32), np.zeros(4, np.float32)
+    for i in range(40):
+        if rank == 0:
+            collie.send(np.full(4, i, np.float32), peer)
+            collie.send(np.full(4, -i, np.int32), peer, tag=3)  # the same size: another dtype, another tag
+            collie.isend(np.full(4, 2 * i, np.float32), dst=peer, tag=5).wait()
+            if i % 10 == 9:
+                time.sleep(0.02)  # longer than any receive spins: it finishes in Python
+                collie.send(np.full(4, i, np.float32), peer, tag=7)
+        else:
+            collie.recv(i32, peer, tag=3)  # a tag-0 message is in the ring before it
+            got = [int(i32[0])]
+            got.append(int(f32[0]) if collie.recv(f32, peer) == peer else None)
+            got.append(int(f32[0]) if collie.recv(f32, src=peer, tag=5) == peer else None)
+            if i % 10 == 9:
+                got.append(int(late[0]) if collie.recv(late, group_src=peer, tag=7) == peer else None)
+            out.append(got == [-i, i, 2 * i] + ([i] if i % 10 == 9 else []))
+    if rank == 0:
+        try:  # the size of a route's array, of a dtype collie does not move
+            collie.send(np.array([None, None], dtype=object), peer)
+            out.append("an object array sent")
+        except TypeError as exc:
+            out.append("object" in str(exc))
+        for i in range(3):
+            collie.send(np.full(4, 100 + i, np.float32), peer)
+    else:
+        first = collie.irecv(f32, peer)  # deferred: it takes the next message
+        second = np.zeros(4, np.float32)
+        collie.recv(second, peer)
+        first.wait()
+        out.append((int(f32[0]), int(second[0])) == (100, 101))
+        frozen = np.zeros(4, np.float32)
+        frozen.flags.writeable = False
+        try:
+            collie.recv(frozen, peer)
+            out.append("a read-only array received")
+        except ValueError as exc:  # collie.ReadOnlyError
+            out.append("read-only" in str(exc))
+        collie.recv(f32, peer)
+        out.append(int(f32[0]) == 102)
+    collie.destroy_process_group()
+    collie.init_process_group()  # the routes led into the old world: they go with it
+    if rank == 0:
+        collie.send(np.full(4, 200, np.float32), peer)
+    else:
+        out.append(collie.recv(f32, peer) == peer and int(f32[0]) == 200)
+    return out
+
+
+@pytest.mark.parametrize("executor", ["c", "python"])
+def test_repeated_calls_and_what_leaves_their_route(executor):
+    sender, receiver = run_ranks(_repeated_body, 2, backend="shm", env={"COLLIE_EXECUTOR": executor})
+    assert (sender, receiver) == ([True], [True] * 44)
+
+
+def test_point_to_point_entries_look_like_their_functions():
+    """send, recv and isend are the core's entries where it is built:
+    what help(), inspect and pickle see is the Python function's."""
+    import inspect
+    import pickle
+
+    import collie
+    for f in (collie.send, collie.recv, collie.isend):
+        wrapped = getattr(f, "__wrapped__", f)
+        assert inspect.signature(f) == inspect.signature(wrapped)
+        assert f.__name__ == wrapped.__name__ and f.__doc__ == wrapped.__doc__
+        assert pickle.loads(pickle.dumps(f)) is f

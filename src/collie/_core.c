@@ -585,12 +585,15 @@ fail:
  * a good part of a small call. */
 enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN,
        N_UNEXPECTED, N_HEAD, N_TAIL, N_NEXT_ID, N_SEQ, N_ABORT, N_LOST, N_TRACE, N_LOCK, N_DONE, N_WORLD, N_GROUP, N_NETWORK, N_LANES, N_BACKGROUND,
-       N_DRAIN, N_RANK, N_RANKS, N_INDEX, N_DTYPE, N_SIZE, N_CODE, N_SUM, NNAMES };
+       N_DRAIN, N_RANK, N_RANKS, N_INDEX, N_DTYPE, N_SIZE, N_CODE, N_SUM, N_P2P, N_PROGRAMS, N_DEFERRED,
+       N_CONTEXT, N_P2P_OPS, N_EXECUTE, N_EXECUTE_C, N_ACQUIRE, N_RELEASE, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
                                            "done", "_world", "group", "network", "lanes", "background",
-                                           "drain", "rank", "ranks", "_index", "dtype", "size", "code", "SUM"};
+                                           "drain", "rank", "ranks", "_index", "dtype", "size", "code", "SUM",
+                                           "p2p", "programs", "deferred", "context", "p2p_ops", "EXECUTE",
+                                           "execute", "acquire", "release"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -1492,40 +1495,179 @@ static PyObject *py_find_lane(PyObject *self, PyObject *const *args, Py_ssize_t 
     return lane_of(args[0], args[1], args[2]);
 }
 
+/* p2p_target(tensor, rank, group_rank, group, tag, writable) -> (group,
+ * peer, array) for a point-to-point call the core may run (collie.p2p's
+ * _on_core): a live world's group this rank is in, a peer of it other than
+ * this rank (by global ``rank`` or ``group_rank``), a tag in range, an
+ * array (a NumPy array, or the view numpy_view gives of a torch tensor)
+ * C-contiguous (and writable, to receive into) of a dtype collie moves.
+ * Else None: the full path checks and explains. */
+static PyObject *p2p_target(PyObject *tensor, PyObject *rank, PyObject *group_rank, PyObject *group,
+                            PyObject *tag, int writable) {
+    PyObject *world = NULL;
+    if (!PyLong_CheckExact(tag)) Py_RETURN_NONE;
+    long long t = PyLong_AsLongLong(tag);
+    if (t < 0 || t > max_tag_value) {
+        PyErr_Clear();  /* too large for a long long: out of range all the same */
+        Py_RETURN_NONE;
+    }
+    PyObject *g = live_group(group, &world);
+    if (!g) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    PyObject *peer = NULL, *arr = NULL, *result = NULL, *index = NULL, *me = NULL, *network = NULL, *ranks = NULL;
+    PyObject *member = PyObject_GetAttr(g, names[N_RANK]);
+    long long mine = member ? PyLong_AsLongLong(member) : -1;
+    Py_XDECREF(member);
+    if (mine < 0) goto out;  /* not in the group */
+    if (group_rank != Py_None) {
+        if (rank != Py_None || !PyLong_CheckExact(group_rank) || !(ranks = PyObject_GetAttr(g, names[N_RANKS])))
+            goto out;
+        Py_ssize_t i = PyLong_AsSsize_t(group_rank);
+        if (i < 0 || !PyTuple_Check(ranks) || i >= PyTuple_GET_SIZE(ranks)) goto out;
+        peer = Py_NewRef(PyTuple_GET_ITEM(ranks, i));
+    } else {
+        peer = Py_NewRef(rank);
+    }
+    if (!PyLong_CheckExact(peer) || !(index = PyObject_GetAttr(g, names[N_INDEX]))) goto out;
+    if ((PyDict_Check(index) ? PyDict_Contains(index, peer) : 0) <= 0) goto out;
+    if (!(network = PyObject_GetAttr(world, names[N_NETWORK])) || !(me = PyObject_GetAttr(network, names[N_RANK])))
+        goto out;
+    if (PyObject_RichCompareBool(peer, me, Py_EQ) != 0) goto out;  /* itself (or an error) */
+    arr = (PyObject *)Py_TYPE(tensor) == ndarray_type ? Py_NewRef(tensor) : PyObject_CallOneArg(numpy_view, tensor);
+    if (!arr || arr == Py_None) goto out;
+    Py_buffer view;  /* C-contiguous, and writable where it receives */
+    if (PyObject_GetBuffer(arr, &view, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS : PyBUF_C_CONTIGUOUS) < 0)
+        goto out;
+    PyBuffer_Release(&view);
+    PyObject *dtype = PyObject_GetAttr(arr, names[N_DTYPE]);
+    int moved = dtype ? PyDict_Contains(dtype_names, dtype) : -1;
+    Py_XDECREF(dtype);
+    if (moved > 0) result = PyTuple_Pack(3, g, peer, arr);
+out:
+    /* An error here the full path finds again and explains (an interrupt stays). */
+    if (!result && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
+    Py_XDECREF(index);
+    Py_XDECREF(me);
+    Py_XDECREF(network);
+    Py_XDECREF(ranks);
+    Py_XDECREF(peer);
+    Py_XDECREF(arr);
+    Py_DECREF(g);
+    return result ? result : PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+}
+
+static PyObject *py_p2p_target(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "p2p_target(tensor, rank, group_rank, group, tag, writable)");
+        return NULL;
+    }
+    int writable = PyObject_IsTrue(args[5]);
+    return writable < 0 ? NULL : p2p_target(args[0], args[1], args[2], args[3], args[4], writable);
+}
+
 /* ------------------------------------------------------------ entries */
 
-/* Entry(kind, function, name, reduce_op_type): collectives.py's public
- * all_reduce, broadcast and reduce. A call on a plain NumPy array whose
- * shape already has a lane goes to it from here (the key, the look-up and
- * the run, with no Python frame: about a fifth of a small call); every
- * other call goes to ``function``, the Python function, as it was. */
-enum { ENTRY_ALL_REDUCE, ENTRY_BROADCAST, ENTRY_REDUCE, NENTRIES };
+/* Entry(kind, function, name, reduce_op_type[, full, core_dict, completed,
+ * tag_shift]): a public function with a way through C for its repeated
+ * calls; every other call goes to ``function``, the Python function, as it
+ * was.
+ *  - collectives.py's all_reduce, broadcast and reduce: a call on a plain
+ *    NumPy array whose shape already has a lane goes to it from here (the
+ *    key, the look-up and the run, with no Python frame: about a fifth of a
+ *    small call).
+ *  - collie.p2p's send, recv and isend: a message the core's program made
+ *    before moves from here (see p2p_fast); where the core tried and could
+ *    not, the call goes on in ``full``, the Python function's path after
+ *    its own try. */
+enum { ENTRY_ALL_REDUCE, ENTRY_BROADCAST, ENTRY_REDUCE, ENTRY_SEND, ENTRY_RECV, ENTRY_ISEND, NENTRIES };
+#define ENTRY_P2P ENTRY_SEND  /* the kinds from here on are point to point */
 #define ENTRY_ARGS 7
 static const char *entry_params[NENTRIES][ENTRY_ARGS + 1] = {
     {"tensor", "op", "group", "async_op", "algorithm", NULL},
     {"tensor", "src", "group", "async_op", "group_src", "algorithm", NULL},
     {"tensor", "dst", "op", "group", "async_op", "group_dst", "algorithm", NULL},
+    {"tensor", "dst", "group", "tag", "group_dst", NULL},
+    {"tensor", "src", "group", "tag", "group_src", NULL},
+    {"tensor", "dst", "group", "tag", "group_dst", NULL},
 };
 static PyObject *entry_param_names[NENTRIES][ENTRY_ARGS];  /* interned at import */
 static int entry_nparams[NENTRIES];                          /* counted then */
 
-/* Each parameter's default: None, False (async_op), ReduceOp.SUM (op). */
-enum { IS_NONE, IS_FALSE, IS_SUM };
+/* Each parameter's default: None, False (async_op), ReduceOp.SUM (op), 0 (tag). */
+enum { IS_NONE, IS_FALSE, IS_SUM, IS_ZERO };
 static const char entry_defaults[NENTRIES][ENTRY_ARGS] = {
     {0, IS_SUM, IS_NONE, IS_FALSE, IS_NONE},
     {0, IS_NONE, IS_NONE, IS_FALSE, IS_NONE, IS_NONE},
     {0, IS_NONE, IS_SUM, IS_NONE, IS_FALSE, IS_NONE, IS_NONE},
+    {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
+    {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
+    {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
 };
-/* Where each kind has its op (-1: none), group and async_op. */
-static const int entry_op_at[NENTRIES] = {1, -1, 2}, entry_group_at[NENTRIES] = {2, 2, 3},
-                 entry_async_at[NENTRIES] = {3, 3, 4};
+/* Where each collective kind has its op (-1: none), group and async_op. */
+static const int entry_op_at[ENTRY_P2P] = {1, -1, 2}, entry_group_at[ENTRY_P2P] = {2, 2, 3},
+                 entry_async_at[ENTRY_P2P] = {3, 3, 4};
+
+/* ---- point to point's routes
+ *
+ * What a point-to-point entry finds for a call (the group, the peer, the
+ * core's program, the network's books and lock: about two thirds of a small
+ * send's time, when looked up each time), kept as a route for the next
+ * calls with the same arguments, which then check their array and move. A
+ * route holds while the world it was found in is the live one: the group's
+ * members and context, the peer and the program (which lives as long as its
+ * network) are then what they were; whatever can change (an abort, a lost
+ * peer, receives waiting in Python) is checked on every call.
+ * destroy_process_group forgets them (forget_routes). */
+#define ROUTES 4
+typedef struct {
+    PyObject *world, *group_arg, *dtype;  /* the key: the world, the call's group, its array's dtype */
+    long long rank, group_rank, tag;      /* ... its ints (-1: None) */
+    Py_ssize_t nbytes;                    /* ... and its array's size */
+    PyObject *group, *peer, *network, *network_dict, *group_dict, *deferred, *acquire, *release;
+    CoreProgram *program;
+    int64_t wire_tag;
+} route_t;
 
 typedef struct {
     PyObject_HEAD
     PyObject *function, *name, *op_type, *sum, *dict;
-    int kind;
+    PyObject *full, *core_dict, *completed;  /* point to point's: see above; core.py's globals; CompletedWork */
+    int kind, tag_shift;
     vectorcallfunc vectorcall;
+    route_t routes[ROUTES]; /* point to point's last calls */
+    unsigned next_route;    /* the one the next new route replaces */
 } Entry;
+
+static void route_clear(route_t *r) {
+    PyObject **refs[] = {&r->world, &r->group_arg, &r->dtype, &r->group, &r->peer, &r->network, &r->network_dict,
+                         &r->group_dict, &r->deferred, &r->acquire, &r->release, (PyObject **)&r->program};
+    for (size_t i = 0; i < sizeof refs / sizeof refs[0]; i++) Py_CLEAR(*refs[i]);
+}
+
+static int route_traverse(route_t *r, visitproc visit, void *arg) {
+    PyObject *refs[] = {r->world, r->group_arg, r->dtype, r->group, r->peer, r->network, r->network_dict,
+                        r->group_dict, r->deferred, r->acquire, r->release, (PyObject *)r->program};
+    for (size_t i = 0; i < sizeof refs / sizeof refs[0]; i++) Py_VISIT(refs[i]);
+    return 0;
+}
+
+/* The point-to-point entries alive (a few: send, recv, isend), whose
+ * routes forget_routes() drops. */
+#define MAX_P2P_ENTRIES 16
+static Entry *p2p_entries[MAX_P2P_ENTRIES];
+
+static void p2p_register(Entry *e, int on) {
+    for (int i = 0; i < MAX_P2P_ENTRIES; i++)
+        if (p2p_entries[i] == (on ? NULL : e)) { p2p_entries[i] = on ? e : NULL; return; }
+}
+
+/* forget_routes(): drop every route (destroy_process_group: the world they
+ * lead into is gone, and they would keep it alive). */
+static PyObject *py_forget_routes(PyObject *self, PyObject *unused) {
+    for (int i = 0; i < MAX_P2P_ENTRIES; i++)
+        if (p2p_entries[i])
+            for (int j = 0; j < ROUTES; j++) route_clear(&p2p_entries[i]->routes[j]);
+    Py_RETURN_NONE;
+}
 
 static int entry_traverse(Entry *self, visitproc visit, void *arg) {
     Py_VISIT(self->function);
@@ -1533,6 +1675,11 @@ static int entry_traverse(Entry *self, visitproc visit, void *arg) {
     Py_VISIT(self->op_type);
     Py_VISIT(self->sum);
     Py_VISIT(self->dict);
+    Py_VISIT(self->full);
+    Py_VISIT(self->core_dict);
+    Py_VISIT(self->completed);
+    for (int i = 0; i < ROUTES; i++)
+        if (route_traverse(&self->routes[i], visit, arg)) return -1;
     return 0;
 }
 
@@ -1542,11 +1689,16 @@ static int entry_clear(Entry *self) {
     Py_CLEAR(self->op_type);
     Py_CLEAR(self->sum);
     Py_CLEAR(self->dict);
+    Py_CLEAR(self->full);
+    Py_CLEAR(self->core_dict);
+    Py_CLEAR(self->completed);
+    for (int i = 0; i < ROUTES; i++) route_clear(&self->routes[i]);
     return 0;
 }
 
 static void entry_dealloc(Entry *self) {
     PyObject_GC_UnTrack(self);
+    p2p_register(self, 0);
     entry_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -1574,6 +1726,171 @@ static PyObject *entry_key(Entry *self, PyObject **v) {
     return key;
 }
 
+
+/* A call's int argument as a route's key: None is -1; 0 where it is
+ * neither None nor a plain int >= 0 (no route: the full path checks it). */
+static int route_int(PyObject *o, long long *out) {
+    if (o == Py_None) { *out = -1; return 1; }
+    if (!PyLong_CheckExact(o)) return 0;
+    *out = PyLong_AsLongLong(o);
+    if (*out < 0) PyErr_Clear();  /* negative, or too large: the full path says what is wrong */
+    return *out >= 0;
+}
+
+/* Find what a call needs into ``r`` (its references new), as collie.p2p
+ * does before its own core_run, with ``b`` the array's buffer (filled here
+ * where ``b->obj`` is NULL): 1 found, 0 the call goes to Python, -1 error. */
+static int route_find(Entry *self, PyObject **v, route_t *r, Py_buffer *b, int receiving) {
+    PyObject *target = p2p_target(v[0], v[1], v[4], v[2], v[3], receiving);
+    if (!target || target == Py_None) {
+        Py_XDECREF(target);
+        return target ? 0 : -1;
+    }
+    PyObject *state = NULL, *programs = NULL, *key = NULL, *size = NULL, *context = NULL, *lock = NULL;
+    int found = -1;
+    r->group = Py_NewRef(PyTuple_GET_ITEM(target, 0));
+    r->peer = Py_NewRef(PyTuple_GET_ITEM(target, 1));
+    if (!b->obj && PyObject_GetBuffer(PyTuple_GET_ITEM(target, 2), b, receiving ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS
+                                                                               : PyBUF_C_CONTIGUOUS) < 0) {
+        b->obj = NULL;
+        goto out;
+    }
+    if (!(r->network = PyObject_GetAttr(r->group, names[N_NETWORK]))
+        || !(state = PyObject_GetAttr(r->network, names[N_P2P])))
+        goto out;
+    found = 0;
+    if (state == Py_None) goto out;  /* no program made yet: Python makes the first */
+    found = -1;
+    if (!(programs = PyObject_GetAttr(state, names[N_PROGRAMS])) || !(r->deferred = PyObject_GetAttr(state, names[N_DEFERRED]))
+        || !(size = PyLong_FromSsize_t(b->len)))
+        goto out;
+    PyObject *flag = receiving ? Py_True : Py_False;
+    if (!(key = PyTuple_Pack(4, r->peer, size, flag, flag))) goto out;
+    PyObject *program = PyDict_Check(programs) ? PyDict_GetItemWithError(programs, key) : NULL;
+    if (PyErr_Occurred()) goto out;
+    found = 0;
+    if (!program || !PyObject_TypeCheck(program, &ProgramType) || ((CoreProgram *)program)->need[0] != b->len
+        || !PyList_Check(r->deferred))
+        goto out;
+    found = -1;
+    r->program = (CoreProgram *)Py_NewRef(program);
+    if (!one_message(r->program) || !(r->network_dict = PyObject_GenericGetDict(r->network, NULL))
+        || !(r->group_dict = PyObject_GenericGetDict(r->group, NULL))
+        || !(context = PyObject_GetAttr(r->group, names[N_CONTEXT])) || !(lock = PyObject_GetAttr(r->network, names[N_LOCK]))
+        || !(r->acquire = PyObject_GetAttr(lock, names[N_ACQUIRE])) || !(r->release = PyObject_GetAttr(lock, names[N_RELEASE])))
+        goto out;
+    long long c = PyLong_AsLongLong(context), t = PyLong_AsLongLong(v[3]);  /* p2p_target checked the tag */
+    if (PyErr_Occurred()) goto out;
+    r->wire_tag = (int64_t)((c << self->tag_shift) | t);
+    found = 1;
+out:
+    Py_XDECREF(state);
+    Py_XDECREF(programs);
+    Py_XDECREF(key);
+    Py_XDECREF(size);
+    Py_XDECREF(context);
+    Py_XDECREF(lock);
+    Py_DECREF(target);
+    return found;
+}
+
+/* Move the call's message on route ``r`` (``b``: its array): see p2p_fast. */
+static PyObject *route_move(Entry *self, route_t *r, Py_buffer *b, int *tried) {
+    if (self->kind == ENTRY_RECV && PyList_GET_SIZE(r->deferred))
+        return NULL;  /* receives posted before this one take their messages first: Python sorts that out */
+    int quiet = dict_is(r->network_dict, r->network, N_ABORT, Py_None);
+    if (quiet == 1) {
+        PyObject *lost = dict_attr(r->network_dict, r->network, N_LOST);
+        quiet = lost ? !PyObject_IsTrue(lost) : -1;  /* (IsTrue's -1 comes out as 0: an error, found below) */
+    }
+    if (quiet != 1) return NULL;  /* something broke: Python's checks */
+    PyObject *held = PyObject_CallNoArgs(r->acquire);
+    if (!held) return NULL;
+    Py_DECREF(held);
+    int moved = move_bytes(r->program, b->buf, r->wire_tag);
+    PyObject *exc_type, *exc, *tb;
+    PyErr_Fetch(&exc_type, &exc, &tb);  /* the lock goes back whatever happened */
+    PyObject *released = PyObject_CallNoArgs(r->release);
+    if (!released) {
+        Py_XDECREF(exc_type); Py_XDECREF(exc); Py_XDECREF(tb);
+        return NULL;
+    }
+    Py_DECREF(released);
+    PyErr_Restore(exc_type, exc, tb);
+    if (moved <= 0) {
+        *tried = moved == 0;
+        return NULL;
+    }
+    PyObject *ops = dict_attr(r->group_dict, r->group, N_P2P_OPS);
+    long long count = ops ? PyLong_AsLongLong(ops) : -1;
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    if (!(ops = PyLong_FromLongLong(count + 1))) return NULL;
+    int set = PyDict_SetItem(r->group_dict, names[N_P2P_OPS], ops);
+    Py_DECREF(ops);
+    if (set < 0) return NULL;
+    return self->kind == ENTRY_RECV ? Py_NewRef(r->peer)
+           : self->kind == ENTRY_ISEND ? PyObject_CallNoArgs(self->completed) : Py_NewRef(Py_None);
+}
+
+/* The core's move of a point-to-point call (send, recv or isend, its
+ * arguments ``v``) whose program collie.p2p made on an earlier call: what
+ * the call returns (None, the sender's rank, a CompletedWork); or NULL, on
+ * an error, or with no error where the call goes to Python, ``*tried``
+ * saying whether the core already tried to move it (a full ring, a peer
+ * slower than the spin...: then the call goes on in ``full``, which does
+ * not try again). */
+static PyObject *p2p_fast(Entry *self, PyObject **v, int *tried) {
+    int receiving = self->kind == ENTRY_RECV;
+    PyObject *chosen = PyDict_GetItemWithError(self->core_dict, names[N_EXECUTE]);  /* core.EXECUTE is core.execute */
+    if (!chosen || chosen != PyDict_GetItemWithError(self->core_dict, names[N_EXECUTE_C]) || !group_module_dict)
+        return NULL;
+    PyObject *world = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
+    if (!world || world == Py_None) return NULL;
+    route_t fresh = {0}, *r = NULL;
+    Py_buffer b = {0};
+    PyObject *dtype = NULL, *result = NULL;
+    long long rank = -1, group_rank = -1, tag = -1;
+    int keyed = Py_IS_TYPE(v[0], (PyTypeObject *)ndarray_type) && route_int(v[1], &rank)
+                && route_int(v[4], &group_rank) && route_int(v[3], &tag);
+    if (PyErr_Occurred()) return NULL;
+    if (keyed) {
+        if (PyObject_GetBuffer(v[0], &b, receiving ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS : PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();  /* a read-only array to receive into, say: the full path explains */
+            return NULL;
+        }
+        if (!(dtype = PyObject_GetAttr(v[0], names[N_DTYPE]))) goto out;
+        for (int i = 0; i < ROUTES && !r; i++) {
+            route_t *c = &self->routes[i];
+            if (c->world == world && c->group_arg == v[2] && c->dtype == dtype && c->nbytes == b.len
+                && c->rank == rank && c->group_rank == group_rank && c->tag == tag)
+                r = c;
+        }
+    }
+    if (!r) {
+        if (route_find(self, v, &fresh, &b, receiving) <= 0) goto out;
+        r = &fresh;
+    }
+    result = route_move(self, r, &b, tried);
+    if (r == &fresh && keyed && (result || !PyErr_Occurred())) {  /* kept for the next such call */
+        route_t *slot = &self->routes[self->next_route++ % ROUTES];
+        route_clear(slot);
+        *slot = fresh;
+        memset(&fresh, 0, sizeof fresh);
+        slot->world = Py_NewRef(world);
+        slot->group_arg = Py_NewRef(v[2]);
+        slot->dtype = Py_NewRef(dtype);
+        slot->rank = rank;
+        slot->group_rank = group_rank;
+        slot->tag = tag;
+        slot->nbytes = b.len;
+    }
+out:
+    route_clear(&fresh);
+    Py_XDECREF(dtype);
+    if (b.obj) PyBuffer_Release(&b);
+    return result;
+}
+
 static PyObject *entry_vectorcall(Entry *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     PyObject **params = entry_param_names[self->kind];
@@ -1593,8 +1910,16 @@ static PyObject *entry_vectorcall(Entry *self, PyObject *const *args, size_t nar
         for (int i = 1; i < count; i++) {
             if (v[i]) continue;
             char d = entry_defaults[self->kind][i];
-            v[i] = d == IS_FALSE ? Py_False : d == IS_SUM ? self->sum : Py_None;
+            v[i] = d == IS_FALSE ? Py_False : d == IS_SUM ? self->sum : d == IS_ZERO ? zero : Py_None;
         }
+    }
+    if (ok && self->kind >= ENTRY_P2P) {
+        int tried = 0;
+        PyObject *result = p2p_fast(self, v, &tried);
+        if (result || PyErr_Occurred()) return result;
+        return PyObject_Vectorcall(tried ? self->full : self->function, args, nargsf, kwnames);
+    }
+    if (ok) {
         PyObject *key = entry_key(self, v), *lane = NULL;
         if (key) {
             lane = lane_of(v[entry_group_at[self->kind]], key, v[0]);
@@ -1616,16 +1941,26 @@ static PyObject *entry_vectorcall(Entry *self, PyObject *const *args, size_t nar
 }
 
 static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    int kind;
-    PyObject *function, *name, *op_type;
-    if (!PyArg_ParseTuple(args, "iOUO!", &kind, &function, &name, &PyType_Type, &op_type)) return NULL;
-    if (kind < 0 || kind >= NENTRIES || !PyCallable_Check(function)) {
-        PyErr_SetString(PyExc_ValueError, "Entry(kind, function, name, ReduceOp): no such kind, or not callable");
+    int kind, tag_shift = 0;
+    PyObject *function, *name, *op_type, *full = Py_None, *core_dict = Py_None, *completed = Py_None;
+    if (!PyArg_ParseTuple(args, "iOUO!|OOOi", &kind, &function, &name, &PyType_Type, &op_type, &full, &core_dict,
+                          &completed, &tag_shift)) return NULL;
+    int p2p = kind >= ENTRY_P2P;
+    if (kind < 0 || kind >= NENTRIES || !PyCallable_Check(function)
+        || (p2p && (!PyCallable_Check(full) || !PyDict_Check(core_dict) || !PyCallable_Check(completed)
+                    || tag_shift <= 0 || tag_shift >= 63))) {
+        PyErr_SetString(PyExc_ValueError, "Entry(kind, function, name, ReduceOp[, full, core_dict, completed, "
+                        "tag_shift]): no such kind, not callable, or a point-to-point kind without the rest");
         return NULL;
     }
     Entry *self = (Entry *)type->tp_alloc(type, 0);
     if (!self) return NULL;
     self->kind = kind;
+    self->tag_shift = tag_shift;
+    self->full = Py_NewRef(full);
+    self->core_dict = Py_NewRef(core_dict);
+    self->completed = Py_NewRef(completed);
+    if (p2p) p2p_register(self, 1);  /* (past MAX_P2P_ENTRIES, its routes stay until it goes) */
     self->function = Py_NewRef(function);
     self->name = Py_NewRef(name);
     self->op_type = Py_NewRef(op_type);
@@ -1677,71 +2012,6 @@ static PyTypeObject EntryType = {
     .tp_methods = entry_methods,
     .tp_repr = (reprfunc)entry_repr,
 };
-
-/* p2p_target(tensor, rank, group_rank, group, tag, writable) -> (group,
- * peer, array) for a point-to-point call the core may run (collie.p2p's
- * _on_core): a live world's group this rank is in, a peer of it other than
- * this rank (by global ``rank`` or ``group_rank``), a tag in range, an
- * array (a NumPy array, or the view numpy_view gives of a torch tensor)
- * C-contiguous (and writable, to receive into) of a dtype collie moves.
- * Else None: the full path checks and explains. */
-static PyObject *py_p2p_target(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "p2p_target(tensor, rank, group_rank, group, tag, writable)");
-        return NULL;
-    }
-    PyObject *tensor = args[0], *rank = args[1], *group_rank = args[2], *tag = args[4], *world = NULL;
-    int writable = PyObject_IsTrue(args[5]);
-    if (writable < 0) return NULL;
-    if (!PyLong_CheckExact(tag)) Py_RETURN_NONE;
-    long long t = PyLong_AsLongLong(tag);
-    if (t < 0 || t > max_tag_value) {
-        PyErr_Clear();  /* too large for a long long: out of range all the same */
-        Py_RETURN_NONE;
-    }
-    PyObject *g = live_group(args[3], &world);
-    if (!g) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-    PyObject *peer = NULL, *arr = NULL, *result = NULL, *index = NULL, *me = NULL, *network = NULL, *ranks = NULL;
-    PyObject *member = PyObject_GetAttr(g, names[N_RANK]);
-    long long mine = member ? PyLong_AsLongLong(member) : -1;
-    Py_XDECREF(member);
-    if (mine < 0) goto out;  /* not in the group */
-    if (group_rank != Py_None) {
-        if (rank != Py_None || !PyLong_CheckExact(group_rank) || !(ranks = PyObject_GetAttr(g, names[N_RANKS])))
-            goto out;
-        Py_ssize_t i = PyLong_AsSsize_t(group_rank);
-        if (i < 0 || !PyTuple_Check(ranks) || i >= PyTuple_GET_SIZE(ranks)) goto out;
-        peer = Py_NewRef(PyTuple_GET_ITEM(ranks, i));
-    } else {
-        peer = Py_NewRef(rank);
-    }
-    if (!PyLong_CheckExact(peer) || !(index = PyObject_GetAttr(g, names[N_INDEX]))) goto out;
-    if ((PyDict_Check(index) ? PyDict_Contains(index, peer) : 0) <= 0) goto out;
-    if (!(network = PyObject_GetAttr(world, names[N_NETWORK])) || !(me = PyObject_GetAttr(network, names[N_RANK])))
-        goto out;
-    if (PyObject_RichCompareBool(peer, me, Py_EQ) != 0) goto out;  /* itself (or an error) */
-    arr = (PyObject *)Py_TYPE(tensor) == ndarray_type ? Py_NewRef(tensor) : PyObject_CallOneArg(numpy_view, tensor);
-    if (!arr || arr == Py_None) goto out;
-    Py_buffer view;  /* C-contiguous, and writable where it receives */
-    if (PyObject_GetBuffer(arr, &view, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS : PyBUF_C_CONTIGUOUS) < 0)
-        goto out;
-    PyBuffer_Release(&view);
-    PyObject *dtype = PyObject_GetAttr(arr, names[N_DTYPE]);
-    int moved = dtype ? PyDict_Contains(dtype_names, dtype) : -1;
-    Py_XDECREF(dtype);
-    if (moved > 0) result = PyTuple_Pack(3, g, peer, arr);
-out:
-    /* An error here the full path finds again and explains (an interrupt stays). */
-    if (!result && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
-    Py_XDECREF(index);
-    Py_XDECREF(me);
-    Py_XDECREF(network);
-    Py_XDECREF(ranks);
-    Py_XDECREF(peer);
-    Py_XDECREF(arr);
-    Py_DECREF(g);
-    return result ? result : PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-}
 
 /* set_thread_spin(seconds) -> the bound it had: from now on this thread's
  * receives spin at most that long before handing back (a negative value:
@@ -1891,6 +2161,8 @@ static PyMethodDef methods[] = {
      "set_ring_ends(Out, In): where the ring ends' slots are (core.py, at import)."},
     {"set_context", py_set_context, METH_VARARGS,
      "set_context(group module's dict, ProcessGroup, ndarray, numpy_view, dtype names, max tag): see _core.c."},
+    {"forget_routes", py_forget_routes, METH_NOARGS,
+     "forget_routes(): drop the point-to-point entries' routes (destroy_process_group)."},
     {"set_thread_spin", py_set_thread_spin, METH_VARARGS,
      "set_thread_spin(seconds) -> previous: bound this thread's receive spin (negative: none)."},
     {NULL, NULL, 0, NULL},

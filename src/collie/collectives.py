@@ -44,7 +44,7 @@ from .ops import ReduceOp, as_op, average, check_op, kernel, scale
 from .rendezvous import timeout_seconds
 from .schedule import COLLECTIVES
 from .tuner import Tuner
-from .wire import COLLECTIVE_BIT, LEAVE_CONTEXT, MAX_TAG, TAG_BITS, pack_meta
+from .wire import COLLECTIVE_BIT, CONTEXT_SHIFT, LEAVE_CONTEXT, MAX_TAG, pack_meta
 from .work import CompletedWork, Work, wait_seconds
 
 __all__ = ["ReduceOp", "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
@@ -358,7 +358,7 @@ def _lane(g: ProcessGroup, name: str, prepared: _Prepared, arrays: tuple):
         glance = core.glance(network, [p for p in ranks if p != network.rank])
         end = lambda seq, tag: network.finish(tag, meta, ranks)  # noqa: E731 - (seq, tag) as the lane calls it
 
-    fixed = (context << (TAG_BITS + 1)) | COLLECTIVE_BIT  # as ProcessGroup.collective_tag
+    fixed = (context << CONTEXT_SHIFT) | COLLECTIVE_BIT  # as ProcessGroup.collective_tag
     return core.Lane(program, len(arrays), g, network, context, fixed, MAX_TAG, meta, extra, slow, end, glance,
                      globals())
 

@@ -32,35 +32,45 @@ from . import network as network_module  # the parameter named network is a Netw
 from .transports import ring
 from .transports.ring import LINE
 from .transports.shm import SHARED_READ_BYTES
+from .wire import CONTEXT_SHIFT
+from .work import CompletedWork
 
 try:
     from . import _core
     Lane, find_lane, p2p_target, set_context = _core.Lane, _core.find_lane, _core.p2p_target, _core.set_context
     pack_slots, unpack_slots = _core.pack_slots, _core.unpack_slots  # objects.py's first rounds
-    Entry = _core.Entry
+    Entry, forget_routes = _core.Entry, _core.forget_routes
     _core.set_ring_ends(ring.Out, ring.In)
     _WHY_NOT = ""
 except ImportError:  # not built: no C compiler (or Python headers) at install time
     _core = Lane = find_lane = p2p_target = set_context = pack_slots = unpack_slots = Entry = None
+
+    def forget_routes() -> None:
+        """(The compiled core's point-to-point entries keep routes; there are none.)"""
     _WHY_NOT = ("the compiled core collie._core is not built (install collie where a C compiler "
                 "and Python's headers are, to get it)")
 
 _CHOICES = ("auto", "c", "python")
 
-# The collectives whose public function has an entry in C (_core.Entry), by name.
-_ENTRIES = {"all_reduce": 0, "broadcast": 1, "reduce": 2}
+# The public functions with an entry in C (_core.Entry), by name.
+_ENTRIES = {"all_reduce": 0, "broadcast": 1, "reduce": 2, "send": 3, "recv": 4, "isend": 5}
 
 
-def entry(function):
-    """collectives.py's ``function`` (all_reduce, broadcast or reduce) as
-    its public entry: a repeated call on a plain NumPy array goes from C to
-    its lane, every other call to ``function``, which it stands for
-    (``__wrapped__``, its name and docstring; pickled by name). Without the
-    compiled core, ``function`` itself."""
+def entry(function, full: Optional[Callable] = None):
+    """``function`` as its public entry: a repeated call on a plain NumPy
+    array (a collective's) or a message the core's program took before (a
+    point-to-point call's) goes from C to the core; every other call to
+    ``function``, which it stands for (``__wrapped__``, its name and
+    docstring; pickled by name). A point-to-point entry whose move the core
+    tried and could not make goes on in ``full``, ``function``'s path after
+    its own try of the core. Without the compiled core, ``function`` itself."""
     if Entry is None:
         return function
     from .ops import ReduceOp
-    return Entry(_ENTRIES[function.__name__], function, function.__name__, ReduceOp)
+    kind = _ENTRIES[function.__name__]
+    if full is None:
+        return Entry(kind, function, function.__name__, ReduceOp)
+    return Entry(kind, function, function.__name__, ReduceOp, full, globals(), CompletedWork, CONTEXT_SHIFT)
 
 # Reduce ops and dtypes with a compiled kernel (codes as in _core.c).
 _OPS = {"SUM": 0, "AVG": 0, "PREMUL_SUM": 0, "PRODUCT": 1, "MIN": 2, "MAX": 3, "BAND": 4, "BOR": 5, "BXOR": 6}

@@ -29,7 +29,7 @@ from . import binding, topology
 from .errors import CollieError
 from .rendezvous import timeout_seconds
 
-from .wire import COLLECTIVE_BIT, LEAVE_CONTEXT, MAX_TAG, SELF_CONTEXT, SETUP_CONTEXT, TAG_BITS
+from .wire import COLLECTIVE_BIT, CONTEXT_SHIFT, LEAVE_CONTEXT, MAX_TAG, SELF_CONTEXT, SETUP_CONTEXT
 
 
 class ProcessGroup:
@@ -87,10 +87,10 @@ class ProcessGroup:
     def p2p_tag(self, tag: int) -> int:
         if not isinstance(tag, int) or not 0 <= tag <= MAX_TAG:
             raise ValueError(f"tag must be an int in [0, {MAX_TAG}], got {tag!r}")
-        return (self.context << (TAG_BITS + 1)) | tag
+        return (self.context << CONTEXT_SHIFT) | tag
 
     def collective_tag(self, seq: int) -> int:
-        return (self.context << (TAG_BITS + 1)) | COLLECTIVE_BIT | (seq & MAX_TAG)
+        return (self.context << CONTEXT_SHIFT) | COLLECTIVE_BIT | (seq & MAX_TAG)
 
 
 @dataclass
@@ -571,6 +571,8 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         _world.background.stop()
     _leave_together(_world)
     w, _world = _world, None
+    from .core import forget_routes
+    forget_routes()  # what the point-to-point entries kept of this world
     try:
         w.network.close()
     finally:

@@ -17,7 +17,7 @@ import numpy as np
 from . import core
 from .arrays import Buffer, byte_view
 from .group import ProcessGroup, resolve
-from .wire import MAX_TAG, TAG_BITS
+from .wire import CONTEXT_SHIFT, MAX_TAG
 from .work import CompletedWork, Work, wait_seconds
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
@@ -139,9 +139,6 @@ def core_run(network, program, buf, tag: int) -> bool:
         return program.move(buf, tag)
 
 
-_TAG_SHIFT = TAG_BITS + 1  # a p2p tag is (context << _TAG_SHIFT) | tag, as ProcessGroup.p2p_tag
-
-
 def _on_core(tensor, rank, group_rank, group, tag, writable: bool):
     """(group, peer, array) for a call the core may run: the core chosen, a
     live world, a plain or viewable torch tensor that is contiguous (and
@@ -158,7 +155,7 @@ def _core_send(g: ProcessGroup, peer: int, arr: np.ndarray, tag: int) -> bool:
     one-slot message is then sent), False where the core did not post it
     (the full path does)."""
     program = core_program(g.network, peer, arr.nbytes, False, False)
-    if program is None or not core_run(g.network, program, arr, (g.context << _TAG_SHIFT) | tag):
+    if program is None or not core_run(g.network, program, arr, (g.context << CONTEXT_SHIFT) | tag):
         return False
     g.p2p_ops += 1
     return True
@@ -170,7 +167,7 @@ class _DeferredRecv(Work):
 
     def __init__(self, g: ProcessGroup, peer: int, arr: np.ndarray, tag: int, state: _CoreP2P, program):
         super().__init__(g.network, (), _describe(g, "receive from", peer, tag), keep=arr, timeout=g.timeout)
-        self.peer, self._tag, self._state, self._program = peer, (g.context << _TAG_SHIFT) | tag, state, program
+        self.peer, self._tag, self._state, self._program = peer, (g.context << CONTEXT_SHIFT) | tag, state, program
         with g.network.lock:  # the async calls' thread may be handing the list over (progress)
             state.deferred.append(self)
 
@@ -244,6 +241,11 @@ def isend(tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = Non
     on = _on_core(tensor, dst, group_dst, group, tag, False)
     if on is not None and _core_send(*on, tag):
         return CompletedWork()
+    return _isend(tensor, dst, group, tag, group_dst)
+
+
+def _isend(tensor, dst=None, group=None, tag=0, group_dst=None) -> Work:
+    """isend's full path: every tensor and peer, every check."""
     g, peer, buf, req = _post_send(tensor, dst, group, tag, group_dst, "isend")
     return Work(g.network, [req], _describe(g, "send to", peer, tag), keep=buf, timeout=g.timeout)
 
@@ -277,6 +279,11 @@ def send(tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None
     on = _on_core(tensor, dst, group_dst, group, tag, False)
     if on is not None and _core_send(*on, tag):
         return
+    _send(tensor, dst, group, tag, group_dst)
+
+
+def _send(tensor, dst=None, group=None, tag=0, group_dst=None) -> None:
+    """send's full path."""
     g, peer, buf, req = _post_send(tensor, dst, group, tag, group_dst, "send")
     if not req.done:
         g.network.wait((req,), timeout=g.timeout, describe=_describe(g, "send to", peer, tag))
@@ -291,13 +298,22 @@ def recv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None
         g, peer, arr = on
         program = core_program(g.network, peer, arr.nbytes, True, True)
         if program is not None and not any(d.peer == peer for d in g.network.p2p.deferred) \
-                and core_run(g.network, program, arr, (g.context << _TAG_SHIFT) | tag):
+                and core_run(g.network, program, arr, (g.context << CONTEXT_SHIFT) | tag):
             g.p2p_ops += 1
             return peer
+    return _recv(tensor, src, group, tag, group_src)
+
+
+def _recv(tensor, src=None, group=None, tag=0, group_src=None) -> int:
+    """recv's full path."""
     g, peer, buf, req = _post_recv(tensor, src, group, tag, group_src, "recv")
     g.network.wait((req,), timeout=g.timeout, describe=_describe(g, "receive from", peer, tag))
     buf.finish()
     return req.peer
+
+
+# Their repeated calls go from C to the core (core.entry).
+isend, send, recv = core.entry(isend, _isend), core.entry(send, _send), core.entry(recv, _recv)
 
 
 class P2POp:
