@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("collie.launch:main", "start N ranks of a script on this host (like torchrun/mpiexec)"),
     "bench": ("collie.bench:main", "measure every collective's bandwidth, like nccl-tests (--vs mpi4py,gloo)"),
     "verify": ("collie.verify:main", "prove every algorithm's schedules right for 1..64 ranks, symbolically"),
-    "pingpong": ("collie.pingpong:main", "8-byte round trip and 64 MiB bandwidth over shm and tcp, next to Pipe and TCP"),
+    "pingpong": ("collie.pingpong:main", "8-byte round trip and 64 MiB bandwidth over shm and tcp, next to Pipe, TCP and mpi4py (MPI)"),
     "sim": ("collie.sim:main", "predict any collective at any scale from its real schedules (alpha-beta-gamma, --calibrate)"),
     "draw": ("collie.draw:main", "draw an algorithm's schedules (ranks x rounds, an arrow per message) or a trace, as SVG or PNG"),
     "trace": ("collie.tracing:main", "merge the per-rank traces that COLLIE_TRACE=DIR wrote into one Perfetto file"),

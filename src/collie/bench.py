@@ -1051,11 +1051,22 @@ def peer_missing(peer: str) -> Optional[str]:
     return None
 
 
+def mpiexec_job(n: int, module: str, *args: str) -> tuple[list, dict]:
+    """The command that runs ``python -m module args`` on ``n`` ranks under
+    mpiexec, pinned when collie's ranks are (COLLIE_BIND=core), and its
+    environment: ours without our own job's variables, since the peers are
+    a job of their own."""
+    from . import binding
+    bind = ["-bind-to", "core"] if binding.mode() == "core" else []
+    cmd = ["mpiexec", *bind, "-n", str(n), sys.executable, "-m", module, *args]
+    return cmd, {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+
+
 def run_peer(peer: str, n: int, cfg: Config) -> list:
     """Run the benchmark through ``peer`` (installed: see peer_missing) on
     ``n`` local processes; its rows (empty, after a one-line note on stderr,
     when it fails)."""
-    from . import bench_peers, binding
+    from . import bench_peers
     with tempfile.TemporaryDirectory(prefix="collie-bench-") as tmp:
         out = os.path.join(tmp, "rows.json")
         try:
@@ -1063,11 +1074,7 @@ def run_peer(peer: str, n: int, cfg: Config) -> list:
                 cfg_path = os.path.join(tmp, "config.json")
                 with open(cfg_path, "w") as f:
                     json.dump(cfg._asdict(), f)
-                bind = ["-bind-to", "core"] if binding.mode() == "core" else []
-                cmd = ["mpiexec", *bind, "-n", str(n), sys.executable, "-m", "collie.bench_peers", "mpi4py",
-                       cfg_path, out]
-                # Strip our own job's variables: the peers are a job of their own.
-                env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+                cmd, env = mpiexec_job(n, "collie.bench_peers", "mpi4py", cfg_path, out)
                 done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True)
                 if done.returncode != 0:

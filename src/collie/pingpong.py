@@ -8,6 +8,11 @@ processes:
   collie tcp   collie.send / collie.recv, backend="tcp" (over loopback)
   Pipe         multiprocessing.Pipe (send_bytes / recv_bytes_into)
   TCP socket   a plain TCP socket pair over loopback (sendall / recv_into)
+  mpi4py       mpi4py's comm.Send / comm.Recv on NumPy buffers, two ranks
+               under mpiexec; the row is named for the MPI library
+               ("mpi4py (MPICH)"), and says why when it is skipped (no mpi4py
+               or no mpiexec; COLLIE_BENCH_HIDE=mpi4py, as for collie bench)
+               or fails
 
 Round trip: rank 0 sends 8 bytes, rank 1 sends them back; the median over
 repeats of the mean per round trip. Bandwidth: rank 0 sends the message
@@ -17,15 +22,20 @@ repeats of the mean per round trip. Bandwidth: rank 0 sends the message
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import socket
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
 
 SMALL = 8
+DEADLINE = 300  # seconds a way may take before it counts as hung
 
 
 def _timed(step, iters: int, repeats: int = 5) -> float:
@@ -120,7 +130,7 @@ def _pair(target, args_of) -> tuple[float, float]:
     procs = [ctx.Process(target=_child, args=(target, *args_of(rank), send), daemon=True) for rank in (0, 1)]
     for p in procs:
         p.start()
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + DEADLINE
     result = None
     try:
         while not receive.poll(0.2):  # a rank that died is reported now, not at the deadline
@@ -128,7 +138,7 @@ def _pair(target, args_of) -> tuple[float, float]:
             if failed:
                 raise RuntimeError(f"{target.__name__}: a rank exited with code {failed[0]} before a result")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{target.__name__} produced no result within 300 s")
+                raise RuntimeError(f"{target.__name__} produced no result within {DEADLINE} s")
         result = receive.recv()
     finally:
         for p in procs:
@@ -137,6 +147,54 @@ def _pair(target, args_of) -> tuple[float, float]:
                 p.kill()
                 p.join(10)
     return result
+
+
+def _mpi4py_rank(nbytes: int, iters: int, reps: int, out: str) -> None:
+    """One rank under mpiexec: the loop through mpi4py's uppercase calls,
+    the ones that send a NumPy buffer without pickling it. Rank 0 writes the
+    library's name and its result to ``out``, since mpiexec's ranks cannot
+    hand back a Python object."""
+    from .bench_peers import MpiComm
+    mpi = MpiComm()
+    comm, peer = mpi.comm, 1 - mpi.rank
+    rtt, bandwidth = _measure(mpi.rank, lambda buf: comm.Send(buf, peer), lambda buf: comm.Recv(buf, peer),
+                              nbytes, iters, reps, warm_stream=True)  # warmed as collie's ranks are
+    if mpi.rank == 0:
+        with open(out, "w") as f:
+            json.dump({"library": mpi.library, "rtt": rtt, "bandwidth": bandwidth}, f)
+
+
+def _mpi4py(nbytes: int, iters: int, reps: int):
+    """("mpi4py (LIBRARY)", (rtt, bandwidth)), or ("mpi4py", why not): MPI is
+    the round trip to beat, but an MPI that is missing, fails or hangs must
+    not sink the other rows."""
+    from .bench import mpiexec_job, peer_missing
+    from .launch import die_with_parent
+    missing = peer_missing("mpi4py")
+    if missing:
+        return "mpi4py", f"skipped: {missing}"
+    with tempfile.TemporaryDirectory(prefix="collie-pingpong-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        cmd, env = mpiexec_job(2, "collie.pingpong", "mpi4py", str(nbytes), str(iters), str(reps), out)
+        try:  # on a timeout run() kills mpiexec, whose proxies then kill the ranks
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=DEADLINE,
+                                  preexec_fn=die_with_parent)  # and if this command is killed, too
+        except subprocess.TimeoutExpired:
+            return "mpi4py", f"failed: no result within {DEADLINE} s"
+        if done.returncode != 0 or not os.path.exists(out):
+            tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]
+            return "mpi4py", f"failed: {tail[0] if tail else f'mpiexec exited with code {done.returncode}'}"
+        with open(out) as f:
+            result = json.load(f)
+    return f"mpi4py ({result['library']})", (result["rtt"], result["bandwidth"])
+
+
+def _print_row(name: str, result) -> None:
+    """One way's line: its (rtt, bandwidth), or why it has none."""
+    if isinstance(result, str):
+        print(f"{name:<24}{result}", flush=True)
+    else:
+        print(f"{name:<24}{result[0] * 1e6:>15.1f} us{result[1] / 1e9:>15.2f} GB/s", flush=True)
 
 
 def main(argv=None) -> int:
@@ -164,8 +222,14 @@ def main(argv=None) -> int:
     ways.append(("TCP socket pair", _socket_rank, lambda rank: (rank, listener, n, iters, reps)))
     try:
         for name, target, args_of in ways:
-            rtt, bandwidth = _pair(target, args_of)
-            print(f"{name:<24}{rtt * 1e6:>15.1f} us{bandwidth / 1e9:>15.2f} GB/s", flush=True)
+            _print_row(name, _pair(target, args_of))
     finally:
         listener.close()
+    _print_row(*_mpi4py(n, iters, reps))
     return 0
+
+
+if __name__ == "__main__":  # a rank under mpiexec: python -m collie.pingpong mpi4py BYTES ITERS REPS OUT
+    if len(sys.argv) != 6 or sys.argv[1] != "mpi4py":
+        sys.exit("usage: mpiexec -n 2 python -m collie.pingpong mpi4py BYTES ITERS REPS OUT")
+    _mpi4py_rank(*map(int, sys.argv[2:5]), sys.argv[5])
