@@ -586,14 +586,13 @@ fail:
 enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN,
        N_UNEXPECTED, N_HEAD, N_TAIL, N_NEXT_ID, N_SEQ, N_ABORT, N_LOST, N_TRACE, N_LOCK, N_DONE, N_WORLD, N_GROUP, N_NETWORK, N_LANES, N_BACKGROUND,
        N_DRAIN, N_RANK, N_RANKS, N_INDEX, N_DTYPE, N_SIZE, N_CODE, N_SUM, N_P2P, N_PROGRAMS, N_DEFERRED,
-       N_CONTEXT, N_P2P_OPS, N_EXECUTE, N_EXECUTE_C, N_ACQUIRE, N_RELEASE, NNAMES };
+       N_CONTEXT, N_P2P_OPS, N_ACQUIRE, N_RELEASE, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
                                            "done", "_world", "group", "network", "lanes", "background",
                                            "drain", "rank", "ranks", "_index", "dtype", "size", "code", "SUM",
-                                           "p2p", "programs", "deferred", "context", "p2p_ops", "EXECUTE",
-                                           "execute", "acquire", "release"};
+                                           "p2p", "programs", "deferred", "context", "p2p_ops", "acquire", "release"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -1417,6 +1416,16 @@ static PyTypeObject LaneType = {
 static PyObject *group_module_dict, *group_type, *ndarray_type, *numpy_view, *dtype_names;
 static long long max_tag_value;
 
+/* Whether core.select() chose the core (COLLIE_EXECUTOR): set_executor(). */
+static int core_chosen;
+
+static PyObject *py_set_executor(PyObject *self, PyObject *arg) {
+    int chosen = PyObject_IsTrue(arg);
+    if (chosen < 0) return NULL;
+    core_chosen = chosen;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_context(PyObject *self, PyObject *args) {
     PyObject *dict, *type, *ndarray, *view, *dtypes;
     long long max_tag;
@@ -1566,7 +1575,7 @@ static PyObject *py_p2p_target(PyObject *self, PyObject *const *args, Py_ssize_t
 
 /* ------------------------------------------------------------ entries */
 
-/* Entry(kind, function, name, reduce_op_type[, full, core_dict, completed,
+/* Entry(kind, function, name, reduce_op_type[, full, completed,
  * tag_shift]): a public function with a way through C for its repeated
  * calls; every other call goes to ``function``, the Python function, as it
  * was.
@@ -1630,7 +1639,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     PyObject *function, *name, *op_type, *sum, *dict;
-    PyObject *full, *core_dict, *completed;  /* point to point's: see above; core.py's globals; CompletedWork */
+    PyObject *full, *completed;  /* point to point's: see above; CompletedWork */
     int kind, tag_shift;
     vectorcallfunc vectorcall;
     route_t routes[ROUTES]; /* point to point's last calls */
@@ -1676,7 +1685,6 @@ static int entry_traverse(Entry *self, visitproc visit, void *arg) {
     Py_VISIT(self->sum);
     Py_VISIT(self->dict);
     Py_VISIT(self->full);
-    Py_VISIT(self->core_dict);
     Py_VISIT(self->completed);
     for (int i = 0; i < ROUTES; i++)
         if (route_traverse(&self->routes[i], visit, arg)) return -1;
@@ -1690,7 +1698,6 @@ static int entry_clear(Entry *self) {
     Py_CLEAR(self->sum);
     Py_CLEAR(self->dict);
     Py_CLEAR(self->full);
-    Py_CLEAR(self->core_dict);
     Py_CLEAR(self->completed);
     for (int i = 0; i < ROUTES; i++) route_clear(&self->routes[i]);
     return 0;
@@ -1841,9 +1848,7 @@ static PyObject *route_move(Entry *self, route_t *r, Py_buffer *b, int *tried) {
  * not try again). */
 static PyObject *p2p_fast(Entry *self, PyObject **v, int *tried) {
     int receiving = self->kind == ENTRY_RECV;
-    PyObject *chosen = PyDict_GetItemWithError(self->core_dict, names[N_EXECUTE]);  /* core.EXECUTE is core.execute */
-    if (!chosen || chosen != PyDict_GetItemWithError(self->core_dict, names[N_EXECUTE_C]) || !group_module_dict)
-        return NULL;
+    if (!core_chosen || !group_module_dict) return NULL;
     PyObject *world = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
     if (!world || world == Py_None) return NULL;
     route_t fresh = {0}, *r = NULL;
@@ -1942,14 +1947,14 @@ static PyObject *entry_vectorcall(Entry *self, PyObject *const *args, size_t nar
 
 static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     int kind, tag_shift = 0;
-    PyObject *function, *name, *op_type, *full = Py_None, *core_dict = Py_None, *completed = Py_None;
-    if (!PyArg_ParseTuple(args, "iOUO!|OOOi", &kind, &function, &name, &PyType_Type, &op_type, &full, &core_dict,
-                          &completed, &tag_shift)) return NULL;
+    PyObject *function, *name, *op_type, *full = Py_None, *completed = Py_None;
+    if (!PyArg_ParseTuple(args, "iOUO!|OOi", &kind, &function, &name, &PyType_Type, &op_type, &full, &completed,
+                          &tag_shift)) return NULL;
     int p2p = kind >= ENTRY_P2P;
     if (kind < 0 || kind >= NENTRIES || !PyCallable_Check(function)
-        || (p2p && (!PyCallable_Check(full) || !PyDict_Check(core_dict) || !PyCallable_Check(completed)
+        || (p2p && (!PyCallable_Check(full) || !PyCallable_Check(completed)
                     || tag_shift <= 0 || tag_shift >= 63))) {
-        PyErr_SetString(PyExc_ValueError, "Entry(kind, function, name, ReduceOp[, full, core_dict, completed, "
+        PyErr_SetString(PyExc_ValueError, "Entry(kind, function, name, ReduceOp[, full, completed, "
                         "tag_shift]): no such kind, not callable, or a point-to-point kind without the rest");
         return NULL;
     }
@@ -1958,7 +1963,6 @@ static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->kind = kind;
     self->tag_shift = tag_shift;
     self->full = Py_NewRef(full);
-    self->core_dict = Py_NewRef(core_dict);
     self->completed = Py_NewRef(completed);
     if (p2p) p2p_register(self, 1);  /* (past MAX_P2P_ENTRIES, its routes stay until it goes) */
     self->function = Py_NewRef(function);
@@ -2001,7 +2005,7 @@ static PyTypeObject EntryType = {
     .tp_name = "collie._core.Entry",
     .tp_basicsize = sizeof(Entry),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "A collective's public function, with its repeated calls' way to their lane (collectives.py).",
+    .tp_doc = "A public function with a way through C for its repeated calls (collectives.py, p2p.py).",
     .tp_new = entry_new,
     .tp_dealloc = (destructor)entry_dealloc,
     .tp_traverse = (traverseproc)entry_traverse,
@@ -2161,6 +2165,8 @@ static PyMethodDef methods[] = {
      "set_ring_ends(Out, In): where the ring ends' slots are (core.py, at import)."},
     {"set_context", py_set_context, METH_VARARGS,
      "set_context(group module's dict, ProcessGroup, ndarray, numpy_view, dtype names, max tag): see _core.c."},
+    {"set_executor", py_set_executor, METH_O,
+     "set_executor(core_chosen): whether the entries may run the core (core.select)."},
     {"forget_routes", py_forget_routes, METH_NOARGS,
      "forget_routes(): drop the point-to-point entries' routes (destroy_process_group)."},
     {"set_thread_spin", py_set_thread_spin, METH_VARARGS,

@@ -70,7 +70,7 @@ def entry(function, full: Optional[Callable] = None):
     kind = _ENTRIES[function.__name__]
     if full is None:
         return Entry(kind, function, function.__name__, ReduceOp)
-    return Entry(kind, function, function.__name__, ReduceOp, full, globals(), CompletedWork, CONTEXT_SHIFT)
+    return Entry(kind, function, function.__name__, ReduceOp, full, CompletedWork, CONTEXT_SHIFT)
 
 # Reduce ops and dtypes with a compiled kernel (codes as in _core.c).
 _OPS = {"SUM": 0, "AVG": 0, "PREMUL_SUM": 0, "PRODUCT": 1, "MIN": 2, "MAX": 3, "BAND": 4, "BOR": 5, "BXOR": 6}
@@ -402,6 +402,8 @@ def select(environ=os.environ) -> None:
     global EXECUTOR, WHY, EXECUTE
     EXECUTOR, WHY = choose(environ)
     EXECUTE = execute if EXECUTOR == "c" else engine.execute
+    if _core is not None:
+        _core.set_executor(EXECUTOR == "c")  # for the point-to-point entries
     if environ.get("COLLIE_DEBUG", "").upper() in ("INFO", "TRACE"):
         print(f"collie INFO executor: {EXECUTOR} ({WHY})", file=sys.stderr, flush=True)
 

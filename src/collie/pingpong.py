@@ -194,7 +194,7 @@ def _print_row(name: str, result) -> None:
     if isinstance(result, str):
         print(f"{name:<24}{result}", flush=True)
     else:
-        print(f"{name:<24}{result[0] * 1e6:>15.1f} us{result[1] / 1e9:>15.2f} GB/s", flush=True)
+        print(f"{name:<24}{result[0] * 1e6:>15.2f} us{result[1] / 1e9:>15.2f} GB/s", flush=True)
 
 
 def main(argv=None) -> int:
