@@ -348,6 +348,14 @@ def _repeated_body(rank, size):
                 got.append(int(late[0]) if collie.recv(late, group_src=peer, tag=7) == peer else None)
             out.append(got == [-i, i, 2 * i] + ([i] if i % 10 == 9 else []))
     if rank == 0:
+        for i in range(5):
+            collie.send(np.full(4, 300 + i, np.float32), peer, tag=9)
+    else:
+        time.sleep(0.05)  # they are all there: each irecv takes its message as it is posted
+        works = [collie.irecv(buf, peer, tag=9) for buf in (f32, i32.view(np.float32), late, f32, late)]
+        waited = [(w.is_completed(), w.result()) for w in works]
+        out.append(waited == [(True, peer)] * 5 and (f32[0], late[0]) == (303, 304))
+    if rank == 0:
         try:  # the size of a route's array, of a dtype collie does not move
             collie.send(np.array([None, None], dtype=object), peer)
             out.append("an object array sent")
@@ -382,7 +390,7 @@ def _repeated_body(rank, size):
 @pytest.mark.parametrize("executor", ["c", "python"])
 def test_repeated_calls_and_what_leaves_their_route(executor):
     sender, receiver = run_ranks(_repeated_body, 2, backend="shm", env={"COLLIE_EXECUTOR": executor})
-    assert (sender, receiver) == ([True], [True] * 44)
+    assert (sender, receiver) == ([True], [True] * 45)
 
 
 def test_point_to_point_entries_look_like_their_functions():

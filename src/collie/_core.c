@@ -1583,11 +1583,12 @@ static PyObject *py_p2p_target(PyObject *self, PyObject *const *args, Py_ssize_t
  *    NumPy array whose shape already has a lane goes to it from here (the
  *    key, the look-up and the run, with no Python frame: about a fifth of a
  *    small call).
- *  - collie.p2p's send, recv and isend: a message the core's program made
- *    before moves from here (see p2p_fast); where the core tried and could
- *    not, the call goes on in ``full``, the Python function's path after
- *    its own try. */
-enum { ENTRY_ALL_REDUCE, ENTRY_BROADCAST, ENTRY_REDUCE, ENTRY_SEND, ENTRY_RECV, ENTRY_ISEND, NENTRIES };
+ *  - collie.p2p's send, recv, isend and irecv: a message the core's program
+ *    made before moves from here (see p2p_fast); where the core tried and
+ *    could not, the call goes on in ``full``, the Python function's path
+ *    after its own try (an irecv's: the function itself, which defers the
+ *    receive its first look did not find). */
+enum { ENTRY_ALL_REDUCE, ENTRY_BROADCAST, ENTRY_REDUCE, ENTRY_SEND, ENTRY_RECV, ENTRY_ISEND, ENTRY_IRECV, NENTRIES };
 #define ENTRY_P2P ENTRY_SEND  /* the kinds from here on are point to point */
 #define ENTRY_ARGS 7
 static const char *entry_params[NENTRIES][ENTRY_ARGS + 1] = {
@@ -1597,6 +1598,7 @@ static const char *entry_params[NENTRIES][ENTRY_ARGS + 1] = {
     {"tensor", "dst", "group", "tag", "group_dst", NULL},
     {"tensor", "src", "group", "tag", "group_src", NULL},
     {"tensor", "dst", "group", "tag", "group_dst", NULL},
+    {"tensor", "src", "group", "tag", "group_src", NULL},
 };
 static PyObject *entry_param_names[NENTRIES][ENTRY_ARGS];  /* interned at import */
 static int entry_nparams[NENTRIES];                          /* counted then */
@@ -1607,6 +1609,7 @@ static const char entry_defaults[NENTRIES][ENTRY_ARGS] = {
     {0, IS_SUM, IS_NONE, IS_FALSE, IS_NONE},
     {0, IS_NONE, IS_NONE, IS_FALSE, IS_NONE, IS_NONE},
     {0, IS_NONE, IS_SUM, IS_NONE, IS_FALSE, IS_NONE, IS_NONE},
+    {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
     {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
     {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
     {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
@@ -1771,8 +1774,9 @@ static int route_find(Entry *self, PyObject **v, route_t *r, Py_buffer *b, int r
     if (!(programs = PyObject_GetAttr(state, names[N_PROGRAMS])) || !(r->deferred = PyObject_GetAttr(state, names[N_DEFERRED]))
         || !(size = PyLong_FromSsize_t(b->len)))
         goto out;
-    PyObject *flag = receiving ? Py_True : Py_False;
-    if (!(key = PyTuple_Pack(4, r->peer, size, flag, flag))) goto out;
+    /* (peer, bytes, receiving, blocking), as p2p._CoreP2P keeps them: an irecv looks once */
+    PyObject *flag = receiving ? Py_True : Py_False, *blocking = self->kind == ENTRY_RECV ? Py_True : Py_False;
+    if (!(key = PyTuple_Pack(4, r->peer, size, flag, blocking))) goto out;
     PyObject *program = PyDict_Check(programs) ? PyDict_GetItemWithError(programs, key) : NULL;
     if (PyErr_Occurred()) goto out;
     found = 0;
@@ -1803,7 +1807,7 @@ out:
 
 /* Move the call's message on route ``r`` (``b``: its array): see p2p_fast. */
 static PyObject *route_move(Entry *self, route_t *r, Py_buffer *b, int *tried) {
-    if (self->kind == ENTRY_RECV && PyList_GET_SIZE(r->deferred))
+    if ((self->kind == ENTRY_RECV || self->kind == ENTRY_IRECV) && PyList_GET_SIZE(r->deferred))
         return NULL;  /* receives posted before this one take their messages first: Python sorts that out */
     int quiet = dict_is(r->network_dict, r->network, N_ABORT, Py_None);
     if (quiet == 1) {
@@ -1835,8 +1839,12 @@ static PyObject *route_move(Entry *self, route_t *r, Py_buffer *b, int *tried) {
     int set = PyDict_SetItem(r->group_dict, names[N_P2P_OPS], ops);
     Py_DECREF(ops);
     if (set < 0) return NULL;
-    return self->kind == ENTRY_RECV ? Py_NewRef(r->peer)
-           : self->kind == ENTRY_ISEND ? PyObject_CallNoArgs(self->completed) : Py_NewRef(Py_None);
+    switch (self->kind) {
+    case ENTRY_RECV: return Py_NewRef(r->peer);
+    case ENTRY_ISEND: return PyObject_CallNoArgs(self->completed);
+    case ENTRY_IRECV: return PyObject_CallOneArg(self->completed, r->peer);  /* its result(): the sender */
+    default: return Py_NewRef(Py_None);
+    }
 }
 
 /* The core's move of a point-to-point call (send, recv or isend, its
@@ -1847,7 +1855,7 @@ static PyObject *route_move(Entry *self, route_t *r, Py_buffer *b, int *tried) {
  * slower than the spin...: then the call goes on in ``full``, which does
  * not try again). */
 static PyObject *p2p_fast(Entry *self, PyObject **v, int *tried) {
-    int receiving = self->kind == ENTRY_RECV;
+    int receiving = self->kind == ENTRY_RECV || self->kind == ENTRY_IRECV;
     if (!core_chosen || !group_module_dict) return NULL;
     PyObject *world = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
     if (!world || world == Py_None) return NULL;

@@ -53,7 +53,7 @@ except ImportError:  # not built: no C compiler (or Python headers) at install t
 _CHOICES = ("auto", "c", "python")
 
 # The public functions with an entry in C (_core.Entry), by name.
-_ENTRIES = {"all_reduce": 0, "broadcast": 1, "reduce": 2, "send": 3, "recv": 4, "isend": 5}
+_ENTRIES = {"all_reduce": 0, "broadcast": 1, "reduce": 2, "send": 3, "recv": 4, "isend": 5, "irecv": 6}
 
 
 def entry(function, full: Optional[Callable] = None):

@@ -259,6 +259,7 @@ def irecv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = Non
         g, peer, arr = on
         program = core_program(g.network, peer, arr.nbytes, True, True)
         if program is not None:
+            core_program(g.network, peer, arr.nbytes, True, False)  # the C entry's look, on the next such call
             return _DeferredRecv(g, peer, arr, tag, g.network.p2p, program)
     g, peer, buf, req = _post_recv(tensor, src, group, tag, group_src, "irecv")
 
@@ -312,8 +313,10 @@ def _recv(tensor, src=None, group=None, tag=0, group_src=None) -> int:
     return req.peer
 
 
-# Their repeated calls go from C to the core (core.entry).
+# Their repeated calls go from C to the core (core.entry); an irecv whose
+# message is not there yet is deferred, by irecv itself.
 isend, send, recv = core.entry(isend, _isend), core.entry(send, _send), core.entry(recv, _recv)
+irecv = core.entry(irecv, irecv)
 
 
 class P2POp:
