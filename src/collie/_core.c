@@ -1462,6 +1462,16 @@ static PyObject *live_group(PyObject *group, PyObject **world) {
  * done, or None: the caller takes the full path. ``group``: a ProcessGroup
  * of the live world, or None for its default group. (What every repeated
  * call looks up first, so it is here rather than in collectives.py.) */
+/* The async_op=True calls before a blocking one finish first: 0, or -1 on error. */
+static int drain_background(PyObject *world) {
+    PyObject *background = PyObject_GetAttr(world, names[N_BACKGROUND]);
+    if (!background) return -1;
+    PyObject *drained = background == Py_None ? Py_NewRef(Py_None) : PyObject_CallMethodNoArgs(background, names[N_DRAIN]);
+    Py_DECREF(background);
+    Py_XDECREF(drained);
+    return drained ? 0 : -1;
+}
+
 static PyObject *lane_of(PyObject *group, PyObject *key, PyObject *tensor) {
     PyObject *world = NULL, *lane = NULL, *result = NULL;
     PyObject *g = live_group(group, &world);
@@ -1483,16 +1493,8 @@ static PyObject *lane_of(PyObject *group, PyObject *key, PyObject *tensor) {
         Py_RETURN_NONE;
     }
     PyBuffer_Release(&view);
-    PyObject *background = PyObject_GetAttr(world, names[N_BACKGROUND]);
-    if (background && background != Py_None) {  /* the async_op=True calls before it finish first */
-        PyObject *drained = PyObject_CallMethodNoArgs(background, names[N_DRAIN]);
-        if (drained) result = lane;
-        Py_XDECREF(drained);
-    } else if (background) {
-        result = lane;
-    }
-    Py_XDECREF(background);
-    if (!result) Py_DECREF(lane);
+    if (drain_background(world) == 0) result = lane;
+    else Py_DECREF(lane);
     return result;
 }
 
@@ -1639,6 +1641,32 @@ typedef struct {
     int64_t wire_tag;
 } route_t;
 
+/* A collective entry's memo: the lane a call took, for the next calls with
+ * the very same arguments (ops, ranks, groups and algorithms are the same
+ * objects call after call) on an array of the same dtype and size, which
+ * then skip the key and the look-up. A lane stays right for its calls: a
+ * new world clears the memos (forget_routes); a lane that left its group's
+ * lanes (they are bounded) still runs them as it did. */
+typedef struct {
+    PyObject *world, *dtype, *args[ENTRY_ARGS], *lane;  /* NULL lane: an empty memo */
+    Py_ssize_t nbytes;
+} memo_t;
+
+static void memo_clear(memo_t *m) {
+    Py_CLEAR(m->world);
+    Py_CLEAR(m->dtype);
+    Py_CLEAR(m->lane);
+    for (int i = 0; i < ENTRY_ARGS; i++) Py_CLEAR(m->args[i]);
+}
+
+static int memo_traverse(memo_t *m, visitproc visit, void *arg) {
+    Py_VISIT(m->world);
+    Py_VISIT(m->dtype);
+    Py_VISIT(m->lane);
+    for (int i = 0; i < ENTRY_ARGS; i++) Py_VISIT(m->args[i]);
+    return 0;
+}
+
 typedef struct {
     PyObject_HEAD
     PyObject *function, *name, *op_type, *sum, *dict;
@@ -1646,7 +1674,8 @@ typedef struct {
     int kind, tag_shift;
     vectorcallfunc vectorcall;
     route_t routes[ROUTES]; /* point to point's last calls */
-    unsigned next_route;    /* the one the next new route replaces */
+    memo_t memos[ROUTES];   /* a collective's */
+    unsigned next_route;    /* the one the next new route or memo replaces */
 } Entry;
 
 static void route_clear(route_t *r) {
@@ -1662,22 +1691,24 @@ static int route_traverse(route_t *r, visitproc visit, void *arg) {
     return 0;
 }
 
-/* The point-to-point entries alive (a few: send, recv, isend), whose
- * routes forget_routes() drops. */
-#define MAX_P2P_ENTRIES 16
-static Entry *p2p_entries[MAX_P2P_ENTRIES];
+/* The entries alive (a few: the collectives' and point to point's), whose
+ * routes and memos forget_routes() drops. */
+#define MAX_ENTRIES 16
+static Entry *entries[MAX_ENTRIES];
 
-static void p2p_register(Entry *e, int on) {
-    for (int i = 0; i < MAX_P2P_ENTRIES; i++)
-        if (p2p_entries[i] == (on ? NULL : e)) { p2p_entries[i] = on ? e : NULL; return; }
+static void entry_register(Entry *e, int on) {
+    for (int i = 0; i < MAX_ENTRIES; i++)
+        if (entries[i] == (on ? NULL : e)) { entries[i] = on ? e : NULL; return; }
 }
 
-/* forget_routes(): drop every route (destroy_process_group: the world they
- * lead into is gone, and they would keep it alive). */
+/* forget_routes(): drop every route and memo (destroy_process_group: the
+ * world they lead into is gone, and they would keep it alive). */
 static PyObject *py_forget_routes(PyObject *self, PyObject *unused) {
-    for (int i = 0; i < MAX_P2P_ENTRIES; i++)
-        if (p2p_entries[i])
-            for (int j = 0; j < ROUTES; j++) route_clear(&p2p_entries[i]->routes[j]);
+    for (int i = 0; i < MAX_ENTRIES; i++)
+        for (int j = 0; entries[i] && j < ROUTES; j++) {
+            route_clear(&entries[i]->routes[j]);
+            memo_clear(&entries[i]->memos[j]);
+        }
     Py_RETURN_NONE;
 }
 
@@ -1690,7 +1721,7 @@ static int entry_traverse(Entry *self, visitproc visit, void *arg) {
     Py_VISIT(self->full);
     Py_VISIT(self->completed);
     for (int i = 0; i < ROUTES; i++)
-        if (route_traverse(&self->routes[i], visit, arg)) return -1;
+        if (route_traverse(&self->routes[i], visit, arg) || memo_traverse(&self->memos[i], visit, arg)) return -1;
     return 0;
 }
 
@@ -1702,13 +1733,16 @@ static int entry_clear(Entry *self) {
     Py_CLEAR(self->dict);
     Py_CLEAR(self->full);
     Py_CLEAR(self->completed);
-    for (int i = 0; i < ROUTES; i++) route_clear(&self->routes[i]);
+    for (int i = 0; i < ROUTES; i++) {
+        route_clear(&self->routes[i]);
+        memo_clear(&self->memos[i]);
+    }
     return 0;
 }
 
 static void entry_dealloc(Entry *self) {
     PyObject_GC_UnTrack(self);
-    p2p_register(self, 0);
+    entry_register(self, 0);
     entry_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -1904,6 +1938,55 @@ out:
     return result;
 }
 
+/* The lane of a collective's call whose arguments are ``v`` (a new
+ * reference), or NULL (with an error, or none: no lane): from a memo, or
+ * found by its key and then remembered. */
+static PyObject *entry_lane(Entry *self, PyObject **v, int count) {
+    PyObject *world = NULL, *dtype = NULL, *lane = NULL;
+    Py_ssize_t nbytes = -1;
+    if (Py_IS_TYPE(v[0], (PyTypeObject *)ndarray_type) && v[entry_async_at[self->kind]] == Py_False
+        && group_module_dict) {
+        world = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
+        if (!world || world == Py_None) return NULL;
+        Py_buffer view;  /* a lane writes its arrays in place: C-contiguous and writable, or no lane */
+        if (PyObject_GetBuffer(v[0], &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            return NULL;
+        }
+        nbytes = view.len;
+        PyBuffer_Release(&view);
+        if (!(dtype = PyObject_GetAttr(v[0], names[N_DTYPE]))) return NULL;
+        for (int i = 0; i < ROUTES && !lane; i++) {
+            memo_t *m = &self->memos[i];
+            int same = m->lane && m->world == world && m->dtype == dtype && m->nbytes == nbytes;
+            for (int j = 1; same && j < count; j++) same = m->args[j] == v[j];
+            if (same) lane = Py_NewRef(m->lane);
+        }
+        if (lane) {
+            Py_DECREF(dtype);
+            if (drain_background(world) == 0) return lane;
+            Py_DECREF(lane);
+            return NULL;
+        }
+    }
+    PyObject *key = entry_key(self, v);
+    if (key) {
+        lane = lane_of(v[entry_group_at[self->kind]], key, v[0]);
+        Py_DECREF(key);
+    }
+    if (dtype && lane && Py_IS_TYPE(lane, &LaneType)) {  /* remembered for the next such call */
+        memo_t *m = &self->memos[self->next_route++ % ROUTES];
+        memo_clear(m);
+        m->world = Py_NewRef(world);
+        m->dtype = Py_NewRef(dtype);
+        m->nbytes = nbytes;
+        m->lane = Py_NewRef(lane);
+        for (int j = 1; j < count; j++) m->args[j] = Py_NewRef(v[j]);
+    }
+    Py_XDECREF(dtype);
+    return lane;
+}
+
 static PyObject *entry_vectorcall(Entry *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     PyObject **params = entry_param_names[self->kind];
@@ -1933,11 +2016,7 @@ static PyObject *entry_vectorcall(Entry *self, PyObject *const *args, size_t nar
         return PyObject_Vectorcall(tried ? self->full : self->function, args, nargsf, kwnames);
     }
     if (ok) {
-        PyObject *key = entry_key(self, v), *lane = NULL;
-        if (key) {
-            lane = lane_of(v[entry_group_at[self->kind]], key, v[0]);
-            Py_DECREF(key);
-        }
+        PyObject *lane = entry_lane(self, v, count);
         if (PyErr_Occurred()) {
             Py_XDECREF(lane);
             return NULL;
@@ -1972,7 +2051,7 @@ static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->tag_shift = tag_shift;
     self->full = Py_NewRef(full);
     self->completed = Py_NewRef(completed);
-    if (p2p) p2p_register(self, 1);  /* (past MAX_P2P_ENTRIES, its routes stay until it goes) */
+    entry_register(self, 1);  /* (past MAX_ENTRIES, its routes and memos stay until it goes) */
     self->function = Py_NewRef(function);
     self->name = Py_NewRef(name);
     self->op_type = Py_NewRef(op_type);
