@@ -586,13 +586,13 @@ fail:
 enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN,
        N_UNEXPECTED, N_HEAD, N_TAIL, N_NEXT_ID, N_SEQ, N_ABORT, N_LOST, N_TRACE, N_LOCK, N_DONE, N_WORLD, N_GROUP, N_NETWORK, N_LANES, N_BACKGROUND,
        N_DRAIN, N_RANK, N_RANKS, N_INDEX, N_DTYPE, N_SIZE, N_CODE, N_SUM, N_P2P, N_PROGRAMS, N_DEFERRED,
-       N_CONTEXT, N_P2P_OPS, N_ACQUIRE, N_RELEASE, NNAMES };
+       N_CONTEXT, N_P2P_OPS, N_RESULT, N_ACQUIRE, N_RELEASE, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
                                            "done", "_world", "group", "network", "lanes", "background",
                                            "drain", "rank", "ranks", "_index", "dtype", "size", "code", "SUM",
-                                           "p2p", "programs", "deferred", "context", "p2p_ops", "acquire", "release"};
+                                           "p2p", "programs", "deferred", "context", "p2p_ops", "_result", "acquire", "release"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -1873,12 +1873,13 @@ static PyObject *route_move(Entry *self, route_t *r, Py_buffer *b, int *tried) {
     int set = PyDict_SetItem(r->group_dict, names[N_P2P_OPS], ops);
     Py_DECREF(ops);
     if (set < 0) return NULL;
-    switch (self->kind) {
-    case ENTRY_RECV: return Py_NewRef(r->peer);
-    case ENTRY_ISEND: return PyObject_CallNoArgs(self->completed);
-    case ENTRY_IRECV: return PyObject_CallOneArg(self->completed, r->peer);  /* its result(): the sender */
-    default: return Py_NewRef(Py_None);
-    }
+    if (self->kind == ENTRY_SEND) return Py_NewRef(Py_None);
+    if (self->kind == ENTRY_RECV) return Py_NewRef(r->peer);
+    /* A CompletedWork, made as object() would (its state is its class's): an irecv's result() is the sender. */
+    PyTypeObject *type = (PyTypeObject *)self->completed;
+    PyObject *work = type->tp_new(type, no_requests, NULL);
+    if (work && self->kind == ENTRY_IRECV && PyObject_SetAttr(work, names[N_RESULT], r->peer) < 0) Py_CLEAR(work);
+    return work;
 }
 
 /* The core's move of a point-to-point call (send, recv or isend, its
@@ -2039,7 +2040,7 @@ static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
                           &tag_shift)) return NULL;
     int p2p = kind >= ENTRY_P2P;
     if (kind < 0 || kind >= NENTRIES || !PyCallable_Check(function)
-        || (p2p && (!PyCallable_Check(full) || !PyCallable_Check(completed)
+        || (p2p && (!PyCallable_Check(full) || !PyType_Check(completed)
                     || tag_shift <= 0 || tag_shift >= 63))) {
         PyErr_SetString(PyExc_ValueError, "Entry(kind, function, name, ReduceOp[, full, completed, "
                         "tag_shift]): no such kind, not callable, or a point-to-point kind without the rest");

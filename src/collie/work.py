@@ -77,11 +77,18 @@ class Work:
 class CompletedWork(Work):
     """A call that finished before it returned (nothing to communicate)."""
 
-    # Made on the hot path of calls that finish at once: the state is the class's.
-    _network, _requests, _on_done, _keep, _timeout, _finished, _error = None, (), None, None, None, True, None
+    # Made on the hot path of calls that finish at once: the state is the
+    # class's (the compiled core's entries make them without __init__).
+    _network, _requests, _on_done, _keep, _timeout, _finished, _error, _result = \
+        None, (), None, None, None, True, None, None
 
     def __init__(self, result=None):
         self._result = result
+
+    def wait(self, timeout=None) -> bool:
+        if timeout is not None:
+            wait_seconds(timeout, None)  # a bad one is refused, as Work.wait does
+        return True
 
     def _describe(self) -> str:
         return "a completed call"
