@@ -531,21 +531,24 @@ def test_torch_tensors_take_lanes_through_their_numpy_view(executor):
 
 
 def test_the_public_entries_stand_for_their_functions():
-    """all_reduce, broadcast and reduce are C entries (core.entry) where
-    the core is built: what inspect, help and pickle see is the Python
-    function's."""
+    """all_reduce, broadcast, reduce, all_gather_into_tensor,
+    reduce_scatter_tensor and all_to_all_single are C entries (core.entry)
+    where the core is built: what inspect, help and pickle see is the
+    Python function's."""
     import inspect
     import pickle
     import collie
     from collie import collectives, core
-    for name in ("all_reduce", "broadcast", "reduce"):
+    for name, first in (("all_reduce", "tensor"), ("broadcast", "tensor"), ("reduce", "tensor"),
+                        ("all_gather_into_tensor", "output_tensor"), ("reduce_scatter_tensor", "output"),
+                        ("all_to_all_single", "output")):
         entry = getattr(collie, name)
         assert entry is getattr(collectives, name)
         assert pickle.loads(pickle.dumps(entry)) is entry
         assert entry.__name__ == name and entry.__doc__ and entry.__module__ == "collie.collectives"
         function = getattr(entry, "__wrapped__", entry)
         assert inspect.signature(entry) == inspect.signature(function)
-        assert list(inspect.signature(entry).parameters)[0] == "tensor"
+        assert list(inspect.signature(entry).parameters)[0] == first
         if core.Entry is not None:
             assert type(entry) is core.Entry and inspect.isfunction(function)
 
@@ -616,3 +619,51 @@ def test_every_spelling_of_a_repeated_call_takes_its_lane(executor):
         assert set(first.values()) == {1}  # the first call of each shape took the full path
         assert avg == [1.0, 1.0] and summed == [3.0, 3.0]
         assert "colour" in bad
+
+
+def _two_array_body(rank, size):
+    """The calls from an input into an output: new arrays of one shape on
+    every call take the lane of the first (the entry remembers it); the
+    same bytes in another shape, dtype or layout, or another op, must not."""
+    import collie
+    wrong = []
+    base = np.arange(12, dtype=np.float32).reshape(4, 3)
+    for i in range(4):
+        out = np.empty((4 * size, 3), np.float32)
+        collie.all_gather_into_tensor(out, base + rank + i)
+        if not np.array_equal(out, np.concatenate([base + r + i for r in range(size)])):
+            wrong.append(("all_gather", i))
+        rs = np.empty((4 // size, 3), np.float32)
+        collie.reduce_scatter_tensor(rs, base * (rank + 1) + i)
+        want = sum(base * (r + 1) + i for r in range(size))
+        if not np.array_equal(rs, np.split(want, size)[rank]):
+            wrong.append(("reduce_scatter", i))
+        a2a = np.empty((4, 3), np.float32)
+        collie.all_to_all_single(a2a, base + 100 * rank + i)
+        if not np.array_equal(a2a, np.concatenate([np.split(base + 100 * r + i, size)[rank] for r in range(size)])):
+            wrong.append(("all_to_all", i))
+    errors = []
+    for bad in (lambda: collie.all_to_all_single(np.empty((3, 4), np.float32), np.ones((3, 4), np.float32)),
+                lambda: collie.all_gather_into_tensor(np.empty((4 * size, 3), np.float32), np.ones((4, 3), np.int32))):
+        try:  # the bytes of a remembered call: rows that do not split evenly, another dtype
+            bad()
+            errors.append(None)
+        except (ValueError, TypeError) as exc:
+            errors.append(type(exc).__name__)
+    strided = np.zeros((4, 6), np.float32)
+    strided[:, ::2] = base + rank
+    out = np.empty((4 * size, 3), np.float32)
+    collie.all_gather_into_tensor(out, strided[:, ::2])  # not contiguous: the full path copies it
+    if not np.array_equal(out, np.concatenate([base + r for r in range(size)])):
+        wrong.append("strided")
+    rs = np.empty((4 // size, 3), np.float32)
+    collie.reduce_scatter_tensor(rs, base * (rank + 1), op=collie.ReduceOp.AVG)  # not SUM's lane
+    if not np.allclose(rs, np.split(sum(base * (r + 1) for r in range(size)) / size, size)[rank]):
+        wrong.append("avg")
+    return wrong, errors
+
+
+def test_calls_from_an_input_into_an_output_take_their_lane_and_only_theirs(executor):
+    for wrong, errors in run_ranks(_two_array_body, 2):
+        assert wrong == []
+        assert errors == ["ValueError", "TypeError"]

@@ -586,13 +586,13 @@ fail:
 enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN,
        N_UNEXPECTED, N_HEAD, N_TAIL, N_NEXT_ID, N_SEQ, N_ABORT, N_LOST, N_TRACE, N_LOCK, N_DONE, N_WORLD, N_GROUP, N_NETWORK, N_LANES, N_BACKGROUND,
        N_DRAIN, N_RANK, N_RANKS, N_INDEX, N_DTYPE, N_SIZE, N_CODE, N_SUM, N_P2P, N_PROGRAMS, N_DEFERRED,
-       N_CONTEXT, N_P2P_OPS, N_RESULT, N_ACQUIRE, N_RELEASE, NNAMES };
+       N_CONTEXT, N_P2P_OPS, N_RESULT, N_SHAPE, N_ACQUIRE, N_RELEASE, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
                                            "done", "_world", "group", "network", "lanes", "background",
                                            "drain", "rank", "ranks", "_index", "dtype", "size", "code", "SUM",
-                                           "p2p", "programs", "deferred", "context", "p2p_ops", "_result", "acquire", "release"};
+                                           "p2p", "programs", "deferred", "context", "p2p_ops", "_result", "shape", "acquire", "release"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -1590,13 +1590,18 @@ static PyObject *py_p2p_target(PyObject *self, PyObject *const *args, Py_ssize_t
  *    could not, the call goes on in ``full``, the Python function's path
  *    after its own try (an irecv's: the function itself, which defers the
  *    receive its first look did not find). */
-enum { ENTRY_ALL_REDUCE, ENTRY_BROADCAST, ENTRY_REDUCE, ENTRY_SEND, ENTRY_RECV, ENTRY_ISEND, ENTRY_IRECV, NENTRIES };
-#define ENTRY_P2P ENTRY_SEND  /* the kinds from here on are point to point */
+enum { ENTRY_ALL_REDUCE, ENTRY_BROADCAST, ENTRY_REDUCE, ENTRY_ALL_GATHER, ENTRY_REDUCE_SCATTER, ENTRY_ALL_TO_ALL,
+       ENTRY_SEND, ENTRY_RECV, ENTRY_ISEND, ENTRY_IRECV, NENTRIES };
+#define ENTRY_TWO_ARRAYS ENTRY_ALL_GATHER  /* from here on: calls from an input into an output */
+#define ENTRY_P2P ENTRY_SEND               /* from here on: point to point */
 #define ENTRY_ARGS 7
 static const char *entry_params[NENTRIES][ENTRY_ARGS + 1] = {
     {"tensor", "op", "group", "async_op", "algorithm", NULL},
     {"tensor", "src", "group", "async_op", "group_src", "algorithm", NULL},
     {"tensor", "dst", "op", "group", "async_op", "group_dst", "algorithm", NULL},
+    {"output_tensor", "input_tensor", "group", "async_op", "algorithm", NULL},
+    {"output", "input", "op", "group", "async_op", "algorithm", NULL},
+    {"output", "input", "output_split_sizes", "input_split_sizes", "group", "async_op", "algorithm", NULL},
     {"tensor", "dst", "group", "tag", "group_dst", NULL},
     {"tensor", "src", "group", "tag", "group_src", NULL},
     {"tensor", "dst", "group", "tag", "group_dst", NULL},
@@ -1611,14 +1616,21 @@ static const char entry_defaults[NENTRIES][ENTRY_ARGS] = {
     {0, IS_SUM, IS_NONE, IS_FALSE, IS_NONE},
     {0, IS_NONE, IS_NONE, IS_FALSE, IS_NONE, IS_NONE},
     {0, IS_NONE, IS_SUM, IS_NONE, IS_FALSE, IS_NONE, IS_NONE},
+    {0, 0, IS_NONE, IS_FALSE, IS_NONE},
+    {0, 0, IS_SUM, IS_NONE, IS_FALSE, IS_NONE},
+    {0, 0, IS_NONE, IS_NONE, IS_NONE, IS_FALSE, IS_NONE},
     {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
     {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
     {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
     {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
 };
-/* Where each collective kind has its op (-1: none), group and async_op. */
-static const int entry_op_at[ENTRY_P2P] = {1, -1, 2}, entry_group_at[ENTRY_P2P] = {2, 2, 3},
-                 entry_async_at[ENTRY_P2P] = {3, 3, 4};
+/* Where each collective kind has its op (-1: none), group and async_op,
+ * and the name its lanes are registered under (collectives.py's keys). */
+static const int entry_op_at[ENTRY_P2P] = {1, -1, 2, -1, 2, -1}, entry_group_at[ENTRY_P2P] = {2, 2, 3, 2, 3, 4},
+                 entry_async_at[ENTRY_P2P] = {3, 3, 4, 3, 4, 5};
+static const char *entry_lane_names[ENTRY_P2P] = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+                                                  "all_to_all"};
+static PyObject *entry_lane_name[ENTRY_P2P];  /* interned at import */
 
 /* ---- point to point's routes
  *
@@ -1649,13 +1661,16 @@ typedef struct {
  * lanes (they are bounded) still runs them as it did. */
 typedef struct {
     PyObject *world, *dtype, *args[ENTRY_ARGS], *lane;  /* NULL lane: an empty memo */
-    Py_ssize_t nbytes;
+    PyObject *shapes[2];    /* a call from an input into an output: their shapes (the key has them) */
+    Py_ssize_t nbytes;      /* the (output) array's */
 } memo_t;
 
 static void memo_clear(memo_t *m) {
     Py_CLEAR(m->world);
     Py_CLEAR(m->dtype);
     Py_CLEAR(m->lane);
+    Py_CLEAR(m->shapes[0]);
+    Py_CLEAR(m->shapes[1]);
     for (int i = 0; i < ENTRY_ARGS; i++) Py_CLEAR(m->args[i]);
 }
 
@@ -1663,6 +1678,8 @@ static int memo_traverse(memo_t *m, visitproc visit, void *arg) {
     Py_VISIT(m->world);
     Py_VISIT(m->dtype);
     Py_VISIT(m->lane);
+    Py_VISIT(m->shapes[0]);
+    Py_VISIT(m->shapes[1]);
     for (int i = 0; i < ENTRY_ARGS; i++) Py_VISIT(m->args[i]);
     return 0;
 }
@@ -1751,22 +1768,40 @@ static void entry_dealloc(Entry *self) {
  * order), as collectives.py builds it; NULL with no error where the call
  * cannot take a lane. */
 static PyObject *entry_key(Entry *self, PyObject **v) {
-    PyObject *tensor = v[0];
-    if ((PyObject *)Py_TYPE(tensor) != ndarray_type) return NULL;
+    int two = self->kind >= ENTRY_TWO_ARRAYS;
+    PyObject *tensor = v[0], *name = entry_lane_name[self->kind];
+    if (!Py_IS_TYPE(tensor, (PyTypeObject *)ndarray_type) || (two && !Py_IS_TYPE(v[1], (PyTypeObject *)ndarray_type)))
+        return NULL;
     PyObject *op = entry_op_at[self->kind] < 0 ? NULL : v[entry_op_at[self->kind]];
     if (v[entry_async_at[self->kind]] != Py_False || (op && (PyObject *)Py_TYPE(op) != self->op_type)) return NULL;
-    PyObject *dtype = PyObject_GetAttr(tensor, names[N_DTYPE]), *size = PyObject_GetAttr(tensor, names[N_SIZE]);
-    PyObject *code = op ? PyObject_GetAttr(op, names[N_CODE]) : NULL, *key = NULL;
-    if (dtype && size && (code || !op)) {
-        switch (self->kind) {
-        case ENTRY_ALL_REDUCE: key = PyTuple_Pack(5, self->name, dtype, size, code, v[4]); break;
-        case ENTRY_BROADCAST: key = PyTuple_Pack(6, self->name, dtype, size, v[1], v[4], v[5]); break;
-        default: key = PyTuple_Pack(7, self->name, dtype, size, v[1], v[5], code, v[6]); break;
-        }
+    if (self->kind == ENTRY_ALL_TO_ALL && (v[2] != Py_None || v[3] != Py_None)) return NULL;  /* even splits only */
+    PyObject *dtype = PyObject_GetAttr(tensor, names[N_DTYPE]), *code = op ? PyObject_GetAttr(op, names[N_CODE]) : NULL;
+    PyObject *size = NULL, *in_dtype = NULL, *in_shape = NULL, *out_shape = NULL, *key = NULL;
+    if (!dtype || (op && !code)) goto out;
+    if (two) {  /* collectives._two_array_key: the same dtype in and out, and both shapes */
+        if (!(in_dtype = PyObject_GetAttr(v[1], names[N_DTYPE]))) goto out;
+        int same = in_dtype == dtype ? 1 : PyObject_RichCompareBool(in_dtype, dtype, Py_EQ);
+        if (same <= 0 || !(in_shape = PyObject_GetAttr(v[1], names[N_SHAPE]))
+            || !(out_shape = PyObject_GetAttr(tensor, names[N_SHAPE])))
+            goto out;
+    } else if (!(size = PyObject_GetAttr(tensor, names[N_SIZE]))) {
+        goto out;
     }
+    switch (self->kind) {
+    case ENTRY_ALL_REDUCE: key = PyTuple_Pack(5, name, dtype, size, code, v[4]); break;
+    case ENTRY_BROADCAST: key = PyTuple_Pack(6, name, dtype, size, v[1], v[4], v[5]); break;
+    case ENTRY_REDUCE: key = PyTuple_Pack(7, name, dtype, size, v[1], v[5], code, v[6]); break;
+    case ENTRY_REDUCE_SCATTER: key = PyTuple_Pack(6, name, dtype, in_shape, out_shape, code, v[5]); break;
+    default: key = PyTuple_Pack(5, name, dtype, in_shape, out_shape, v[entry_async_at[self->kind] + 1]); break;
+    }
+out:
+    if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();  /* the full path explains */
     Py_XDECREF(dtype);
-    Py_XDECREF(size);
     Py_XDECREF(code);
+    Py_XDECREF(size);
+    Py_XDECREF(in_dtype);
+    Py_XDECREF(in_shape);
+    Py_XDECREF(out_shape);
     return key;
 }
 
@@ -1943,32 +1978,46 @@ out:
  * reference), or NULL (with an error, or none: no lane): from a memo, or
  * found by its key and then remembered. */
 static PyObject *entry_lane(Entry *self, PyObject **v, int count) {
-    PyObject *world = NULL, *dtype = NULL, *lane = NULL;
+    int two = self->kind >= ENTRY_TWO_ARRAYS;
+    PyObject *world = NULL, *dtype = NULL, *lane = NULL, *shapes[2] = {NULL, NULL};
     Py_ssize_t nbytes = -1;
-    if (Py_IS_TYPE(v[0], (PyTypeObject *)ndarray_type) && v[entry_async_at[self->kind]] == Py_False
-        && group_module_dict) {
+    if (Py_IS_TYPE(v[0], (PyTypeObject *)ndarray_type) && (!two || Py_IS_TYPE(v[1], (PyTypeObject *)ndarray_type))
+        && v[entry_async_at[self->kind]] == Py_False && group_module_dict) {
         world = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
         if (!world || world == Py_None) return NULL;
-        Py_buffer view;  /* a lane writes its arrays in place: C-contiguous and writable, or no lane */
-        if (PyObject_GetBuffer(v[0], &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-            PyErr_Clear();
-            return NULL;
+        /* A lane writes its output in place (C-contiguous and writable) and reads its input whole. */
+        Py_buffer view;
+        for (int i = 0; i <= two; i++) {
+            if (PyObject_GetBuffer(v[i], &view, i ? PyBUF_C_CONTIGUOUS : PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+                PyErr_Clear();
+                return NULL;
+            }
+            if (!i) nbytes = view.len;
+            PyBuffer_Release(&view);
         }
-        nbytes = view.len;
-        PyBuffer_Release(&view);
         if (!(dtype = PyObject_GetAttr(v[0], names[N_DTYPE]))) return NULL;
-        for (int i = 0; i < ROUTES && !lane; i++) {
+        int known = 1;  /* whether a memo may hold it: for two arrays, the same dtype object in and out */
+        if (two) {
+            PyObject *in_dtype = PyObject_GetAttr(v[1], names[N_DTYPE]);
+            known = in_dtype == dtype;
+            Py_XDECREF(in_dtype);
+            if (!in_dtype || !(shapes[0] = PyObject_GetAttr(v[1], names[N_SHAPE]))
+                || !(shapes[1] = PyObject_GetAttr(v[0], names[N_SHAPE])))
+                goto out;
+        }
+        for (int i = 0; known && i < ROUTES && !lane; i++) {
             memo_t *m = &self->memos[i];
             int same = m->lane && m->world == world && m->dtype == dtype && m->nbytes == nbytes;
-            for (int j = 1; same && j < count; j++) same = m->args[j] == v[j];
+            for (int j = 1 + two; same && j < count; j++) same = m->args[j] == v[j];
+            for (int j = 0; same && two && j < 2; j++) same = PyObject_RichCompareBool(m->shapes[j], shapes[j], Py_EQ);
+            if (same < 0) goto out;
             if (same) lane = Py_NewRef(m->lane);
         }
         if (lane) {
-            Py_DECREF(dtype);
-            if (drain_background(world) == 0) return lane;
-            Py_DECREF(lane);
-            return NULL;
+            if (drain_background(world) < 0) Py_CLEAR(lane);
+            goto out;
         }
+        if (!known) Py_CLEAR(dtype);  /* no memo for it */
     }
     PyObject *key = entry_key(self, v);
     if (key) {
@@ -1982,9 +2031,13 @@ static PyObject *entry_lane(Entry *self, PyObject **v, int count) {
         m->dtype = Py_NewRef(dtype);
         m->nbytes = nbytes;
         m->lane = Py_NewRef(lane);
-        for (int j = 1; j < count; j++) m->args[j] = Py_NewRef(v[j]);
+        for (int j = 1 + two; j < count; j++) m->args[j] = Py_NewRef(v[j]);
+        for (int j = 0; two && j < 2; j++) m->shapes[j] = Py_NewRef(shapes[j]);
     }
+out:
     Py_XDECREF(dtype);
+    Py_XDECREF(shapes[0]);
+    Py_XDECREF(shapes[1]);
     return lane;
 }
 
@@ -2003,6 +2056,7 @@ static PyObject *entry_vectorcall(Entry *self, PyObject *const *args, size_t nar
         if (at < 0 || v[at]) ok = 0;
         else v[at] = args[nargs + j];
     }
+    if (self->kind >= ENTRY_TWO_ARRAYS && self->kind < ENTRY_P2P && !v[1]) ok = 0;  /* no input: Python says so */
     if (ok) {
         for (int i = 1; i < count; i++) {
             if (v[i]) continue;
@@ -2022,8 +2076,9 @@ static PyObject *entry_vectorcall(Entry *self, PyObject *const *args, size_t nar
             Py_XDECREF(lane);
             return NULL;
         }
-        if (lane && Py_IS_TYPE(lane, &LaneType)) {
-            PyObject *arrays = PyTuple_Pack(1, args[0]), *result = arrays ? lane_call((Lane *)lane, arrays, NULL) : NULL;
+        if (lane && Py_IS_TYPE(lane, &LaneType)) {  /* a lane takes (input, output) */
+            PyObject *arrays = self->kind >= ENTRY_TWO_ARRAYS ? PyTuple_Pack(2, v[1], v[0]) : PyTuple_Pack(1, v[0]);
+            PyObject *result = arrays ? lane_call((Lane *)lane, arrays, NULL) : NULL;
             Py_XDECREF(arrays);
             Py_DECREF(lane);
             return result;
@@ -2270,6 +2325,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (!no_requests && !(no_requests = PyTuple_New(0))) return NULL;
     if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
     if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&LaneType) < 0 || PyType_Ready(&EntryType) < 0) return NULL;
+    for (int k = 0; k < ENTRY_P2P; k++)
+        if (!(entry_lane_name[k] = PyUnicode_InternFromString(entry_lane_names[k]))) return NULL;
     for (int k = 0; k < NENTRIES; k++) {
         int i = 0;
         for (; entry_params[k][i]; i++)

@@ -579,6 +579,7 @@ def all_gather(tensor_list: list, tensor, group=None, async_op: bool = False,
                 async_op=async_op, after=lambda: _scatter_back(bufs, scratch))
 
 
+@core.entry
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False,
                            algorithm: Optional[str] = None):
     """Concatenate every rank's ``input_tensor`` (in rank order) into
@@ -711,6 +712,7 @@ def reduce_scatter(output, input_list: list, op=ReduceOp.SUM, group=None, async_
     return _reduce_scatter(g, out, joined, sizes, op, dtype_name, algorithm, async_op)
 
 
+@core.entry
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False,
                           algorithm: Optional[str] = None):
     """Reduce ``input`` across the group; rank r gets block r of the result.
@@ -779,6 +781,7 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group=None, as
                 after=lambda: _scatter_back(outs, scratch))
 
 
+@core.entry
 def all_to_all_single(output, input, output_split_sizes: Optional[list] = None,
                       input_split_sizes: Optional[list] = None, group=None, async_op: bool = False,
                       algorithm: Optional[str] = None):

@@ -53,12 +53,13 @@ except ImportError:  # not built: no C compiler (or Python headers) at install t
 _CHOICES = ("auto", "c", "python")
 
 # The public functions with an entry in C (_core.Entry), by name.
-_ENTRIES = {"all_reduce": 0, "broadcast": 1, "reduce": 2, "send": 3, "recv": 4, "isend": 5, "irecv": 6}
+_ENTRIES = {"all_reduce": 0, "broadcast": 1, "reduce": 2, "all_gather_into_tensor": 3, "reduce_scatter_tensor": 4,
+            "all_to_all_single": 5, "send": 6, "recv": 7, "isend": 8, "irecv": 9}
 
 
 def entry(function, full: Optional[Callable] = None):
-    """``function`` as its public entry: a repeated call on a plain NumPy
-    array (a collective's) or a message the core's program took before (a
+    """``function`` as its public entry: a repeated call on plain NumPy
+    arrays (a collective's) or a message the core's program took before (a
     point-to-point call's) goes from C to the core; every other call to
     ``function``, which it stands for (``__wrapped__``, its name and
     docstring; pickled by name). A point-to-point entry whose move the core
