@@ -26,8 +26,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from . import core
-from .collectives import (_find_lane, _lane_key, _member, _root, _two_array_key, all_gather, all_gather_into_tensor,
-                          all_to_all_single, broadcast, rooted_blocks)
+from .collectives import _member, _root, all_gather, all_gather_into_tensor, all_to_all_single, broadcast, rooted_blocks
 from .group import ProcessGroup
 from .wire import MAX_TAG
 from .work import Work
@@ -93,16 +92,14 @@ class _Slots:
     """A group's first-round buffers, made once (a small object's call is
     mostly bookkeeping): this rank's slot, every rank's (or every pair's)
     slots, and the slots it sends to every rank (all_to_all, and a
-    scatter's root), and the key of the all-gather lane between the first
-    two. Blocking calls on a group run one at a time, and every use ends
-    within its call."""
+    scatter's root). Blocking calls on a group run one at a time, and every
+    use ends within its call."""
 
-    __slots__ = ("mine", "every", "outgoing", "all_gather_key")
+    __slots__ = ("mine", "every", "outgoing")
 
     def __init__(self, n: int):
         self.mine, self.every, self.outgoing = (np.zeros(SLOT, dtype=np.uint8), np.zeros(n * SLOT, dtype=np.uint8),
                                                 np.zeros(n * SLOT, dtype=np.uint8))
-        self.all_gather_key = _two_array_key("all_gather", self.every, self.mine, (None,))
 
 
 def _slots(g: ProcessGroup) -> _Slots:
@@ -143,11 +140,7 @@ def broadcast_pickle(g: ProcessGroup, payload: Optional[bytes], gsrc: int):
     slot = _slots(g).mine
     if payload is not None:
         pack_slots(slot, (payload,), SLOT)
-    lane = _find_lane(g, _lane_key("broadcast", slot, gsrc, None, None), slot)
-    if lane is None:
-        broadcast(slot, src=gsrc, group=g)
-    else:
-        lane(slot)
+    broadcast(slot, gsrc, g)  # repeated: from its C entry to its lane
     size = _SIZE.unpack_from(slot)[0]
     if size <= _FITS:
         return slot.data[8:8 + size]
@@ -163,11 +156,7 @@ def all_gather_loads(g: ProcessGroup, payload: bytes, loads: Callable) -> list:
     s = _slots(g)
     mine, every = s.mine, s.every
     pack_slots(mine, (payload,), SLOT)
-    lane = _find_lane(g, s.all_gather_key, every)
-    if lane is None:
-        all_gather_into_tensor(every, mine, group=g)
-    else:
-        lane(mine, every)
+    all_gather_into_tensor(every, mine, g)  # repeated: from its C entry to its lane
     items, large = unpack_slots(every, g.size, SLOT, loads)
     if large is None:
         return items
