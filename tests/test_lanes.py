@@ -667,3 +667,23 @@ def test_calls_from_an_input_into_an_output_take_their_lane_and_only_theirs(exec
     for wrong, errors in run_ranks(_two_array_body, 2):
         assert wrong == []
         assert errors == ["ValueError", "TypeError"]
+
+
+def _laned_body(rank, size):
+    import collie
+    from collie import collectives
+    laned = collectives.laned(collie.all_reduce)
+    x = np.full(3, rank + 1.0)
+    first = laned(x)  # no lane yet: nothing is done
+    untouched = x.tolist()
+    collie.all_reduce(x)  # the full path, which makes the lane
+    y = np.full(3, rank + 1.0)
+    return first, untouched, laned(y), y.tolist()
+
+
+def test_laned_runs_a_call_in_its_lane_or_does_nothing(executor):
+    """collectives.laned, the MPI layer's way into collie's lanes."""
+    total = 1.0 + 2.0 + 3.0
+    for rank, (first, untouched, second, y) in enumerate(run_ranks(_laned_body, 3)):
+        assert (first, untouched) == (False, [rank + 1.0] * 3)
+        assert (second, y) == ((True, [total] * 3) if executor == "c" else (False, [rank + 1.0] * 3))

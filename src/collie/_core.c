@@ -2041,51 +2041,77 @@ out:
     return lane;
 }
 
-static PyObject *entry_vectorcall(Entry *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+/* The call's arguments into ``v`` (in entry_params' order, defaults filled
+ * in): 1, or 0 where the entry leaves the call to the Python function (an
+ * unknown or repeated keyword, a missing array...: it says what is wrong). */
+static int entry_parse(Entry *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **v) {
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     PyObject **params = entry_param_names[self->kind];
     int count = entry_nparams[self->kind];
-    PyObject *v[ENTRY_ARGS] = {NULL};
-    int ok = nargs >= 1 && nargs <= count;
-    for (Py_ssize_t i = 0; ok && i < nargs; i++) v[i] = args[i];
-    for (Py_ssize_t j = 0; ok && j < nkw; j++) {  /* keywords it knows, each once; else the Python function */
+    if (nargs < 1 || nargs > count) return 0;
+    for (Py_ssize_t i = 0; i < nargs; i++) v[i] = args[i];
+    for (Py_ssize_t j = 0; j < nkw; j++) {  /* keywords it knows, each once */
         PyObject *kw = PyTuple_GET_ITEM(kwnames, j);
         int at = -1;
         for (int i = 0; i < count; i++)
             if (kw == params[i]) { at = i; break; }
-        if (at < 0 || v[at]) ok = 0;
-        else v[at] = args[nargs + j];
+        if (at < 0 || v[at]) return 0;
+        v[at] = args[nargs + j];
     }
-    if (self->kind >= ENTRY_TWO_ARRAYS && self->kind < ENTRY_P2P && !v[1]) ok = 0;  /* no input: Python says so */
-    if (ok) {
-        for (int i = 1; i < count; i++) {
-            if (v[i]) continue;
-            char d = entry_defaults[self->kind][i];
-            v[i] = d == IS_FALSE ? Py_False : d == IS_SUM ? self->sum : d == IS_ZERO ? zero : Py_None;
-        }
+    if (self->kind >= ENTRY_TWO_ARRAYS && self->kind < ENTRY_P2P && !v[1]) return 0;  /* no input */
+    for (int i = 1; i < count; i++) {
+        if (v[i]) continue;
+        char d = entry_defaults[self->kind][i];
+        v[i] = d == IS_FALSE ? Py_False : d == IS_SUM ? self->sum : d == IS_ZERO ? zero : Py_None;
     }
-    if (ok && self->kind >= ENTRY_P2P) {
-        int tried = 0;
-        PyObject *result = p2p_fast(self, v, &tried);
-        if (result || PyErr_Occurred()) return result;
-        return PyObject_Vectorcall(tried ? self->full : self->function, args, nargsf, kwnames);
-    }
-    if (ok) {
-        PyObject *lane = entry_lane(self, v, count);
-        if (PyErr_Occurred()) {
-            Py_XDECREF(lane);
-            return NULL;
-        }
-        if (lane && Py_IS_TYPE(lane, &LaneType)) {  /* a lane takes (input, output) */
-            PyObject *arrays = self->kind >= ENTRY_TWO_ARRAYS ? PyTuple_Pack(2, v[1], v[0]) : PyTuple_Pack(1, v[0]);
-            PyObject *result = arrays ? lane_call((Lane *)lane, arrays, NULL) : NULL;
-            Py_XDECREF(arrays);
-            Py_DECREF(lane);
-            return result;
-        }
+    return 1;
+}
+
+/* Run a collective's call (arguments ``v``) in its lane: 1 it ran (or
+ * failed: -1, with its error), 0 it has none. */
+static int entry_run_lane(Entry *self, PyObject **v, PyObject **result) {
+    PyObject *lane = entry_lane(self, v, entry_nparams[self->kind]);
+    *result = NULL;
+    if (PyErr_Occurred()) {
         Py_XDECREF(lane);
+        return -1;
+    }
+    if (!lane || !Py_IS_TYPE(lane, &LaneType)) {
+        Py_XDECREF(lane);
+        return 0;
+    }
+    /* A lane takes (input, output). */
+    PyObject *arrays = self->kind >= ENTRY_TWO_ARRAYS ? PyTuple_Pack(2, v[1], v[0]) : PyTuple_Pack(1, v[0]);
+    *result = arrays ? lane_call((Lane *)lane, arrays, NULL) : NULL;
+    Py_XDECREF(arrays);
+    Py_DECREF(lane);
+    return *result ? 1 : -1;
+}
+
+static PyObject *entry_vectorcall(Entry *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyObject *v[ENTRY_ARGS] = {NULL}, *result = NULL;
+    if (entry_parse(self, args, PyVectorcall_NARGS(nargsf), kwnames, v)) {
+        if (self->kind >= ENTRY_P2P) {
+            int tried = 0;
+            result = p2p_fast(self, v, &tried);
+            if (result || PyErr_Occurred()) return result;
+            return PyObject_Vectorcall(tried ? self->full : self->function, args, nargsf, kwnames);
+        }
+        if (entry_run_lane(self, v, &result)) return result;
     }
     return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+}
+
+/* entry.laned(...): a collective's call, with its arguments, run in its
+ * lane: True; or False, having done nothing, where it has none (the MPI
+ * layer's hot paths: they fall back to their own full paths). */
+static PyObject *entry_laned(Entry *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *v[ENTRY_ARGS] = {NULL}, *result = NULL;
+    if (self->kind >= ENTRY_P2P || !entry_parse(self, args, nargs, kwnames, v)) Py_RETURN_FALSE;
+    int ran = entry_run_lane(self, v, &result);
+    if (ran < 0) return NULL;
+    Py_XDECREF(result);
+    return PyBool_FromLong(ran);
 }
 
 static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -2140,6 +2166,8 @@ static PyObject *entry_repr(Entry *self) {
 
 static PyMethodDef entry_methods[] = {
     {"__reduce__", (PyCFunction)entry_reduce, METH_NOARGS, "Pickled by name."},
+    {"laned", (PyCFunction)(void (*)(void))entry_laned, METH_FASTCALL | METH_KEYWORDS,
+     "laned(...) -> whether the call ran in its lane (False: nothing was done)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import NamedTuple, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -377,6 +377,14 @@ def _two_array_key(name: str, out: np.ndarray, inp: np.ndarray, extra: tuple) ->
 
 def _no_lane(group, key: tuple, tensor: np.ndarray):
     return None
+
+
+def laned(entry) -> Callable[..., bool]:
+    """``entry.laned``: a call of a collective's public function, with its
+    arguments, run in its lane (True), or not run at all (False: it has no
+    lane yet); for the MPI layer's hot paths, which have full paths of
+    their own. Without the compiled core, a function that runs nothing."""
+    return getattr(entry, "laned", None) or (lambda *args, **kwargs: False)
 
 
 # _find_lane(group, key, tensor): the lane of a blocking call of shape ``key``

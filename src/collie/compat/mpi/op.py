@@ -36,10 +36,10 @@ class Op:
         op = cls.__new__(cls)
         op.name, op._py, op._ufunc, op._collie, op._logical = name, py, ufunc, collie, logical
         op._user, op._commute, op._pickles = None, True, True
-        # The code of collie's op where a buffer reduction is collie's own,
-        # nothing before or after (not LAND/LOR/LXOR): what Allreduce's hot
-        # path keys on (Intracomm.Allreduce).
-        op._lane = collie.code if collie is not None and not logical else None
+        # collie's op where a buffer reduction is collie's own, nothing
+        # before or after (not LAND/LOR/LXOR): what Allreduce's hot path
+        # passes to collie.all_reduce's lane (Intracomm.Allreduce).
+        op._lane = collie if collie is not None and not logical else None
         return op
 
     @classmethod
