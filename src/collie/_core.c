@@ -1642,7 +1642,7 @@ static PyObject *entry_lane_name[ENTRY_P2P];  /* interned at import */
  * members and context, the peer and the program (which lives as long as its
  * network) are then what they were; whatever can change (an abort, a lost
  * peer, receives waiting in Python) is checked on every call.
- * destroy_process_group forgets them (forget_routes). */
+ * destroy_process_group forgets them (forget_world). */
 #define ROUTES 4
 typedef struct {
     PyObject *world, *group_arg, *dtype;  /* the key: the world, the call's group, its array's dtype */
@@ -1657,7 +1657,7 @@ typedef struct {
  * the very same arguments (ops, ranks, groups and algorithms are the same
  * objects call after call) on an array of the same dtype and size, which
  * then skip the key and the look-up. A lane stays right for its calls: a
- * new world clears the memos (forget_routes); a lane that left its group's
+ * new world clears the memos (forget_world); a lane that left its group's
  * lanes (they are bounded) still runs them as it did. */
 typedef struct {
     PyObject *world, *dtype, *args[ENTRY_ARGS], *lane;  /* NULL lane: an empty memo */
@@ -1709,7 +1709,7 @@ static int route_traverse(route_t *r, visitproc visit, void *arg) {
 }
 
 /* The entries alive (a few: the collectives' and point to point's), whose
- * routes and memos forget_routes() drops. */
+ * routes and memos forget_world() drops. */
 #define MAX_ENTRIES 16
 static Entry *entries[MAX_ENTRIES];
 
@@ -1718,9 +1718,9 @@ static void entry_register(Entry *e, int on) {
         if (entries[i] == (on ? NULL : e)) { entries[i] = on ? e : NULL; return; }
 }
 
-/* forget_routes(): drop every route and memo (destroy_process_group: the
+/* forget_world(): drop every route and memo (destroy_process_group: the
  * world they lead into is gone, and they would keep it alive). */
-static PyObject *py_forget_routes(PyObject *self, PyObject *unused) {
+static PyObject *py_forget_world(PyObject *self, PyObject *unused) {
     for (int i = 0; i < MAX_ENTRIES; i++)
         for (int j = 0; entries[i] && j < ROUTES; j++) {
             route_clear(&entries[i]->routes[j]);
@@ -2338,8 +2338,8 @@ static PyMethodDef methods[] = {
      "set_context(group module's dict, ProcessGroup, ndarray, numpy_view, dtype names, max tag): see _core.c."},
     {"set_executor", py_set_executor, METH_O,
      "set_executor(core_chosen): whether the entries may run the core (core.select)."},
-    {"forget_routes", py_forget_routes, METH_NOARGS,
-     "forget_routes(): drop the point-to-point entries' routes (destroy_process_group)."},
+    {"forget_world", py_forget_world, METH_NOARGS,
+     "forget_world(): drop the entries' routes and memos (destroy_process_group)."},
     {"set_thread_spin", py_set_thread_spin, METH_VARARGS,
      "set_thread_spin(seconds) -> previous: bound this thread's receive spin (negative: none)."},
     {NULL, NULL, 0, NULL},

@@ -39,14 +39,14 @@ try:
     from . import _core
     Lane, find_lane, p2p_target, set_context = _core.Lane, _core.find_lane, _core.p2p_target, _core.set_context
     pack_slots, unpack_slots = _core.pack_slots, _core.unpack_slots  # objects.py's first rounds
-    Entry, forget_routes = _core.Entry, _core.forget_routes
+    Entry, forget_world = _core.Entry, _core.forget_world
     _core.set_ring_ends(ring.Out, ring.In)
     _WHY_NOT = ""
 except ImportError:  # not built: no C compiler (or Python headers) at install time
     _core = Lane = find_lane = p2p_target = set_context = pack_slots = unpack_slots = Entry = None
 
-    def forget_routes() -> None:
-        """(The compiled core's point-to-point entries keep routes; there are none.)"""
+    def forget_world() -> None:
+        """(What the compiled core's entries keep of a world: there are none.)"""
     _WHY_NOT = ("the compiled core collie._core is not built (install collie where a C compiler "
                 "and Python's headers are, to get it)")
 

@@ -571,8 +571,8 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         _world.background.stop()
     _leave_together(_world)
     w, _world = _world, None
-    from .core import forget_routes
-    forget_routes()  # what the point-to-point entries kept of this world
+    from .core import forget_world
+    forget_world()  # what the C entries kept of this world (core.entry)
     try:
         w.network.close()
     finally:

@@ -63,11 +63,14 @@ def _describe(g: ProcessGroup, what: str, peer, tag: int):
 # contiguous array NumPy can view, goes through the compiled core
 # (core.p2p_program): one call into C puts a send in its ring or takes a
 # receive's message from the ring, with none of the transport's Python.
-# A receive is deferred until it is waited on, so that the core can wait
-# for its message as it does for a collective's; whatever the core cannot
-# do at once (a full ring, a peer slower than the spin, a message not the
-# one expected, the transport's Python end busy on that ring) goes the full
-# path below, which handles every case.
+# An irecv takes its message at once if it is there; else it is deferred
+# until it is waited on, so that the core can wait for its message as it
+# does for a collective's. Whatever the core cannot do at once (a full
+# ring, a peer slower than the spin, a message not the one expected, the
+# transport's Python end busy on that ring) goes the full path below, which
+# handles every case. send, recv, isend and irecv are C entries
+# (core.entry): a repeated call goes from C to its program, and Python sees
+# it only where the core cannot.
 
 _PROGRAMS = 512  # the most core programs kept per Network (as collectives' lanes per group)
 
