@@ -387,9 +387,8 @@ def _repeated_body(rank, size):
     return out
 
 
-@pytest.mark.parametrize("executor", ["c", "python"])
 def test_repeated_calls_and_what_leaves_their_route(executor):
-    sender, receiver = run_ranks(_repeated_body, 2, backend="shm", env={"COLLIE_EXECUTOR": executor})
+    sender, receiver = run_ranks(_repeated_body, 2, backend="shm")
     assert (sender, receiver) == ([True], [True] * 45)
 
 
