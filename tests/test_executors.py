@@ -328,3 +328,46 @@ def test_the_thread_of_asynchronous_calls_polls_briefly():
     assert error is None
     assert result == (network.ASYNC_SPIN_SECONDS, network.ASYNC_SPIN_SECONDS if core._core is not None else None)
     assert bounds() == (None, -1.0 if core._core is not None else None)  # this thread: untouched
+
+
+@needs_core
+def test_the_networks_lock_behaves_as_threading_rlock():
+    """_core.RLock, the Network's lock where the core is built: re-entrant,
+    owned by one thread, with acquire's blocking and timeout, and it lets
+    a waiting thread go on the moment it is free."""
+    import threading
+    import time
+
+    from collie._core import RLock
+    from collie.network import RLock as used
+    assert used is RLock
+    lock = RLock()
+    assert lock.acquire() and lock.acquire(blocking=False) and lock._is_owned()
+    with lock:
+        pass
+    seen = {}
+
+    def other():
+        seen["try"] = lock.acquire(blocking=False)
+        t = time.monotonic()
+        seen["timeout"] = lock.acquire(timeout=0.05)
+        seen["waited"] = time.monotonic() - t
+        seen["owned"] = lock._is_owned()
+        seen["then"] = lock.acquire()  # blocks until the main thread lets go
+        lock.release()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    time.sleep(0.2)
+    lock.release()
+    assert lock._is_owned()  # acquired twice, released once
+    lock.release()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert (seen["try"], seen["timeout"], seen["owned"], seen["then"]) == (False, False, False, True)
+    assert seen["waited"] >= 0.04
+    with pytest.raises(RuntimeError):
+        lock.release()
+    with pytest.raises(ValueError):
+        lock.acquire(blocking=False, timeout=1)
+    assert lock.acquire(timeout=0) and not lock.release()

@@ -1148,6 +1148,165 @@ static PyTypeObject ProgramType = {
     .tp_methods = program_methods,
 };
 
+/* ------------------------------------------------------------------ the network's lock */
+
+/* RLock(): threading.RLock's re-entrant lock, for the Network's lock
+ * (network.py uses it where the core is built). Every call the core runs
+ * takes the network's lock; threading.RLock's acquire parses its arguments
+ * and waits through the clock on each call, about 0.1 us of an 8-byte
+ * call's 0.6, where this takes it in a few instructions (lock_take). The
+ * owner and count change only under the GIL, as CPython's own RLock's. */
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock lock;
+    unsigned long owner;    /* the holding thread's ident (while count > 0) */
+    unsigned long count;
+} RLock;
+
+static PyTypeObject RLockType;
+
+/* Take ``l``, waiting (without the GIL) until ``timeout`` seconds passed
+ * (< 0: for ever; 0: not at all): 1 taken, 0 not, -1 on a signal's error. */
+static int rlock_take(RLock *l, double timeout) {
+    unsigned long me = PyThread_get_thread_ident();
+    if (l->count && l->owner == me) {
+        l->count++;
+        return 1;
+    }
+    if (!PyThread_acquire_lock(l->lock, NOWAIT_LOCK)) {
+        if (timeout == 0) return 0;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        double deadline = ts.tv_sec + ts.tv_nsec * 1e-9 + timeout;
+        for (;;) {  /* slices of at most 50 ms, so that a signal (Ctrl-C) is seen */
+            PyLockStatus got;
+            Py_BEGIN_ALLOW_THREADS
+            got = PyThread_acquire_lock_timed(l->lock, 50000, 0);
+            Py_END_ALLOW_THREADS
+            if (got == PY_LOCK_ACQUIRED) break;
+            if (PyErr_CheckSignals() < 0) return -1;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            if (timeout > 0 && ts.tv_sec + ts.tv_nsec * 1e-9 >= deadline) return 0;
+        }
+    }
+    l->owner = me;
+    l->count = 1;
+    return 1;
+}
+
+static int rlock_give(RLock *l) {
+    if (!l->count || l->owner != PyThread_get_thread_ident()) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot release un-acquired lock");
+        return -1;
+    }
+    if (--l->count == 0) PyThread_release_lock(l->lock);
+    return 0;
+}
+
+/* The network's lock, whichever it is: ours directly, another through its methods. */
+static int lock_take(PyObject *lock) {
+    if (Py_IS_TYPE(lock, &RLockType)) return rlock_take((RLock *)lock, -1) < 0 ? -1 : 0;
+    PyObject *held = PyObject_CallMethodNoArgs(lock, names[N_ACQUIRE]);
+    Py_XDECREF(held);
+    return held ? 0 : -1;
+}
+
+/* Give the lock back, keeping an error already set (the lock goes back whatever happened). */
+static int lock_give(PyObject *lock) {
+    PyObject *exc_type, *exc, *tb;
+    PyErr_Fetch(&exc_type, &exc, &tb);
+    int rc;
+    if (Py_IS_TYPE(lock, &RLockType)) {
+        rc = rlock_give((RLock *)lock);
+    } else {
+        PyObject *released = PyObject_CallMethodNoArgs(lock, names[N_RELEASE]);
+        Py_XDECREF(released);
+        rc = released ? 0 : -1;
+    }
+    if (rc < 0) {
+        Py_XDECREF(exc_type); Py_XDECREF(exc); Py_XDECREF(tb);
+        return -1;
+    }
+    PyErr_Restore(exc_type, exc, tb);
+    return 0;
+}
+
+static PyObject *rlock_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "RLock() takes no arguments");
+        return NULL;
+    }
+    RLock *self = (RLock *)type->tp_alloc(type, 0);
+    if (self && !(self->lock = PyThread_allocate_lock())) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
+static void rlock_dealloc(RLock *self) {
+    if (self->lock) {
+        if (self->count) PyThread_release_lock(self->lock);
+        PyThread_free_lock(self->lock);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* acquire(blocking=True, timeout=-1) -> bool, as threading.RLock's. */
+static PyObject *rlock_acquire(RLock *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"blocking", "timeout", NULL};
+    int blocking = 1;
+    double timeout = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|pd:acquire", kwlist, &blocking, &timeout)) return NULL;
+    if (!blocking && timeout != -1) {
+        PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
+        return NULL;
+    }
+    if (timeout < 0 && timeout != -1) {
+        PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
+        return NULL;
+    }
+    int got = rlock_take(self, blocking ? timeout : 0);
+    return got < 0 ? NULL : PyBool_FromLong(got);
+}
+
+static PyObject *rlock_enter(RLock *self, PyObject *unused) {
+    return rlock_take(self, -1) < 0 ? NULL : Py_NewRef(Py_True);
+}
+
+static PyObject *rlock_release(RLock *self, PyObject *unused) {
+    return rlock_give(self) < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+static PyObject *rlock_exit(RLock *self, PyObject *args) {
+    return rlock_release(self, NULL);
+}
+
+static PyObject *rlock_is_owned(RLock *self, PyObject *unused) {
+    return PyBool_FromLong(self->count && self->owner == PyThread_get_thread_ident());
+}
+
+static PyMethodDef rlock_methods[] = {
+    {"acquire", (PyCFunction)(void (*)(void))rlock_acquire, METH_VARARGS | METH_KEYWORDS,
+     "acquire(blocking=True, timeout=-1) -> whether it was taken."},
+    {"release", (PyCFunction)rlock_release, METH_NOARGS, "Give it back (once per acquire)."},
+    {"__enter__", (PyCFunction)rlock_enter, METH_NOARGS, "acquire()"},
+    {"__exit__", (PyCFunction)rlock_exit, METH_VARARGS, "release()"},
+    {"_is_owned", (PyCFunction)rlock_is_owned, METH_NOARGS, "Whether this thread holds it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RLockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collie._core.RLock",
+    .tp_basicsize = sizeof(RLock),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A re-entrant lock, as threading.RLock, that the core takes without a Python call (the Network's).",
+    .tp_new = rlock_new,
+    .tp_dealloc = (destructor)rlock_dealloc,
+    .tp_methods = rlock_methods,
+};
+
 /* ------------------------------------------------------------------ lanes */
 
 /* A lane: a repeated blocking collective of one shape on one group, run
@@ -1162,7 +1321,7 @@ static PyTypeObject ProgramType = {
 typedef struct {
     PyObject_HEAD
     CoreProgram *core;
-    PyObject *group, *network, *acquire, *release, *done, *context, *meta_obj, *module_dict;
+    PyObject *group, *network, *lock, *done, *context, *meta_obj, *module_dict;
     PyObject *group_dict, *network_dict;  /* their __dict__s: seq, current, _abort, _lost read and
                                              written there on every call (no properties have those names) */
     PyObject *extra;        /* the buffers after the call's arrays: a tuple, or a function giving them */
@@ -1182,8 +1341,7 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg) {
     Py_VISIT(self->core);
     Py_VISIT(self->group);
     Py_VISIT(self->network);
-    Py_VISIT(self->acquire);
-    Py_VISIT(self->release);
+    Py_VISIT(self->lock);
     Py_VISIT(self->done);
     Py_VISIT(self->context);
     Py_VISIT(self->meta_obj);
@@ -1201,8 +1359,7 @@ static int lane_clear(Lane *self) {
     Py_CLEAR(self->core);
     Py_CLEAR(self->group);
     Py_CLEAR(self->network);
-    Py_CLEAR(self->acquire);
-    Py_CLEAR(self->release);
+    Py_CLEAR(self->lock);
     Py_CLEAR(self->done);
     Py_CLEAR(self->context);
     Py_CLEAR(self->meta_obj);
@@ -1257,17 +1414,12 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->end = Py_NewRef(end);
     self->glance = Py_NewRef(glance);
     self->module_dict = Py_NewRef(module_dict);
-    PyObject *lock = PyObject_GetAttr(network, names[N_LOCK]);
-    if (lock) {
-        self->acquire = PyObject_GetAttrString(lock, "acquire");
-        self->release = PyObject_GetAttrString(lock, "release");
-        Py_DECREF(lock);
-    }
+    self->lock = PyObject_GetAttr(network, names[N_LOCK]);
     self->done = PyObject_GetAttr(network, names[N_DONE]);
     self->meta_obj = PyLong_FromUnsignedLongLong(meta);
     self->group_dict = PyObject_GenericGetDict(group, NULL);
     self->network_dict = PyObject_GenericGetDict(network, NULL);
-    if (!self->acquire || !self->release || !self->done || !self->meta_obj || !self->group_dict
+    if (!self->lock || !self->done || !self->meta_obj || !self->group_dict
         || !self->network_dict) {
         Py_DECREF(self);
         return NULL;
@@ -1313,22 +1465,14 @@ static PyObject *lane_core(Lane *self, PyObject *seq, int64_t tag, PyObject *tag
     }
     for (int i = 0; i < self->used; i++) objs[i] = PyTuple_GET_ITEM(args, i);
     for (int i = self->used; i < core->nbufs; i++) objs[i] = PyTuple_GET_ITEM(extra, i - self->used);
-    PyObject *held = PyObject_CallNoArgs(self->acquire);
-    if (!held) { Py_DECREF(extra); goto out; }
-    Py_DECREF(held);
+    if (lock_take(self->lock) < 0) { Py_DECREF(extra); goto out; }
     outcome_t o;
     int rc = run_core(core, objs, 0, tag, self->meta, Py_None, &o);
     Py_DECREF(extra);
-    PyObject *exc_type, *exc, *tb;
-    PyErr_Fetch(&exc_type, &exc, &tb);  /* the lock goes back whatever happened */
-    PyObject *released = PyObject_CallNoArgs(self->release);
-    if (!released) {
-        Py_XDECREF(exc_type); Py_XDECREF(exc); Py_XDECREF(tb);
+    if (lock_give(self->lock) < 0) {
         if (rc == 0) Py_DECREF(o.inflight);
         goto out;
     }
-    Py_DECREF(released);
-    PyErr_Restore(exc_type, exc, tb);
     if (rc < 0) goto out;
     if (o.step == core->nsteps && (quiet = dict_is(self->network_dict, self->network, N_ABORT, Py_None)) == 1) {
         Py_DECREF(o.inflight);
@@ -1648,7 +1792,7 @@ typedef struct {
     PyObject *world, *group_arg, *dtype;  /* the key: the world, the call's group, its array's dtype */
     long long rank, group_rank, tag;      /* ... its ints (-1: None) */
     Py_ssize_t nbytes;                    /* ... and its array's size */
-    PyObject *group, *peer, *network, *network_dict, *group_dict, *deferred, *acquire, *release;
+    PyObject *group, *peer, *network, *network_dict, *group_dict, *deferred, *lock;
     CoreProgram *program;
     int64_t wire_tag;
 } route_t;
@@ -1697,13 +1841,13 @@ typedef struct {
 
 static void route_clear(route_t *r) {
     PyObject **refs[] = {&r->world, &r->group_arg, &r->dtype, &r->group, &r->peer, &r->network, &r->network_dict,
-                         &r->group_dict, &r->deferred, &r->acquire, &r->release, (PyObject **)&r->program};
+                         &r->group_dict, &r->deferred, &r->lock, (PyObject **)&r->program};
     for (size_t i = 0; i < sizeof refs / sizeof refs[0]; i++) Py_CLEAR(*refs[i]);
 }
 
 static int route_traverse(route_t *r, visitproc visit, void *arg) {
     PyObject *refs[] = {r->world, r->group_arg, r->dtype, r->group, r->peer, r->network, r->network_dict,
-                        r->group_dict, r->deferred, r->acquire, r->release, (PyObject *)r->program};
+                        r->group_dict, r->deferred, r->lock, (PyObject *)r->program};
     for (size_t i = 0; i < sizeof refs / sizeof refs[0]; i++) Py_VISIT(refs[i]);
     return 0;
 }
@@ -1825,7 +1969,7 @@ static int route_find(Entry *self, PyObject **v, route_t *r, Py_buffer *b, int r
         Py_XDECREF(target);
         return target ? 0 : -1;
     }
-    PyObject *state = NULL, *programs = NULL, *key = NULL, *size = NULL, *context = NULL, *lock = NULL;
+    PyObject *state = NULL, *programs = NULL, *key = NULL, *size = NULL, *context = NULL;
     int found = -1;
     r->group = Py_NewRef(PyTuple_GET_ITEM(target, 0));
     r->peer = Py_NewRef(PyTuple_GET_ITEM(target, 1));
@@ -1856,8 +2000,7 @@ static int route_find(Entry *self, PyObject **v, route_t *r, Py_buffer *b, int r
     r->program = (CoreProgram *)Py_NewRef(program);
     if (!one_message(r->program) || !(r->network_dict = PyObject_GenericGetDict(r->network, NULL))
         || !(r->group_dict = PyObject_GenericGetDict(r->group, NULL))
-        || !(context = PyObject_GetAttr(r->group, names[N_CONTEXT])) || !(lock = PyObject_GetAttr(r->network, names[N_LOCK]))
-        || !(r->acquire = PyObject_GetAttr(lock, names[N_ACQUIRE])) || !(r->release = PyObject_GetAttr(lock, names[N_RELEASE])))
+        || !(context = PyObject_GetAttr(r->group, names[N_CONTEXT])) || !(r->lock = PyObject_GetAttr(r->network, names[N_LOCK])))
         goto out;
     long long c = PyLong_AsLongLong(context), t = PyLong_AsLongLong(v[3]);  /* p2p_target checked the tag */
     if (PyErr_Occurred()) goto out;
@@ -1869,7 +2012,6 @@ out:
     Py_XDECREF(key);
     Py_XDECREF(size);
     Py_XDECREF(context);
-    Py_XDECREF(lock);
     Py_DECREF(target);
     return found;
 }
@@ -1884,19 +2026,9 @@ static PyObject *route_move(Entry *self, route_t *r, Py_buffer *b, int *tried) {
         quiet = lost ? !PyObject_IsTrue(lost) : -1;  /* (IsTrue's -1 comes out as 0: an error, found below) */
     }
     if (quiet != 1) return NULL;  /* something broke: Python's checks */
-    PyObject *held = PyObject_CallNoArgs(r->acquire);
-    if (!held) return NULL;
-    Py_DECREF(held);
+    if (lock_take(r->lock) < 0) return NULL;
     int moved = move_bytes(r->program, b->buf, r->wire_tag);
-    PyObject *exc_type, *exc, *tb;
-    PyErr_Fetch(&exc_type, &exc, &tb);  /* the lock goes back whatever happened */
-    PyObject *released = PyObject_CallNoArgs(r->release);
-    if (!released) {
-        Py_XDECREF(exc_type); Py_XDECREF(exc); Py_XDECREF(tb);
-        return NULL;
-    }
-    Py_DECREF(released);
-    PyErr_Restore(exc_type, exc, tb);
+    if (lock_give(r->lock) < 0) return NULL;
     if (moved <= 0) {
         *tried = moved == 0;
         return NULL;
@@ -2352,7 +2484,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         if (!names[i] && !(names[i] = PyUnicode_InternFromString(name_strings[i]))) return NULL;
     if (!no_requests && !(no_requests = PyTuple_New(0))) return NULL;
     if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
-    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&LaneType) < 0 || PyType_Ready(&EntryType) < 0) return NULL;
+    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&LaneType) < 0 || PyType_Ready(&EntryType) < 0
+        || PyType_Ready(&RLockType) < 0) return NULL;
     for (int k = 0; k < ENTRY_P2P; k++)
         if (!(entry_lane_name[k] = PyUnicode_InternFromString(entry_lane_names[k]))) return NULL;
     for (int k = 0; k < NENTRIES; k++) {
@@ -2369,5 +2502,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) return NULL;
     Py_INCREF(&EntryType);
     if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0) return NULL;
+    Py_INCREF(&RLockType);
+    if (PyModule_AddObject(m, "RLock", (PyObject *)&RLockType) < 0) return NULL;
     return m;
 }

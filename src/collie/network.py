@@ -32,6 +32,11 @@ from .transports.base import Request, Transport
 from .transports.doorbell import Doorbell
 from .wire import COLLECTIVE_BIT, CONTEXT_SHIFT, LEAVE_CONTEXT, MAX_TAG, meta_text
 
+try:  # the network's lock: the compiled core takes it on every call, and its own costs it least
+    from ._core import RLock
+except ImportError:
+    RLock = threading.RLock
+
 BACKENDS = ("auto", "shm", "tcp")
 # The shm transport relies on x86-64's memory ordering (see transports/shm.py).
 _SHM_OK = platform.machine().lower() in ("x86_64", "amd64") and sys.platform.startswith("linux")
@@ -129,7 +134,7 @@ class Network:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
         self.rank, self.size, self.timeout = rank, size, timeout
-        self.lock = threading.RLock()
+        self.lock = RLock()
         self._lost: dict[int, BaseException] = {}   # peer -> why it is gone (set by tcp threads)
         self._failed_seen: set[int] = set()
         # Why this rank's communication is broken, once it is: (the rank that
