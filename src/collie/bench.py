@@ -312,21 +312,26 @@ def measure(comm: Comm, call: Callable[[], None], cfg: Config) -> Timing:
         more = comm.bcast(min(_MAX_ITERS, int(WARM_SHARE * cfg.time_budget / per_call)))
         for _ in range(more):
             call()
-    times, calls = [], []
+    times = []
+    # With percentiles, a clock read per call (~0.1 us), into an array made
+    # first: appending to a list of floats, growing as it went, put costs of
+    # its own in the tail (p99 2.3 us against 0.7 with the array, 8-byte
+    # all_reduce on 2 ranks, the same calls).
+    calls = np.empty(cfg.repeats * iters if cfg.percentiles else 0)
     clock = time.perf_counter
-    for _ in range(cfg.repeats):
+    for repeat in range(cfg.repeats):
         comm.barrier()
         t0 = clock()
-        if cfg.percentiles:  # a clock read per call: ~0.1 us, and the tail shows
-            for _ in range(iters):
+        if cfg.percentiles:
+            for i in range(repeat * iters, (repeat + 1) * iters):
                 t = clock()
                 call()
-                calls.append(clock() - t)
+                calls[i] = clock() - t
         else:
             for _ in range(iters):
                 call()
         times.append(comm.max((clock() - t0) / iters))
-    if not calls:
+    if not cfg.percentiles:
         return Timing(statistics.median(times), iters)
     p50, p99 = np.percentile(calls, [50, 99])
     return Timing(statistics.median(times), iters, comm.max(float(p50)), comm.max(float(p99)))
