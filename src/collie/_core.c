@@ -241,6 +241,9 @@ typedef struct {
     int sends, recvs;       /* the program sends to it, receives from it (in its own steps) */
     int64_t behind;         /* the last pass of a receive loop (CoreProgram.passes)
                                in which an earlier receive from it stayed open */
+    int64_t full;           /* the last pass (CoreProgram.passes) in which a send to it found its
+                               ring full: the step's later sends to it are left to Python too,
+                               which posts them after that one, in order */
 } peer_t;
 
 static int ends_known(PyObject *out, PyObject *in);  /* see set_ring_ends() */
@@ -791,6 +794,7 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
         if (s->python) return i;
         if (!s->sends_first) run_locals(self, s, bufs, kernel);
         int open = 0, handback = 0, unacked = 0;
+        int64_t sending = ++self->passes;
         for (int j = 0; j < s->nsend; j++) {
             msg_t *m = &s->send[j];
             peer_t *p = &self->peers[m->peer];
@@ -798,14 +802,17 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
             self->rids[j] = 0;
             if (!p->shm) {
                 handback = 1;  /* another transport's */
+            } else if (p->full == sending) {
+                handback = 1;  /* an earlier send to it found its ring full */
             } else if (m->nbytes >= p->cma_bytes) {
                 /* Posted (its bit set, so Python never posts it again), done once acknowledged. */
                 if ((self->rids[j] = rendezvous(p, tag, meta, data, m->nbytes))) { *mask |= 1ull << j; unacked++; }
-                else handback = 1;  /* its ring is full */
+                else { handback = 1; p->full = sending; }  /* its ring is full */
             } else if (put(p, tag, meta, data, m->nbytes)) {
                 *mask |= 1ull << j;
             } else {
                 handback = 1;
+                p->full = sending;
             }
         }
         if (s->sends_first) run_locals(self, s, bufs, kernel);
