@@ -1159,10 +1159,11 @@ static PyTypeObject ProgramType = {
 
 /* RLock(): threading.RLock's re-entrant lock, for the Network's lock
  * (network.py uses it where the core is built). Every call the core runs
- * takes the network's lock; threading.RLock's acquire parses its arguments
- * and waits through the clock on each call, about 0.1 us of an 8-byte
- * call's 0.6, where this takes it in a few instructions (lock_take). The
- * owner and count change only under the GIL, as CPython's own RLock's. */
+ * takes the network's lock; threading.RLock's acquire and release, called
+ * as methods (acquire parses its arguments each time), cost about 0.1 us of
+ * an 8-byte call's 0.6, where this one is taken in a few instructions
+ * (lock_take). The owner and count change only under the GIL, as in
+ * CPython's own RLock. */
 typedef struct {
     PyObject_HEAD
     PyThread_type_lock lock;
@@ -1608,11 +1609,6 @@ static PyObject *live_group(PyObject *group, PyObject **world) {
     return same ? Py_NewRef(group) : NULL;
 }
 
-/* find_lane(group, key, tensor) -> the lane of a blocking call of shape
- * ``key`` on ``tensor`` (a NumPy array), with this process's async calls
- * done, or None: the caller takes the full path. ``group``: a ProcessGroup
- * of the live world, or None for its default group. (What every repeated
- * call looks up first, so it is here rather than in collectives.py.) */
 /* The async_op=True calls before a blocking one finish first: 0, or -1 on error. */
 static int drain_background(PyObject *world) {
     PyObject *background = PyObject_GetAttr(world, names[N_BACKGROUND]);
@@ -1623,6 +1619,11 @@ static int drain_background(PyObject *world) {
     return drained ? 0 : -1;
 }
 
+/* find_lane(group, key, tensor) -> the lane of a blocking call of shape
+ * ``key`` on ``tensor`` (a NumPy array), with this process's async calls
+ * done, or None: the caller takes the full path. ``group``: a ProcessGroup
+ * of the live world, or None for its default group. (What every repeated
+ * call looks up first, so it is here rather than in collectives.py.) */
 static PyObject *lane_of(PyObject *group, PyObject *key, PyObject *tensor) {
     PyObject *world = NULL, *lane = NULL, *result = NULL;
     PyObject *g = live_group(group, &world);
@@ -1732,10 +1733,11 @@ static PyObject *py_p2p_target(PyObject *self, PyObject *const *args, Py_ssize_t
  * tag_shift]): a public function with a way through C for its repeated
  * calls; every other call goes to ``function``, the Python function, as it
  * was.
- *  - collectives.py's all_reduce, broadcast and reduce: a call on a plain
- *    NumPy array whose shape already has a lane goes to it from here (the
- *    key, the look-up and the run, with no Python frame: about a fifth of a
- *    small call).
+ *  - collectives.py's all_reduce, broadcast, reduce, all_gather_into_tensor,
+ *    reduce_scatter_tensor and all_to_all_single: a call on plain NumPy
+ *    arrays whose shape already has a lane goes to it from here (found in
+ *    the entry's memo, or by its key; no Python frame). laned() runs such a
+ *    call in its lane or does nothing (the MPI layer's hot paths).
  *  - collie.p2p's send, recv, isend and irecv: a message the core's program
  *    made before moves from here (see p2p_fast); where the core tried and
  *    could not, the call goes on in ``full``, the Python function's path

@@ -1080,8 +1080,9 @@ def run_peer(peer: str, n: int, cfg: Config) -> list:
                 with open(cfg_path, "w") as f:
                     json.dump(cfg._asdict(), f)
                 cmd, env = mpiexec_job(n, "collie.bench_peers", "mpi4py", cfg_path, out)
+                from .launch import die_with_parent
                 done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True)
+                                      text=True, preexec_fn=die_with_parent)  # killed with the bench
                 if done.returncode != 0:
                     tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]
                     _say(f"mpi4py run failed ({' '.join(cmd[:3])}): {tail[0] if tail else done.returncode}")
