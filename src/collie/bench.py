@@ -1056,15 +1056,25 @@ def peer_missing(peer: str) -> Optional[str]:
     return None
 
 
-def mpiexec_job(n: int, module: str, *args: str) -> tuple[list, dict]:
-    """The command that runs ``python -m module args`` on ``n`` ranks under
-    mpiexec, pinned when collie's ranks are (COLLIE_BIND=core), and its
-    environment: ours without our own job's variables, since the peers are
-    a job of their own."""
+def run_mpiexec(n: int, module: str, *args: str, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
+    """Run ``python -m module args`` on ``n`` ranks under mpiexec, pinned
+    when collie's ranks are (COLLIE_BIND=core), in our environment without
+    our own job's variables (the peers are a job of their own); its output
+    captured. mpiexec dies with this process; past ``timeout`` run() kills
+    it (TimeoutExpired), and its proxies then kill the ranks."""
     from . import binding
+    from .launch import die_with_parent
     bind = ["-bind-to", "core"] if binding.mode() == "core" else []
     cmd = ["mpiexec", *bind, "-n", str(n), sys.executable, "-m", module, *args]
-    return cmd, {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=die_with_parent)
+
+
+def mpiexec_failure(done: subprocess.CompletedProcess) -> str:
+    """Why an mpiexec job failed: the last line it printed, or its exit code."""
+    tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]
+    return tail[0] if tail else f"mpiexec exited with code {done.returncode}"
 
 
 def run_peer(peer: str, n: int, cfg: Config) -> list:
@@ -1079,13 +1089,9 @@ def run_peer(peer: str, n: int, cfg: Config) -> list:
                 cfg_path = os.path.join(tmp, "config.json")
                 with open(cfg_path, "w") as f:
                     json.dump(cfg._asdict(), f)
-                cmd, env = mpiexec_job(n, "collie.bench_peers", "mpi4py", cfg_path, out)
-                from .launch import die_with_parent
-                done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, preexec_fn=die_with_parent)  # killed with the bench
+                done = run_mpiexec(n, "collie.bench_peers", "mpi4py", cfg_path, out)
                 if done.returncode != 0:
-                    tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]
-                    _say(f"mpi4py run failed ({' '.join(cmd[:3])}): {tail[0] if tail else done.returncode}")
+                    _say(f"mpi4py run failed (mpiexec -n {n}): {mpiexec_failure(done)}")
                     return []
                 if done.stderr:
                     sys.stderr.write(done.stderr)

@@ -168,22 +168,19 @@ def _mpi4py(nbytes: int, iters: int, reps: int):
     """("mpi4py (LIBRARY)", (rtt, bandwidth)), or ("mpi4py", why not): MPI is
     the round trip to beat, but an MPI that is missing, fails or hangs must
     not sink the other rows."""
-    from .bench import mpiexec_job, peer_missing
-    from .launch import die_with_parent
+    from .bench import mpiexec_failure, peer_missing, run_mpiexec
     missing = peer_missing("mpi4py")
     if missing:
         return "mpi4py", f"skipped: {missing}"
     with tempfile.TemporaryDirectory(prefix="collie-pingpong-") as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd, env = mpiexec_job(2, "collie.pingpong", "mpi4py", str(nbytes), str(iters), str(reps), out)
-        try:  # on a timeout run() kills mpiexec, whose proxies then kill the ranks
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=DEADLINE,
-                                  preexec_fn=die_with_parent)  # and if this command is killed, too
+        try:
+            done = run_mpiexec(2, "collie.pingpong", "mpi4py", str(nbytes), str(iters), str(reps), out,
+                               timeout=DEADLINE)
         except subprocess.TimeoutExpired:
             return "mpi4py", f"failed: no result within {DEADLINE} s"
         if done.returncode != 0 or not os.path.exists(out):
-            tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]
-            return "mpi4py", f"failed: {tail[0] if tail else f'mpiexec exited with code {done.returncode}'}"
+            return "mpi4py", f"failed: {mpiexec_failure(done)}"
         with open(out) as f:
             result = json.load(f)
     return f"mpi4py ({result['library']})", (result["rtt"], result["bandwidth"])
