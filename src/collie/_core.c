@@ -1971,7 +1971,9 @@ static int route_int(PyObject *o, long long *out) {
 
 /* Find what a call needs into ``r`` (its references new), as collie.p2p
  * does before its own core_run, with ``b`` the array's buffer (filled here
- * where ``b->obj`` is NULL): 1 found, 0 the call goes to Python, -1 error. */
+ * where ``b->obj`` is NULL): 1 found, 0 the call goes to Python, 2 it goes
+ * to Python's full path (collie.p2p found before that the core cannot move
+ * such a message: a tcp peer, a message of several slots), -1 error. */
 static int route_find(Entry *self, PyObject **v, route_t *r, Py_buffer *b, int receiving) {
     PyObject *target = p2p_target(v[0], v[1], v[4], v[2], v[3], receiving);
     if (!target || target == Py_None) {
@@ -2001,7 +2003,7 @@ static int route_find(Entry *self, PyObject **v, route_t *r, Py_buffer *b, int r
     if (!(key = PyTuple_Pack(4, r->peer, size, flag, blocking))) goto out;
     PyObject *program = PyDict_Check(programs) ? PyDict_GetItemWithError(programs, key) : NULL;
     if (PyErr_Occurred()) goto out;
-    found = 0;
+    found = program == Py_None ? 2 : 0;
     if (!program || !PyObject_TypeCheck(program, &ProgramType) || ((CoreProgram *)program)->need[0] != b->len
         || !PyList_Check(r->deferred))
         goto out;
@@ -2058,13 +2060,13 @@ static PyObject *route_move(Entry *self, route_t *r, Py_buffer *b, int *tried) {
     return work;
 }
 
-/* The core's move of a point-to-point call (send, recv or isend, its
- * arguments ``v``) whose program collie.p2p made on an earlier call: what
- * the call returns (None, the sender's rank, a CompletedWork); or NULL, on
- * an error, or with no error where the call goes to Python, ``*tried``
- * saying whether the core already tried to move it (a full ring, a peer
- * slower than the spin...: then the call goes on in ``full``, which does
- * not try again). */
+/* The core's move of a point-to-point call (send, recv, isend or irecv,
+ * its arguments ``v``) whose program collie.p2p made on an earlier call:
+ * what the call returns (None, the sender's rank, a CompletedWork); or
+ * NULL, on an error, or with no error where the call goes to Python,
+ * ``*tried`` saying whether the core already tried to move it (a full
+ * ring, a peer slower than the spin...) or knows it cannot: then the call
+ * goes on in ``full``, which does not try again. */
 static PyObject *p2p_fast(Entry *self, PyObject **v, int *tried) {
     int receiving = self->kind == ENTRY_RECV || self->kind == ENTRY_IRECV;
     if (!core_chosen || !group_module_dict) return NULL;
@@ -2091,7 +2093,9 @@ static PyObject *p2p_fast(Entry *self, PyObject **v, int *tried) {
         }
     }
     if (!r) {
-        if (route_find(self, v, &fresh, &b, receiving) <= 0) goto out;
+        int found = route_find(self, v, &fresh, &b, receiving);
+        *tried = found == 2;  /* the core cannot: its own try in Python is not worth making */
+        if (found != 1) goto out;
         r = &fresh;
     }
     result = route_move(self, r, &b, tried);
