@@ -1183,9 +1183,7 @@ static int rlock_take(RLock *l, double timeout) {
     }
     if (!PyThread_acquire_lock(l->lock, NOWAIT_LOCK)) {
         if (timeout == 0) return 0;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double deadline = ts.tv_sec + ts.tv_nsec * 1e-9 + timeout;
+        double deadline = now_seconds() + timeout;
         for (;;) {  /* slices of at most 50 ms, so that a signal (Ctrl-C) is seen */
             PyLockStatus got;
             Py_BEGIN_ALLOW_THREADS
@@ -1193,8 +1191,7 @@ static int rlock_take(RLock *l, double timeout) {
             Py_END_ALLOW_THREADS
             if (got == PY_LOCK_ACQUIRED) break;
             if (PyErr_CheckSignals() < 0) return -1;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            if (timeout > 0 && ts.tv_sec + ts.tv_nsec * 1e-9 >= deadline) return 0;
+            if (timeout > 0 && now_seconds() >= deadline) return 0;
         }
     }
     l->owner = me;
