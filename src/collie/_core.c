@@ -595,7 +595,8 @@ static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "curren
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
                                            "done", "_world", "group", "network", "lanes", "background",
                                            "drain", "rank", "ranks", "_index", "dtype", "size", "code", "SUM",
-                                           "p2p", "programs", "deferred", "context", "p2p_ops", "_result", "shape", "acquire", "release"};
+                                           "p2p", "programs", "deferred", "context", "p2p_ops", "_result", "shape",
+                                           "acquire", "release"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -1610,7 +1611,8 @@ static PyObject *live_group(PyObject *group, PyObject **world) {
 static int drain_background(PyObject *world) {
     PyObject *background = PyObject_GetAttr(world, names[N_BACKGROUND]);
     if (!background) return -1;
-    PyObject *drained = background == Py_None ? Py_NewRef(Py_None) : PyObject_CallMethodNoArgs(background, names[N_DRAIN]);
+    PyObject *drained = background == Py_None ? Py_NewRef(Py_None)
+                                              : PyObject_CallMethodNoArgs(background, names[N_DRAIN]);
     Py_DECREF(background);
     Py_XDECREF(drained);
     return drained ? 0 : -1;
@@ -1992,8 +1994,8 @@ static int route_find(Entry *self, PyObject **v, route_t *r, Py_buffer *b, int r
     found = 0;
     if (state == Py_None) goto out;  /* no program made yet: Python makes the first */
     found = -1;
-    if (!(programs = PyObject_GetAttr(state, names[N_PROGRAMS])) || !(r->deferred = PyObject_GetAttr(state, names[N_DEFERRED]))
-        || !(size = PyLong_FromSsize_t(b->len)))
+    if (!(programs = PyObject_GetAttr(state, names[N_PROGRAMS]))
+        || !(r->deferred = PyObject_GetAttr(state, names[N_DEFERRED])) || !(size = PyLong_FromSsize_t(b->len)))
         goto out;
     /* (peer, bytes, receiving, blocking), as p2p._CoreP2P keeps them: an irecv looks once */
     PyObject *flag = receiving ? Py_True : Py_False, *blocking = self->kind == ENTRY_RECV ? Py_True : Py_False;
@@ -2008,7 +2010,8 @@ static int route_find(Entry *self, PyObject **v, route_t *r, Py_buffer *b, int r
     r->program = (CoreProgram *)Py_NewRef(program);
     if (!one_message(r->program) || !(r->network_dict = PyObject_GenericGetDict(r->network, NULL))
         || !(r->group_dict = PyObject_GenericGetDict(r->group, NULL))
-        || !(context = PyObject_GetAttr(r->group, names[N_CONTEXT])) || !(r->lock = PyObject_GetAttr(r->network, names[N_LOCK])))
+        || !(context = PyObject_GetAttr(r->group, names[N_CONTEXT]))
+        || !(r->lock = PyObject_GetAttr(r->network, names[N_LOCK])))
         goto out;
     long long c = PyLong_AsLongLong(context), t = PyLong_AsLongLong(v[3]);  /* p2p_target checked the tag */
     if (PyErr_Occurred()) goto out;

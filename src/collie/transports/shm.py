@@ -23,8 +23,8 @@ the send pending; the reader copies the bytes straight from the writer's
 memory into the receive's buffer (process_vm_readv; at once inside irecv
 when the slot is already there), stores the id in the ring's
 acknowledgement word ``id % 64``, and rings the writer, whose send is then
-done. One copy instead of two, and no slot space for the body. Like MPI's rendezvous protocol, such
-a send completes only once a receive has taken it.
+done. One copy instead of two, and no slot space for the body. Like MPI's
+rendezvous protocol, such a send completes only once a receive has taken it.
 
 Why so large: the kernel's copy between processes runs at about 15 GB/s
 here (process_vm_readv, after a fixed few microseconds), where a copy
@@ -40,8 +40,9 @@ faster) (docs/performance.md, "The single-copy threshold").
 
 A plain (non-combining) receive of at least twice that size (or 2 MiB, if
 less) shares the copy with the writer, whose core is otherwise idle waiting
-for the acknowledgement: the reader publishes an offer (its buffer's address and a
-split point) and posts a one-token semaphore, then reads the first part.
+for the acknowledgement: the reader publishes an offer (its buffer's
+address and a split point) and posts a one-token semaphore, then reads the
+first part.
 The writer, in its progress(), takes the token if it is there and writes
 the second part into the reader's buffer (process_vm_writev), then stores
 the id in the done word (negative if it failed) and rings the reader. The
