@@ -1163,11 +1163,13 @@ static PyTypeObject ProgramType = {
  * takes the network's lock; threading.RLock's acquire and release, called
  * as methods (acquire parses its arguments each time), cost about 0.1 us of
  * an 8-byte call's 0.6, where this one is taken in a few instructions
- * (lock_take). The owner and count change only under the GIL, as in
- * CPython's own RLock. */
+ * (lock_take). It is a pthread mutex rather than Python's lock: that one
+ * reads the clock on every acquire, even one that does not wait (a twentieth
+ * of a small broadcast's time). The owner and count change only under the
+ * GIL, as in CPython's own RLock. */
 typedef struct {
     PyObject_HEAD
-    PyThread_type_lock lock;
+    pthread_mutex_t mutex;
     unsigned long owner;    /* the holding thread's ident (while count > 0) */
     unsigned long count;
 } RLock;
@@ -1182,15 +1184,19 @@ static int rlock_take(RLock *l, double timeout) {
         l->count++;
         return 1;
     }
-    if (!PyThread_acquire_lock(l->lock, NOWAIT_LOCK)) {
+    if (pthread_mutex_trylock(&l->mutex)) {
         if (timeout == 0) return 0;
         double deadline = now_seconds() + timeout;
         for (;;) {  /* slices of at most 50 ms, so that a signal (Ctrl-C) is seen */
-            PyLockStatus got;
+            int rc;
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);  /* what pthread_mutex_timedlock counts in */
+            until.tv_nsec += 50000000;
+            if (until.tv_nsec >= 1000000000) { until.tv_sec++; until.tv_nsec -= 1000000000; }
             Py_BEGIN_ALLOW_THREADS
-            got = PyThread_acquire_lock_timed(l->lock, 50000, 0);
+            rc = pthread_mutex_timedlock(&l->mutex, &until);
             Py_END_ALLOW_THREADS
-            if (got == PY_LOCK_ACQUIRED) break;
+            if (rc == 0) break;
             if (PyErr_CheckSignals() < 0) return -1;
             if (timeout > 0 && now_seconds() >= deadline) return 0;
         }
@@ -1205,7 +1211,7 @@ static int rlock_give(RLock *l) {
         PyErr_SetString(PyExc_RuntimeError, "cannot release un-acquired lock");
         return -1;
     }
-    if (--l->count == 0) PyThread_release_lock(l->lock);
+    if (--l->count == 0) pthread_mutex_unlock(&l->mutex);
     return 0;
 }
 
@@ -1243,18 +1249,12 @@ static PyObject *rlock_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         return NULL;
     }
     RLock *self = (RLock *)type->tp_alloc(type, 0);
-    if (self && !(self->lock = PyThread_allocate_lock())) {
-        Py_DECREF(self);
-        return PyErr_NoMemory();
-    }
+    if (self) pthread_mutex_init(&self->mutex, NULL);
     return (PyObject *)self;
 }
 
 static void rlock_dealloc(RLock *self) {
-    if (self->lock) {
-        if (self->count) PyThread_release_lock(self->lock);
-        PyThread_free_lock(self->lock);
-    }
+    if (!self->count) pthread_mutex_destroy(&self->mutex);  /* a held one goes with its memory */
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1607,10 +1607,22 @@ static PyObject *live_group(PyObject *group, PyObject **world) {
     return same ? Py_NewRef(group) : NULL;
 }
 
+/* The live world and its __dict__, where drain_background reads its
+ * ``background`` (a plain attribute: an attribute look-up would first search
+ * its class); forget_world drops them. */
+static PyObject *seen_world, *seen_world_dict;
+
 /* The async_op=True calls before a blocking one finish first: 0, or -1 on error. */
 static int drain_background(PyObject *world) {
-    PyObject *background = PyObject_GetAttr(world, names[N_BACKGROUND]);
+    if (world != seen_world) {
+        PyObject *dict = PyObject_GenericGetDict(world, NULL);
+        if (!dict) return -1;
+        Py_XSETREF(seen_world_dict, dict);
+        Py_XSETREF(seen_world, Py_NewRef(world));
+    }
+    PyObject *background = dict_attr(seen_world_dict, world, N_BACKGROUND);
     if (!background) return -1;
+    Py_INCREF(background);
     PyObject *drained = background == Py_None ? Py_NewRef(Py_None)
                                               : PyObject_CallMethodNoArgs(background, names[N_DRAIN]);
     Py_DECREF(background);
@@ -1878,6 +1890,8 @@ static PyObject *py_forget_world(PyObject *self, PyObject *unused) {
             route_clear(&entries[i]->routes[j]);
             memo_clear(&entries[i]->memos[j]);
         }
+    Py_CLEAR(seen_world);
+    Py_CLEAR(seen_world_dict);
     Py_RETURN_NONE;
 }
 
