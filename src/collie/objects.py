@@ -76,8 +76,8 @@ def _unpack_slots(buffer, n: int, slot: int, loads: Optional[Callable]) -> tuple
     for i in range(n):
         size = _SIZE.unpack_from(view, i * slot)[0]
         if 0 <= size <= slot - 8:
-            data = view[i * slot + 8:i * slot + 8 + size]
-            items.append(bytes(data) if loads is None else loads(data))
+            data = bytes(view[i * slot + 8:i * slot + 8 + size])
+            items.append(data if loads is None else loads(data))
         else:
             items.append(None)
             large.append((i, size))
@@ -133,20 +133,24 @@ def _fill_in(items: list, large: list, got: list, loads: Callable) -> list:
     return items
 
 
-def broadcast_pickle(g: ProcessGroup, payload: Optional[bytes], gsrc: int):
-    """Rank ``gsrc``'s ``payload`` (a pickle, given there only) on every rank
-    of ``g``, as a buffer: in the first round's slot when it fits, by a
-    second round otherwise. The slot is reused by the group's next call."""
+def broadcast_loads(g: ProcessGroup, payload: Optional[bytes], gsrc: int, loads: Callable):
+    """Rank ``gsrc``'s ``payload`` (a pickle, given there only) through
+    ``loads`` on every other rank of ``g`` (None on ``gsrc``): in the first
+    round's slot when it fits, by a second round otherwise."""
     slot = _slots(g).mine
     if payload is not None:
         pack_slots(slot, (payload,), SLOT)
     broadcast(slot, gsrc, g)  # repeated: from its C entry to its lane
-    size = _SIZE.unpack_from(slot)[0]
-    if size <= _FITS:
-        return slot.data[8:8 + size]
-    data = np.frombuffer(payload, dtype=np.uint8) if payload is not None else np.empty(size, dtype=np.uint8)
-    broadcast(data, src=gsrc, group=g)  # a second round, of the whole pickle
-    return data
+    if payload is not None:
+        if len(payload) > _FITS:  # a second round, of the whole pickle
+            broadcast(np.frombuffer(payload, dtype=np.uint8), src=gsrc, group=g)
+        return None
+    items, large = unpack_slots(slot, 1, SLOT, loads)
+    if large is None:
+        return items[0]
+    data = np.empty(large[0][1], dtype=np.uint8)
+    broadcast(data, src=gsrc, group=g)
+    return loads(data)
 
 
 def all_gather_loads(g: ProcessGroup, payload: bytes, loads: Callable) -> list:
@@ -189,20 +193,20 @@ def gather_loads(g: ProcessGroup, payload: bytes, root: int, loads: Callable) ->
     return items
 
 
-def scatter_pickles(g: ProcessGroup, payloads: Optional[Sequence[bytes]], root: int):
+def scatter_loads(g: ProcessGroup, payloads: Optional[Sequence[bytes]], root: int, loads: Callable):
     """Item r of the root's ``payloads`` (pickles, one per rank, given at
-    the root only) on group rank r, as a buffer."""
+    the root only) through ``loads`` on group rank r."""
     s = _slots(g)
     if g.rank != root:
         rooted_blocks("scatter", g, s.mine, None, root)
-        n = _SIZE.unpack_from(s.mine)[0]
-        return s.mine.data[8:8 + n] if n <= _FITS else _large(g, (), ((root, n),), "scatter")[0]
+        items, large = unpack_slots(s.mine, 1, SLOT, loads)
+        return items[0] if large is None else loads(_large(g, (), ((root, large[0][1]),), "scatter")[0])
     fits = pack_slots(s.outgoing, payloads, SLOT)
     rooted_blocks("scatter", g, s.mine, s.outgoing, root)
     large = [] if fits else [(r, p) for r, p in enumerate(payloads) if len(p) > _FITS and r != root]
     if large:
         _large(g, large, (), "scatter")
-    return payloads[root]
+    return loads(payloads[root])
 
 
 def all_to_all_loads(g: ProcessGroup, payloads: Sequence[bytes], loads: Callable) -> list:
@@ -232,9 +236,9 @@ def broadcast_object_list(object_list: list, src: Optional[int] = None, group=No
     root = _root(g, src, group_src, "src", "broadcast_object_list")
     gsrc = g.ranks[root]
     if g.rank == root:
-        broadcast_pickle(g, _dumps(list(object_list)), gsrc)
+        broadcast_loads(g, _dumps(list(object_list)), gsrc, _loads)
         return
-    objects = _loads(broadcast_pickle(g, None, gsrc))
+    objects = broadcast_loads(g, None, gsrc, _loads)
     if len(objects) != len(object_list):
         raise ValueError(f"broadcast_object_list: rank {gsrc} sent {len(objects)} objects but "
                          f"this rank's list has {len(object_list)}")
@@ -274,4 +278,4 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
         if not isinstance(scatter_object_input_list, (list, tuple)) or len(scatter_object_input_list) != g.size:
             raise ValueError(f"scatter_object_list: scatter_object_input_list on src must hold {g.size} objects")
         payloads = [_dumps(o) for o in scatter_object_input_list]
-    scatter_object_output_list[0] = _loads(scatter_pickles(g, payloads, root))
+    scatter_object_output_list[0] = scatter_loads(g, payloads, root, _loads)

@@ -1469,9 +1469,9 @@ class Intracomm(Comm):
             lock = self._bcast_lock = _comm_lock(self, "bcast")
         with lock:
             if g.rank == root:
-                _objects.broadcast_pickle(g, _pickle.dumps(obj), g.ranks[root])
+                _objects.broadcast_loads(g, _pickle.dumps(obj), g.ranks[root], _pickle.loads)
                 return obj
-            return _pickle.loads(_objects.broadcast_pickle(g, None, g.ranks[root]))
+            return _objects.broadcast_loads(g, None, g.ranks[root], _pickle.loads)
 
     def scatter(self, sendobj=None, root: int = 0) -> Any:
         """Item r of root's sequence, on rank r."""
@@ -1480,7 +1480,7 @@ class Intracomm(Comm):
         payloads = None
         if g.rank == root:
             payloads = list(map(_pickle.dumps, _scatter_items(sendobj, g.size, "scatter")))
-        return _Refused.check(_pickle.loads(_objects.scatter_pickles(g, payloads, root)))
+        return _Refused.check(_objects.scatter_loads(g, payloads, root, _pickle.loads))
 
     def gather(self, sendobj, root: int = 0) -> Optional[list]:
         """Every rank's object, in a list at root (None elsewhere)."""

@@ -9,7 +9,6 @@ set the defaults, as in mpi4py.
 
 from __future__ import annotations
 
-import functools
 import os
 import pickle as _std
 from typing import Any, Callable, Iterable, Optional
@@ -45,9 +44,12 @@ class Pickle:
             protocol = _PROTOCOL
         self._protocol = protocol
         if type(self) is Pickle and self._dumps is _std.dumps and self._loads is _std.loads:
-            # pickle's own functions, called straight from every lowercase
-            # call (the methods below would add a Python frame to each)
-            self.dumps = functools.partial(_std.dumps, protocol=protocol)
+            # pickle's own functions, called from every lowercase call with
+            # the protocol as a positional argument (a keyword, as a partial
+            # would pass it, costs pickle.dumps more than the pickling)
+            def dumps(obj, _dumps=_std.dumps, _protocol=protocol):
+                return _dumps(obj, _protocol)
+            self.dumps = dumps
             self.loads = _std.loads
         else:  # re-initialised with other functions (or a subclass): the methods
             self.__dict__.pop("dumps", None)
