@@ -48,7 +48,7 @@ def steps(collective, algorithm, n, rank=0, root=0, segments=1) -> int:
 def test_table_lists_every_family():
     mine = {
         "broadcast": ("direct", "ring", "tree", "dbtree"),
-        "reduce": ("direct", "ring", "tree", "dbtree"),
+        "reduce": ("direct", "ring", "tree", "dbtree", "rabenseifner"),
         "all_reduce": ("direct", "ring", "tree", "dbtree", "recursive_doubling", "rabenseifner"),
         "gather": ("direct", "tree"),
         "all_gather": ("direct", "ring", "recursive_doubling", "bruck"),
@@ -153,12 +153,16 @@ def test_recursive_doubling_and_rabenseifner():
             assert steps("all_reduce", "rabenseifner", n, r) == 2 * log2(n)
             assert sent("all_reduce", "rabenseifner", n, r, {"out": [S]}) == 2 * (n - 1) * S // n
             assert sent("reduce_scatter", "rabenseifner", n, r, {"in": [5] * n, "out": [5]}) == 5 * (n - 1)
+            # reduce: the halving's S (n-1)/n, then each part but the root's to the root
+            assert sent("reduce", "rabenseifner", n, r, {"out": [S]}) == (n - 1) * S // n + (S // n if r else 0)
         assert rounds("reduce_scatter", "rabenseifner", n) == log2(n)
+        assert rounds("reduce", "rabenseifner", n) == log2(n) + (n > 1)
     for n in ANY:  # folding adds a first and a last step
         p = 1 << log2(n)
         extra = 2 if p != n else 0
         assert rounds("all_reduce", "recursive_doubling", n) == log2(p) + extra
         assert rounds("all_reduce", "rabenseifner", n) == 2 * log2(p) + extra
+        assert rounds("reduce", "rabenseifner", n, root=n - 1) == log2(p) + 1 + extra // 2
         assert rounds("barrier", "recursive_doubling", n) == (n - 1).bit_length()
 
 

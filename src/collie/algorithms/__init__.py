@@ -18,7 +18,7 @@ implements (docs/algorithms.md gives their steps and bytes on the wire):
   tree                broadcast reduce gather scatter all_reduce barrier (binomial)
   dbtree              all_reduce broadcast reduce (NCCL's double binary tree)
   recursive_doubling  all_reduce all_gather barrier
-  rabenseifner        all_reduce reduce_scatter
+  rabenseifner        all_reduce reduce_scatter reduce
   bruck               all_gather all_to_all
   pairwise            all_to_all
   shm                 every collective but barrier, among ranks of one host:

@@ -1,5 +1,6 @@
 """Rabenseifner: a reduce-scatter by recursive halving, then (for
-all_reduce) an all-gather by recursive doubling. 2*log2(n) steps like
+all_reduce) an all-gather by recursive doubling, or (for reduce) a gather
+of the reduced parts to the root. 2*log2(n) steps like
 recursive doubling's log2(n), but each rank sends only about 2S in all
 instead of S*log2(n): the usual choice for medium and large all_reduce
 (Gloo's "halving-doubling", MPICH's default for long messages).
@@ -30,6 +31,13 @@ n ranks, p, e as above, L = log2 p, S = bytes of "out" (reduce_scatter: of
   collective      rounds            bytes sent per rank
   all_reduce      2L (+2 if e > 0)  2 S (p-1)/p (+S for a folded pair)
   reduce_scatter  L (+2 if e > 0)   S (p-1)/p (+S for a folded pair)
+  reduce          L + 1 (+1 if e > 0)  S (p-1)/p + S/p (+S for a folded pair)
+
+reduce is MPICH's reduce for long messages: where direct and the trees
+leave every addition to the root or a chain of parents, here the p ranks
+each add one part, and the root then only receives. Its partial sums live
+in "tmp" on every rank but the root (whose "out" is the result; the
+others' "out" stays as it was).
 
 ``segments`` is ignored: every step already sends to a different rank.
 """
@@ -144,3 +152,43 @@ def reduce_scatter(nranks, rank, root, segments):
         add_into(1 + k, peer, f.stood_for(*keep))
     return make_schedule("reduce_scatter", NAME, n, rank, root, events,
                          tmp_like="in" if n > 2 else None)
+
+
+@register("reduce", NAME)
+def reduce(nranks, rank, root, segments):
+    f = fold(nranks)
+    p, steps = f.p, f.steps
+    me = f.active(rank)
+    home = "out" if rank == root else "tmp"
+    where = ["out"] * p  # where this rank's partial sum of each part is
+
+    def chunks(buf, lo, hi):
+        return _parts(lo, hi) if buf == "out" else tuple(Chunk(buf, 0, q) for q in range(lo, hi))
+
+    def add_into(time, peer, lo, hi):
+        """The partner's partial sums of parts lo..hi-1 added into their home
+        (the first time, for a rank other than the root: landed there, ours
+        added after)."""
+        if where[lo] != home:
+            events.extend(land_then_add(time, peer, chunks("out", lo, hi), chunks(home, lo, hi)))
+            where[lo:hi] = [home] * (hi - lo)
+        else:
+            events.append((time, Recv(peer, chunks(home, lo, hi), reduce=True)))
+
+    events = []
+    if me is None:  # a folded rank: its data goes to its partner; the root's result comes back at the end
+        events.append((0, Send(rank + 1, _parts(0, p))))
+    else:
+        if f.folded(rank):
+            add_into(0, rank - 1, 0, p)
+        for k, peer, keep, give in _halving(f, me):
+            events.append((1 + k, Send(peer, chunks(where[give[0]], *give))))
+            add_into(1 + k, peer, *keep)
+        if rank != root:  # its finished part, to the root
+            events.append((1 + steps, Send(root, chunks(where[me], me, me + 1))))
+    if rank == root:
+        for a in range(p):
+            if a != me:
+                events.append((1 + steps, Recv(f.rank_of(a), _parts(a, a + 1))))
+    return make_schedule("reduce", NAME, nranks, rank, root, events, parts=p,
+                         tmp_like="out" if rank != root and me is not None else None)
