@@ -837,8 +837,14 @@ class Comm(_Handled, _Attributed):
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
         data = memoryview(b"" if dest == PROC_NULL else _pickle.dumps(sendobj))
-        if self._core_sent(data, dest, sendtag):
+        m = self._core_p2p(dest, sendtag, False)
+        got = None if m is None else m.core_exchange(data, dest, sendtag, source, recvtag)
+        if got is False:
             return self.recv(None, source, recvtag, status)  # sent already: the receive may block
+        if got is not None:
+            if status is not None:
+                _fill(status, got[0])
+            return _pickle.loads(got[1]) if got[1] else None
         rreq = self.irecv(recvbuf, source, recvtag)
         sreq = _or_cancel(rreq, lambda: self._send(data, dest, sendtag, "send"))
         Request.Waitall([rreq, sreq], [status, None])

@@ -150,6 +150,36 @@ class _Matcher:
                 return None
         return (source, got[0], got[1], False), got[2]
 
+    def core_exchange(self, data: memoryview, dest: int, sendtag: int, source, recvtag) -> Optional[tuple]:
+        """A sendrecv by the core: core_send's send, then core_recv's
+        receive, with one look at the world and one hold of the lock (a
+        small sendrecv is mostly those looks). None: nothing went (the full
+        path does both); False: sent, and the full path receives; else
+        core_recv's result. ``dest`` and ``sendtag`` as core_send takes them
+        (_core_p2p's); ``source`` and ``recvtag`` as given."""
+        if data.nbytes > INLINE_BYTES or dest == self.rank:
+            return None
+        send = self._core_program(dest, False)  # the world checked for both
+        if send is None:
+            return None
+        recv = None
+        if type(source) is int and 0 <= source < self.group.size and source != self.rank \
+                and type(recvtag) is int and (recvtag >= 0 or recvtag == ANY_TAG) \
+                and not (self.posted or self.unmatched or self.envelopes or self.probes or self.lost):
+            recv = self.core_programs.get((source, True), False)
+            if recv is False:
+                recv = self._core_program(source, True)
+        with self.network.lock:
+            if not send.send_envelope(self.etag, sendtag, data):
+                return None
+            got = None if recv is None else recv.recv_envelope(self.etag, recvtag, None, self.envelope_in)
+            if got is None:
+                return False
+            if got is False:  # not this receive's: the matcher's, as progress would have it
+                self._envelope(source, self.envelope_in)
+                return False
+        return (source, got[0], got[1], False), got[2]
+
     def core_envelope(self, source: int) -> bool:
         """Have the core take ``source``'s next envelope, waiting for it as
         long as a wait spins, and match it as progress would: how a waited
