@@ -152,6 +152,47 @@ def test_a_lanes_look_at_the_rings_heads():
     assert run_ranks(_glance_body, 2, timeout=60)[0] == [True, False, False, False, b"late", True]
 
 
+def _books_body(rank, size):
+    import collie
+    from collie import group
+    g, net = group.world().group, group.world().network
+    x = np.ones(2, np.float32)
+    for _ in range(5):
+        collie.all_reduce(x)
+    collie.send(x, 1 - rank) if rank == 0 else collie.recv(x, 1 - rank)
+    return g.seq, net.current, g.p2p_ops, "seq" in vars(g), "current" in vars(net)
+
+
+def test_the_core_keeps_the_books_in_their_slots():
+    """The group's sequence and point-to-point count and the network's
+    current call are slots the core writes by offset: Python reads what it
+    wrote (the first all_reduce and send run in Python, the rest in C)."""
+    from collie import core
+    if core._core is None:
+        pytest.skip(core._WHY_NOT)
+    for seq, current, p2p_ops, in_dict, in_net_dict in run_ranks(_books_body, 2, timeout=60):
+        assert (seq, current, p2p_ops, in_dict, in_net_dict) == (5, 0, 1, False, False)
+
+
+def test_the_core_refuses_hot_attributes_that_are_not_slots():
+    from collie import core
+    from collie.group import ProcessGroup
+    from collie.network import Network
+    from collie.transports.shm import ShmTransport
+    if core._core is None:
+        pytest.skip(core._WHY_NOT)
+
+    class Loose:  # attributes in a __dict__: no offset to read them at
+        pass
+    try:
+        with pytest.raises(TypeError, match="seq must be a slot"):
+            core._core.set_hot_slots(Loose, Network, ShmTransport)
+        with pytest.raises(TypeError, match="current must be a slot"):
+            core._core.set_hot_slots(ProcessGroup, Loose, ShmTransport)
+    finally:
+        core._core.set_hot_slots(ProcessGroup, Network, ShmTransport)
+
+
 def test_roots_that_differ_are_found_at_a_lanes_end(executor):
     """A root in its lane only sends; the peer's data left for the same call
     is what shows the mismatch, found by the lane's look at the rings."""

@@ -232,7 +232,7 @@ typedef struct {
     ring_t out, in;         /* ours to it (in its segment), its to us (in ours) */
     sem_t *bell;            /* its doorbell */
     int64_t *sleepers;      /* its sleepers word */
-    PyObject *out_obj, *in_obj;  /* ring.Out and ring.In: the Python ends' books (see end_attr) */
+    PyObject *out_obj, *in_obj;  /* ring.Out and ring.In: the Python ends' books (see slot_attr) */
     int pid;                /* its process, for single-copy reads (0: none) */
     int64_t cma_bytes;      /* our sends to it of at least this size go single copy (Out.cma_bytes) */
     int64_t next_id;        /* the last rendezvous id used (Out.next_id) */
@@ -247,6 +247,8 @@ typedef struct {
 } peer_t;
 
 static int ends_known(PyObject *out, PyObject *in);  /* see set_ring_ends() */
+static PyTypeObject *shm_type;                        /* see set_hot_slots() */
+static int hot_known(PyObject *obj, PyTypeObject *type, const char *what);
 
 /* Wake a peer that may sleep: Dekker's pattern of doorbell.py. */
 static void wake(peer_t *p) {
@@ -378,7 +380,6 @@ typedef struct {
     step_t *steps;
     peer_t *peers;
     PyObject *transport;    /* the ShmTransport (None without shm peers) */
-    PyObject *transport_dict;  /* its __dict__ (NULL without shm peers) */
     int64_t passes;         /* passes of the receive loops so far (see peer_t.behind) */
     int64_t *rids;          /* the step's single-copy sends in flight: rids[j] for send j (0: none) */
     char *envelope;         /* a one-message program's own copy of its message (send_envelope) */
@@ -394,7 +395,6 @@ static int program_traverse(CoreProgram *self, visitproc visit, void *arg) {
         Py_VISIT(self->peers[i].in_obj);
     }
     Py_VISIT(self->transport);
-    Py_VISIT(self->transport_dict);
     return 0;
 }
 
@@ -420,7 +420,6 @@ static void program_dealloc(CoreProgram *self) {
     PyMem_Free(self->rids);
     PyMem_Free(self->envelope);
     Py_XDECREF(self->transport);
-    Py_XDECREF(self->transport_dict);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -483,7 +482,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->spin = spin;
     self->crowded = crowded;
     self->transport = Py_NewRef(transport);
-    if (transport != Py_None && !(self->transport_dict = PyObject_GenericGetDict(transport, NULL))) {
+    if (transport != Py_None && !hot_known(transport, shm_type, "transport")) {
         Py_DECREF(self);
         return NULL;
     }
@@ -601,38 +600,44 @@ static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
 
-/* Attribute ``name`` of ``obj`` whose __dict__ is ``dict``, borrowed: the
- * checks below run on every call, and a look in the dict costs a fraction of
- * PyObject_GetAttr's (these classes have no properties or slots). */
+/* Attribute ``name`` of ``obj`` whose __dict__ is ``dict``, borrowed: a look
+ * in the dict costs a fraction of PyObject_GetAttr's (for an attribute that
+ * no property or slot of its class has). */
 static PyObject *dict_attr(PyObject *dict, PyObject *obj, int name) {
     PyObject *v = PyDict_GetItemWithError(dict, names[name]);
     if (!v && !PyErr_Occurred()) PyErr_Format(PyExc_AttributeError, "%R has no attribute %R", obj, names[name]);
     return v;
 }
 
-static int dict_is(PyObject *dict, PyObject *obj, int name, PyObject *value) {
-    PyObject *v = dict_attr(dict, obj, name);
-    return v ? v == value : -1;
-}
-
-/* The ring ends' attributes the core reads and writes on every run live at
- * fixed offsets of their objects: ring.Out and ring.In declare them as
- * __slots__, and set_ring_ends() (core.py, at import) finds where, so that
- * a look costs a load instead of a dict lookup by name. Indexed by name. */
-static Py_ssize_t out_at[NNAMES], in_at[NNAMES];
-static PyTypeObject *out_type, *in_type;
+/* The attributes the core reads and writes on every call live at fixed
+ * offsets of their objects: their classes declare them as __slots__ (the
+ * ring ends ring.Out and ring.In; ProcessGroup's sequence, the Network's
+ * current call and broken state, the shm transport's busy flags), and
+ * set_ring_ends() and set_hot_slots() (core.py, at import) find where, so
+ * that a look costs a load instead of a dict lookup by name (a fifth of a
+ * small broadcast's time, when they were looked up). Indexed by name. */
+static Py_ssize_t out_at[NNAMES], in_at[NNAMES], group_at[NNAMES], network_at[NNAMES], shm_at[NNAMES];
+static PyTypeObject *out_type, *in_type, *hot_group_type, *network_type, *shm_type;
 static const int out_names[] = {N_ERROR, N_QUEUE, N_PENDING, N_HEAD, N_TAIL, N_NEXT_ID, -1};
 static const int in_names[] = {N_ERROR, N_CURRENT, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN, N_UNEXPECTED, N_TAIL, -1};
+static const int group_names[] = {N_SEQ, N_P2P_OPS, -1};
+static const int network_names[] = {N_CURRENT, N_ABORT, N_LOST, -1};
+static const int shm_names[] = {N_CLOSED, N_STASH, -1};
 
 static int slot_offsets(PyObject *type, const int *which, Py_ssize_t *at) {
     for (int j = 0; which[j] >= 0; j++) {
         PyObject *d = PyObject_GetAttr(type, names[which[j]]);  /* a class's slot: its member descriptor */
-        if (!d) return -1;
-        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+        if (!d) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+            PyErr_Clear();
+        }
+        int ok = d && Py_IS_TYPE(d, &PyMemberDescr_Type)
+                 && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
         if (ok) at[which[j]] = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_DECREF(d);
+        Py_XDECREF(d);
         if (!ok) {
-            PyErr_Format(PyExc_TypeError, "set_ring_ends: %R.%U must be a slot", type, names[which[j]]);
+            PyErr_Format(PyExc_TypeError, "%R.%U must be a slot (the core reads it by offset)", type,
+                         names[which[j]]);
             return -1;
         }
     }
@@ -648,6 +653,26 @@ static PyObject *py_set_ring_ends(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* set_hot_slots(ProcessGroup, Network, ShmTransport): see above. */
+static PyObject *py_set_hot_slots(PyObject *self, PyObject *args) {
+    PyObject *group, *network, *shm;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &group, &PyType_Type, &network, &PyType_Type, &shm))
+        return NULL;
+    if (slot_offsets(group, group_names, group_at) < 0 || slot_offsets(network, network_names, network_at) < 0
+        || slot_offsets(shm, shm_names, shm_at) < 0) return NULL;
+    Py_XSETREF(hot_group_type, (PyTypeObject *)Py_NewRef(group));
+    Py_XSETREF(network_type, (PyTypeObject *)Py_NewRef(network));
+    Py_XSETREF(shm_type, (PyTypeObject *)Py_NewRef(shm));
+    Py_RETURN_NONE;
+}
+
+/* Whether ``obj`` is exactly of ``type`` (whose slots set_hot_slots measured). */
+static int hot_known(PyObject *obj, PyTypeObject *type, const char *what) {
+    if (type && Py_IS_TYPE(obj, type)) return 1;
+    PyErr_Format(PyExc_TypeError, "the core does not know this %s (set_hot_slots): %R", what, obj);
+    return 0;
+}
+
 /* Whether these are ring ends of the types set_ring_ends() measured. */
 static int ends_known(PyObject *out, PyObject *in) {
     if (out_type && Py_IS_TYPE(out, out_type) && in_type && Py_IS_TYPE(in, in_type)) return 1;
@@ -655,27 +680,27 @@ static int ends_known(PyObject *out, PyObject *in) {
     return 0;
 }
 
-/* Attribute ``name`` of a ring end (``at``: its type's offsets), borrowed. */
-static PyObject *end_attr(PyObject *obj, const Py_ssize_t *at, int name) {
+/* Slot ``name`` of ``obj`` (``at``: its type's offsets), borrowed. */
+static PyObject *slot_attr(PyObject *obj, const Py_ssize_t *at, int name) {
     PyObject *v = *(PyObject **)((char *)obj + at[name]);
     if (!v) PyErr_Format(PyExc_AttributeError, "%R has no attribute %R", obj, names[name]);
     return v;
 }
 
-static int end_is(PyObject *obj, const Py_ssize_t *at, int name, PyObject *value) {
-    PyObject *v = end_attr(obj, at, name);
+static int slot_is(PyObject *obj, const Py_ssize_t *at, int name, PyObject *value) {
+    PyObject *v = slot_attr(obj, at, name);
     return v ? v == value : -1;
 }
 
-static int end_empty(PyObject *obj, const Py_ssize_t *at, int name) {
-    PyObject *v = end_attr(obj, at, name);
+static int slot_empty(PyObject *obj, const Py_ssize_t *at, int name) {
+    PyObject *v = slot_attr(obj, at, name);
     if (!v) return -1;
     int full = PyObject_IsTrue(v);
     return full < 0 ? -1 : !full;
 }
 
-/* Set attribute ``name`` of a ring end to ``v`` (stolen; NULL: -1). */
-static int end_set(PyObject *obj, const Py_ssize_t *at, int name, PyObject *v) {
+/* Set slot ``name`` of ``obj`` to ``v`` (stolen; NULL: -1). */
+static int slot_set(PyObject *obj, const Py_ssize_t *at, int name, PyObject *v) {
     if (!v) return -1;
     Py_XSETREF(*(PyObject **)((char *)obj + at[name]), v);
     return 0;
@@ -688,21 +713,21 @@ static int end_set(PyObject *obj, const Py_ssize_t *at, int name, PyObject *v) {
  * MPI Irecv's envelope receive, posted before its Isend). */
 static int rings_free(CoreProgram *self) {
     if (self->transport == Py_None) return 1;
-    int ok = dict_is(self->transport_dict, self->transport, N_CLOSED, Py_False);
-    if (ok == 1) ok = dict_is(self->transport_dict, self->transport, N_STASH, Py_False);
+    int ok = slot_is(self->transport, shm_at, N_CLOSED, Py_False);
+    if (ok == 1) ok = slot_is(self->transport, shm_at, N_STASH, Py_False);
     for (int i = 0; ok == 1 && i < self->npeers; i++) {
         peer_t *p = &self->peers[i];
         if (!p->shm) continue;
         static const int out_empty[] = {N_QUEUE, N_PENDING, -1};
         static const int in_empty[] = {N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN, N_UNEXPECTED, -1};
         if (p->sends) {
-            ok = end_is(p->out_obj, out_at, N_ERROR, Py_None);
-            for (int j = 0; ok == 1 && out_empty[j] >= 0; j++) ok = end_empty(p->out_obj, out_at, out_empty[j]);
+            ok = slot_is(p->out_obj, out_at, N_ERROR, Py_None);
+            for (int j = 0; ok == 1 && out_empty[j] >= 0; j++) ok = slot_empty(p->out_obj, out_at, out_empty[j]);
         }
         if (p->recvs && ok == 1) {
-            ok = end_is(p->in_obj, in_at, N_ERROR, Py_None);
-            if (ok == 1) ok = end_is(p->in_obj, in_at, N_CURRENT, Py_None);
-            for (int j = 0; ok == 1 && in_empty[j] >= 0; j++) ok = end_empty(p->in_obj, in_at, in_empty[j]);
+            ok = slot_is(p->in_obj, in_at, N_ERROR, Py_None);
+            if (ok == 1) ok = slot_is(p->in_obj, in_at, N_CURRENT, Py_None);
+            for (int j = 0; ok == 1 && in_empty[j] >= 0; j++) ok = slot_empty(p->in_obj, in_at, in_empty[j]);
         }
     }
     return ok;
@@ -715,11 +740,11 @@ static int update_books(CoreProgram *self) {
         if (!p->shm) continue;
         int64_t head = *p->out.head, tail = *p->in.tail;
         if (head != p->head0
-            && (end_set(p->out_obj, out_at, N_HEAD, PyLong_FromLongLong(head)) < 0
-                || end_set(p->out_obj, out_at, N_TAIL,
+            && (slot_set(p->out_obj, out_at, N_HEAD, PyLong_FromLongLong(head)) < 0
+                || slot_set(p->out_obj, out_at, N_TAIL,
                            PyLong_FromLongLong(__atomic_load_n(p->out.tail, __ATOMIC_ACQUIRE))) < 0)) return -1;
-        if (tail != p->tail0 && end_set(p->in_obj, in_at, N_TAIL, PyLong_FromLongLong(tail)) < 0) return -1;
-        if (p->next_id != p->next_id0 && end_set(p->out_obj, out_at, N_NEXT_ID, PyLong_FromLongLong(p->next_id)) < 0)
+        if (tail != p->tail0 && slot_set(p->in_obj, in_at, N_TAIL, PyLong_FromLongLong(tail)) < 0) return -1;
+        if (p->next_id != p->next_id0 && slot_set(p->out_obj, out_at, N_NEXT_ID, PyLong_FromLongLong(p->next_id)) < 0)
             return -1;
     }
     return 0;
@@ -881,7 +906,7 @@ static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t ta
         p->head0 = *p->out.head;
         p->tail0 = *p->in.tail;
         if (p->rdv) {
-            PyObject *v = end_attr(p->out_obj, out_at, N_NEXT_ID);
+            PyObject *v = slot_attr(p->out_obj, out_at, N_NEXT_ID);
             p->next_id = v ? PyLong_AsLongLong(v) : -1;
             if (PyErr_Occurred()) return -1;
         }
@@ -980,9 +1005,9 @@ static int nothing_stale(CoreProgram *g, int64_t tag, int64_t max_tag) {
     for (int i = 0; i < g->npeers; i++) {
         peer_t *p = &g->peers[i];
         if (!p->shm) return 0;
-        int ok = end_is(p->in_obj, in_at, N_ERROR, Py_None);
-        if (ok == 1) ok = end_is(p->in_obj, in_at, N_CURRENT, Py_None);
-        if (ok == 1) ok = end_empty(p->in_obj, in_at, N_UNEXPECTED);
+        int ok = slot_is(p->in_obj, in_at, N_ERROR, Py_None);
+        if (ok == 1) ok = slot_is(p->in_obj, in_at, N_CURRENT, Py_None);
+        if (ok == 1) ok = slot_empty(p->in_obj, in_at, N_UNEXPECTED);
         if (ok != 1) return ok;
         ring_t *r = &p->in;
         int64_t tail = __atomic_load_n(r->tail, __ATOMIC_RELAXED);
@@ -1328,8 +1353,6 @@ typedef struct {
     PyObject_HEAD
     CoreProgram *core;
     PyObject *group, *network, *lock, *done, *context, *meta_obj, *module_dict;
-    PyObject *group_dict, *network_dict;  /* their __dict__s: seq, current, _abort, _lost read and
-                                             written there on every call (no properties have those names) */
     PyObject *extra;        /* the buffers after the call's arrays: a tuple, or a function giving them */
     PyObject *slow, *end;   /* end(seq, tag): a rooted call's books (None: the plain ones, here) */
     PyObject *glance;       /* a rooted call's: a program whose peers are the group's others (see
@@ -1352,8 +1375,6 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg) {
     Py_VISIT(self->context);
     Py_VISIT(self->meta_obj);
     Py_VISIT(self->module_dict);
-    Py_VISIT(self->group_dict);
-    Py_VISIT(self->network_dict);
     Py_VISIT(self->extra);
     Py_VISIT(self->slow);
     Py_VISIT(self->end);
@@ -1370,8 +1391,6 @@ static int lane_clear(Lane *self) {
     Py_CLEAR(self->context);
     Py_CLEAR(self->meta_obj);
     Py_CLEAR(self->module_dict);
-    Py_CLEAR(self->group_dict);
-    Py_CLEAR(self->network_dict);
     Py_CLEAR(self->extra);
     Py_CLEAR(self->slow);
     Py_CLEAR(self->end);
@@ -1394,6 +1413,7 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     unsigned long long meta;
     if (!PyArg_ParseTuple(args, "O!iOOOLLKOOOOO!", &ProgramType, &core, &narrays, &group, &network, &context, &fixed,
                           &max_tag, &meta, &extra, &slow, &end, &glance, &PyDict_Type, &module_dict)) return NULL;
+    if (!hot_known(group, hot_group_type, "group") || !hot_known(network, network_type, "network")) return NULL;
     if (glance != Py_None && !PyObject_TypeCheck(glance, &ProgramType)) {
         PyErr_SetString(PyExc_TypeError, "Lane: glance must be a Program or None");
         return NULL;
@@ -1423,10 +1443,7 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->lock = PyObject_GetAttr(network, names[N_LOCK]);
     self->done = PyObject_GetAttr(network, names[N_DONE]);
     self->meta_obj = PyLong_FromUnsignedLongLong(meta);
-    self->group_dict = PyObject_GenericGetDict(group, NULL);
-    self->network_dict = PyObject_GenericGetDict(network, NULL);
-    if (!self->lock || !self->done || !self->meta_obj || !self->group_dict
-        || !self->network_dict) {
+    if (!self->lock || !self->done || !self->meta_obj) {
         Py_DECREF(self);
         return NULL;
     }
@@ -1449,10 +1466,10 @@ static PyObject *lane_slow(Lane *self, PyObject *seq, PyObject *resume, PyObject
 
 /* Whether the lane's network is broken (an abort, a lost peer): -1 on error. */
 static int network_broken(Lane *self) {
-    PyObject *abort = dict_attr(self->network_dict, self->network, N_ABORT);
+    PyObject *abort = slot_attr(self->network, network_at, N_ABORT);
     if (!abort) return -1;
     if (abort != Py_None) return 1;
-    PyObject *lost = dict_attr(self->network_dict, self->network, N_LOST);
+    PyObject *lost = slot_attr(self->network, network_at, N_LOST);
     return lost ? PyObject_IsTrue(lost) : -1;
 }
 
@@ -1480,7 +1497,7 @@ static PyObject *lane_core(Lane *self, PyObject *seq, int64_t tag, PyObject *tag
         goto out;
     }
     if (rc < 0) goto out;
-    if (o.step == core->nsteps && (quiet = dict_is(self->network_dict, self->network, N_ABORT, Py_None)) == 1) {
+    if (o.step == core->nsteps && (quiet = slot_is(self->network, network_at, N_ABORT, Py_None)) == 1) {
         Py_DECREF(o.inflight);
         int clean = self->end == Py_None ? 1 : self->glance == Py_None ? 0
                     : nothing_stale((CoreProgram *)self->glance, tag, self->max_tag);
@@ -1491,7 +1508,7 @@ static PyObject *lane_core(Lane *self, PyObject *seq, int64_t tag, PyObject *tag
         }
         PyObject *entry = PyTuple_Pack(2, seq, self->meta_obj);
         if (entry && PyDict_SetItem(self->done, self->context, entry) == 0
-            && PyDict_SetItem(self->network_dict, names[N_CURRENT], zero) == 0) result = Py_NewRef(Py_None);
+            && slot_set(self->network, network_at, N_CURRENT, Py_NewRef(zero)) == 0) result = Py_NewRef(Py_None);
         Py_XDECREF(entry);
         goto out;
     }
@@ -1508,7 +1525,7 @@ static PyObject *lane_run(Lane *self, PyObject *seq, long long s, PyObject *args
         return lane_slow(self, seq, Py_NewRef(Py_None), args);
     int64_t tag = self->fixed | (s & self->max_tag);
     PyObject *tag_obj = PyLong_FromLongLong(tag);
-    if (!tag_obj || PyDict_SetItem(self->network_dict, names[N_CURRENT], tag_obj) < 0) {
+    if (!tag_obj || slot_set(self->network, network_at, N_CURRENT, Py_NewRef(tag_obj)) < 0) {
         Py_XDECREF(tag_obj);
         return NULL;
     }
@@ -1534,13 +1551,13 @@ static PyObject *lane_call(Lane *self, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_TypeError, "a lane takes its call's %d arrays", self->narrays);
         return NULL;
     }
-    PyObject *seq = dict_attr(self->group_dict, self->group, N_SEQ);
+    PyObject *seq = slot_attr(self->group, group_at, N_SEQ);
     if (!seq) return NULL;
     Py_INCREF(seq);
     long long s = PyLong_AsLongLong(seq);
     PyObject *next = s == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(s + 1);
     PyObject *result = NULL;
-    if (next && PyDict_SetItem(self->group_dict, names[N_SEQ], next) == 0) result = lane_run(self, seq, s, args);
+    if (next && slot_set(self->group, group_at, N_SEQ, Py_NewRef(next)) == 0) result = lane_run(self, seq, s, args);
     Py_XDECREF(next);
     Py_DECREF(seq);
     return result;
@@ -1812,7 +1829,7 @@ typedef struct {
     PyObject *world, *group_arg, *dtype;  /* the key: the world, the call's group, its array's dtype */
     long long rank, group_rank, tag;      /* ... its ints (-1: None) */
     Py_ssize_t nbytes;                    /* ... and its array's size */
-    PyObject *group, *peer, *network, *network_dict, *group_dict, *deferred, *lock;
+    PyObject *group, *peer, *network, *deferred, *lock;
     CoreProgram *program;
     int64_t wire_tag;
 } route_t;
@@ -1860,14 +1877,14 @@ typedef struct {
 } Entry;
 
 static void route_clear(route_t *r) {
-    PyObject **refs[] = {&r->world, &r->group_arg, &r->dtype, &r->group, &r->peer, &r->network, &r->network_dict,
-                         &r->group_dict, &r->deferred, &r->lock, (PyObject **)&r->program};
+    PyObject **refs[] = {&r->world, &r->group_arg, &r->dtype, &r->group, &r->peer, &r->network, &r->deferred,
+                         &r->lock, (PyObject **)&r->program};
     for (size_t i = 0; i < sizeof refs / sizeof refs[0]; i++) Py_CLEAR(*refs[i]);
 }
 
 static int route_traverse(route_t *r, visitproc visit, void *arg) {
-    PyObject *refs[] = {r->world, r->group_arg, r->dtype, r->group, r->peer, r->network, r->network_dict,
-                        r->group_dict, r->deferred, r->lock, (PyObject *)r->program};
+    PyObject *refs[] = {r->world, r->group_arg, r->dtype, r->group, r->peer, r->network, r->deferred, r->lock,
+                        (PyObject *)r->program};
     for (size_t i = 0; i < sizeof refs / sizeof refs[0]; i++) Py_VISIT(refs[i]);
     return 0;
 }
@@ -2022,8 +2039,8 @@ static int route_find(Entry *self, PyObject **v, route_t *r, Py_buffer *b, int r
         goto out;
     found = -1;
     r->program = (CoreProgram *)Py_NewRef(program);
-    if (!one_message(r->program) || !(r->network_dict = PyObject_GenericGetDict(r->network, NULL))
-        || !(r->group_dict = PyObject_GenericGetDict(r->group, NULL))
+    if (!one_message(r->program) || !hot_known(r->network, network_type, "network")
+        || !hot_known(r->group, hot_group_type, "group")
         || !(context = PyObject_GetAttr(r->group, names[N_CONTEXT]))
         || !(r->lock = PyObject_GetAttr(r->network, names[N_LOCK])))
         goto out;
@@ -2045,9 +2062,9 @@ out:
 static PyObject *route_move(Entry *self, route_t *r, Py_buffer *b, int *tried) {
     if ((self->kind == ENTRY_RECV || self->kind == ENTRY_IRECV) && PyList_GET_SIZE(r->deferred))
         return NULL;  /* receives posted before this one take their messages first: Python sorts that out */
-    int quiet = dict_is(r->network_dict, r->network, N_ABORT, Py_None);
+    int quiet = slot_is(r->network, network_at, N_ABORT, Py_None);
     if (quiet == 1) {
-        PyObject *lost = dict_attr(r->network_dict, r->network, N_LOST);
+        PyObject *lost = slot_attr(r->network, network_at, N_LOST);
         quiet = lost ? !PyObject_IsTrue(lost) : -1;  /* (IsTrue's -1 comes out as 0: an error, found below) */
     }
     if (quiet != 1) return NULL;  /* something broke: Python's checks */
@@ -2058,13 +2075,10 @@ static PyObject *route_move(Entry *self, route_t *r, Py_buffer *b, int *tried) {
         *tried = moved == 0;
         return NULL;
     }
-    PyObject *ops = dict_attr(r->group_dict, r->group, N_P2P_OPS);
+    PyObject *ops = slot_attr(r->group, group_at, N_P2P_OPS);
     long long count = ops ? PyLong_AsLongLong(ops) : -1;
-    if (count == -1 && PyErr_Occurred()) return NULL;
-    if (!(ops = PyLong_FromLongLong(count + 1))) return NULL;
-    int set = PyDict_SetItem(r->group_dict, names[N_P2P_OPS], ops);
-    Py_DECREF(ops);
-    if (set < 0) return NULL;
+    if ((count == -1 && PyErr_Occurred()) || slot_set(r->group, group_at, N_P2P_OPS, PyLong_FromLongLong(count + 1)) < 0)
+        return NULL;
     if (self->kind == ENTRY_SEND) return Py_NewRef(Py_None);
     if (self->kind == ENTRY_RECV) return Py_NewRef(r->peer);
     /* A CompletedWork, made as object() would (its state is its class's): an irecv's result() is the sender. */
@@ -2490,6 +2504,8 @@ static PyMethodDef methods[] = {
      "p2p_target(tensor, rank, group_rank, group, tag, writable) -> (group, peer, array) or None (collie.p2p)."},
     {"set_ring_ends", py_set_ring_ends, METH_VARARGS,
      "set_ring_ends(Out, In): where the ring ends' slots are (core.py, at import)."},
+    {"set_hot_slots", py_set_hot_slots, METH_VARARGS,
+     "set_hot_slots(ProcessGroup, Network, ShmTransport): where their hot slots are (core.py, at import)."},
     {"set_context", py_set_context, METH_VARARGS,
      "set_context(group module's dict, ProcessGroup, ndarray, numpy_view, dtype names, max tag): see _core.c."},
     {"set_executor", py_set_executor, METH_O,

@@ -39,6 +39,10 @@ class ProcessGroup:
     process is not a member (every rank calls new_group, members or not).
     """
 
+    # What every call counts, as slots the compiled core reads and writes
+    # at fixed offsets (_core.c's set_hot_slots); the rest in the __dict__.
+    __slots__ = ("seq", "p2p_ops", "__dict__", "__weakref__")
+
     def __init__(self, network, ranks: Sequence[int], context: int, timeout: float, name: str):
         self.network = network
         self.ranks = tuple(ranks)

@@ -127,6 +127,11 @@ class AnySourceRequest(Request):
 class Network:
     """Routes messages to peers and waits for them. One per process."""
 
+    # What every call of the compiled core checks or sets (the call running,
+    # and whether anything broke), as slots it reads at fixed offsets
+    # (_core.c's set_hot_slots); the rest in the __dict__.
+    __slots__ = ("current", "_abort", "_lost", "__dict__", "__weakref__")
+
     def __init__(self, rank: int, size: int, store, job_id: str, *, backend: str = "auto",
                  timeout: float = 300.0, token: bytes | None = None,
                  master_addr: str = "127.0.0.1", local_world_size: int | None = None,

@@ -128,6 +128,9 @@ class ShmTransport(Transport):
     name = "shm"
     windows = True
     pollable = True
+    # What the compiled core checks before every run on the rings, as slots
+    # it reads at fixed offsets (_core.c's set_hot_slots).
+    __slots__ = ("_closed", "_stash")
 
     def __init__(self, rank: int, peers: list[int], store, job_id: str, timeout: float, *,
                  memfd: Optional[bool] = None, slots: Optional[int] = None,
