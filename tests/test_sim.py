@@ -244,17 +244,25 @@ def test_calls_without_a_lane_take_pythons_whole_path():
     assert bench_seconds("gather", "direct", 2, s, model=m) == pytest.approx(laned + m.slow_call - m.call)
 
 
-def test_a_full_ring_hands_the_send_to_python():
+def test_a_full_ring_makes_the_send_wait_and_a_long_wait_hands_it_to_python():
     # reduce: the leaf sends faster than the root combines. With eight slots it
-    # runs eight calls ahead, then finds the ring full and hands the step to
-    # Python's executor (model.python), whose send goes once a slot is free.
+    # runs eight calls ahead, then finds the ring full: its send waits in the
+    # core for a free slot, as a receive waits for its message, costing the
+    # root nothing however slow Python's executor is (model.python).
+    from collie.network import SPIN_SECONDS
     m = HOST._replace(python=200e-6, gamma=1 / 2e9)
     s = 8192
     root = m.call + m.intra.alpha + s * m.gamma
     unbounded = bench_seconds("reduce", "direct", 2, s, model=m._replace(slots=0))
     assert unbounded == pytest.approx(root)  # no limit: the root's pace
-    # the handover costs more than the root takes to empty the ring: the root waits
-    assert bench_seconds("reduce", "direct", 2, s, model=m) > 1.5 * root
+    assert bench_seconds("reduce", "direct", 2, s, model=m) == pytest.approx(root)
+    # A root slower than the spin: the leaf's wait outlasts it, and the step
+    # goes to Python's executor, which here costs more than the root takes to
+    # empty the whole ring (the leaf then posts as many as it can at once).
+    slow_root = 2 * SPIN_SECONDS
+    slow = m._replace(gamma=(slow_root - m.call - m.intra.alpha) / s, python=40 * slow_root)
+    assert bench_seconds("reduce", "direct", 2, s, model=slow._replace(slots=0)) == pytest.approx(slow_root)
+    assert bench_seconds("reduce", "direct", 2, s, model=slow) > 1.5 * slow_root
 
 
 def test_steps_with_messages_of_several_pieces_run_in_python():
@@ -331,8 +339,8 @@ def test_predicts_this_machines_bench():
         predicted = bench_seconds(r["op"], r["algorithm"], r["nranks"], r["bytes"], model=model) * 1e6
         errors.append(abs(predicted / measured - 1))
     assert len(errors) == 240  # 6 collectives x 8 sizes (8 KiB - 64 MiB) x 5 rank counts (2-8)
-    assert statistics.median(errors) <= 0.15        # "median error 15%"
-    assert sum(e <= 0.25 for e in errors) >= 176   # "176 of 240 rows within 25%"
+    assert statistics.median(errors) <= 0.16        # "median error 16%"
+    assert sum(e <= 0.25 for e in errors) >= 174   # "174 of 240 rows within 25%"
 
 
 def test_cli_keeps_a_saved_host_model(tmp_path, capsys):

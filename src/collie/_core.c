@@ -241,9 +241,9 @@ typedef struct {
     int sends, recvs;       /* the program sends to it, receives from it (in its own steps) */
     int64_t behind;         /* the last pass of a receive loop (CoreProgram.passes)
                                in which an earlier receive from it stayed open */
-    int64_t full;           /* the last pass (CoreProgram.passes) in which a send to it found its
-                               ring full: the step's later sends to it are left to Python too,
-                               which posts them after that one, in order */
+    int64_t full;           /* the last pass (CoreProgram.passes) of post_sends in which a send to
+                               it found its ring full: the step's later sends to it wait too
+                               (for a later pass, or for Python, which posts them in order) */
 } peer_t;
 
 static int ends_known(PyObject *out, PyObject *in);  /* see set_ring_ends() */
@@ -798,6 +798,39 @@ static void run_locals(CoreProgram *self, step_t *s, Py_buffer *bufs, kernel_t k
     }
 }
 
+/* Post the step's shm sends not posted yet (``unsent`` of them: bit j of
+ * *mask clear), in order: each into its peer's ring, or as a single-copy
+ * offer (counted in *unacked until the reader acknowledges it). A send whose
+ * peer's ring is full stays unsent, and so does every later one to that
+ * peer, which must not overtake it; run_steps tries them again while it
+ * waits, as a receive waits for its message. (Handed back to Python in
+ * order the same way, where the core gives up.) Returns how many are left. */
+static int post_sends(CoreProgram *self, step_t *s, Py_buffer *bufs, int64_t tag, uint64_t meta, uint64_t *mask,
+                      int *unacked, int unsent) {
+    int64_t pass = ++self->passes;
+    for (int j = 0; unsent && j < s->nsend; j++) {
+        msg_t *m = &s->send[j];
+        peer_t *p = &self->peers[m->peer];
+        if ((*mask >> j) & 1 || !p->shm || p->full == pass) continue;
+        const char *data = m->buf < 0 ? "" : (char *)bufs[m->buf].buf + m->off;
+        int posted;
+        if (m->nbytes >= p->cma_bytes) {
+            /* Posted (its bit set, so Python never posts it again), done once acknowledged. */
+            posted = (self->rids[j] = rendezvous(p, tag, meta, data, m->nbytes)) != 0;
+            *unacked += posted;
+        } else {
+            posted = put(p, tag, meta, data, m->nbytes);
+        }
+        if (!posted) {
+            p->full = pass;  /* its ring is full: later sends to it wait too */
+            continue;
+        }
+        *mask |= 1ull << j;
+        unsent--;
+    }
+    return unsent;
+}
+
 /* This thread's own bound on a receive's spin (seconds; < 0: none): see
  * set_thread_spin(). */
 static __thread double thread_spin = -1;
@@ -819,28 +852,13 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
         if (times) times[2 * i] = wall_seconds();
         if (s->python) return i;
         if (!s->sends_first) run_locals(self, s, bufs, kernel);
-        int open = 0, handback = 0, unacked = 0;
-        int64_t sending = ++self->passes;
+        int open = 0, handback = 0, unacked = 0, unsent = 0;
         for (int j = 0; j < s->nsend; j++) {
-            msg_t *m = &s->send[j];
-            peer_t *p = &self->peers[m->peer];
-            const char *data = m->buf < 0 ? "" : (char *)bufs[m->buf].buf + m->off;
             self->rids[j] = 0;
-            if (!p->shm) {
-                handback = 1;  /* another transport's */
-            } else if (p->full == sending) {
-                handback = 1;  /* an earlier send to it found its ring full */
-            } else if (m->nbytes >= p->cma_bytes) {
-                /* Posted (its bit set, so Python never posts it again), done once acknowledged. */
-                if ((self->rids[j] = rendezvous(p, tag, meta, data, m->nbytes))) { *mask |= 1ull << j; unacked++; }
-                else { handback = 1; p->full = sending; }  /* its ring is full */
-            } else if (put(p, tag, meta, data, m->nbytes)) {
-                *mask |= 1ull << j;
-            } else {
-                handback = 1;
-                p->full = sending;
-            }
+            if (!self->peers[s->send[j].peer].shm) handback = 1;  /* another transport's */
+            else unsent++;
         }
+        unsent = post_sends(self, s, bufs, tag, meta, mask, &unacked, unsent);
         if (s->sends_first) run_locals(self, s, bufs, kernel);
         *locals_done = 1;
         for (int j = 0; j < s->nrecv; j++) {
@@ -849,8 +867,13 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
         }
         double deadline = 0;
         int spun = 0;
-        while (open || unacked) {
+        while (open || unacked || unsent) {
             int moved = 0;
+            if (unsent) {  /* a ring that was full: the reader may have made room */
+                int left = post_sends(self, s, bufs, tag, meta, mask, &unacked, unsent);
+                moved = left < unsent;
+                unsent = left;
+            }
             int64_t pass = ++self->passes;
             for (int j = 0; unacked && j < s->nsend; j++) {
                 int64_t rid = self->rids[j];
@@ -875,7 +898,7 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
                 else if (got == FOREIGN) return i;  /* Python sorts it out */
                 else p->behind = pass;
             }
-            if ((!open && !unacked) || handback) break;  /* a handback: Python waits on everything left */
+            if ((!open && !unacked && !unsent) || handback) break;  /* a handback: Python waits on everything left */
             if (moved) { spun = 0; continue; }
             double t = now_seconds();
             if (!spun) { deadline = t + spin; spun = 1; }
@@ -884,7 +907,7 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
             if (crowded) sched_yield();
             else __builtin_ia32_pause();
         }
-        if (handback || open || unacked) return i;
+        if (handback || open || unacked || unsent) return i;
         if (times) times[2 * i + 1] = wall_seconds();
     }
     return self->nsteps;

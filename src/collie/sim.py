@@ -41,8 +41,9 @@ each rank's serially (a rank is one thread):
   sender's core copies it in (``alpha + m beta``), the receiver's copies it
   out, or combines it straight out of the slot (``alpha + m gamma``); the
   send is done once it is in the slot. A ring holds ``slots`` messages: a
-  send that finds it full is handed to Python's executor (``python``, once
-  a step) and goes when the receiver frees a slot;
+  send that finds it full waits in the core for the receiver to free a
+  slot, as a receive waits for its message (a wait past the spin hands the
+  step to Python, below);
 - a larger message is read once by its receiver out of the sender's memory
   (process_vm_readv: ``read.alpha + m read.beta``, plus ``m gamma`` when
   it combines), and the send is done only then. A one-way step (only
@@ -435,7 +436,7 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
     oneway = [False] * g         # whether its current step only sends or only receives
     handed = [False] * g         # whether Python's executor has taken its current step over
     inring: dict = {}            # (receiver rep, sender as it sees it) -> messages in that ring (cores)
-    blocked: dict = {}           # same key -> deque of sends waiting for a slot: (sender rep, bytes, one-way)
+    blocked: dict = {}           # same key -> deque of sends waiting for a slot: (sender rep, bytes, one-way, since)
     arrived: dict = {}           # (receiver rep, sender as the receiver sees it) -> deque of rx ends
     waiting: dict = {}           # same key -> deque of (post time, bytes, reduce)
     heap: list = []
@@ -503,7 +504,8 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
         """Receiver b takes a message within a host (see "Cores"): out of a
         ring slot, or read once from the sender's memory (single copy, whose
         send completes then); a waiting crowded rank first gets a core back.
-        The slot it frees lets a send that found the ring full go."""
+        The slot it frees lets a send that found the ring full go (its
+        sender, waiting since, may have slept)."""
         there, sender, rdv, sender_oneway = msg
         t, work = woken(b, max(posted, cpu_free[b]), there)
         if not rdv:
@@ -527,8 +529,9 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
         inring[key] -= 1
         queue = blocked.get(key)
         if queue:
-            s, size, flag = queue.popleft()
-            post(s, b, seen, size, done, flag)
+            s, size, flag, since = queue.popleft()
+            back, extra = woken(s, since, done)
+            post(s, b, seen, size, back + extra, flag)
 
     pop, push = heapq.heappop, heapq.heappush
     while heap:
@@ -572,13 +575,8 @@ def _run(steps_of: list, n: int, g: int, host_of, model: Model, starts: Optional
                 messages += 1
                 if cores and link is intra:
                     if model.slots and inring.get((b, seen), 0) >= model.slots:
-                        # the ring is full: the core hands the step to Python's
-                        # executor, whose send goes once the receiver frees a slot
-                        if not handed[r]:
-                            handed[r] = True
-                            t = occupy(r, t, model.python) + model.python
-                            cpu_free[r] = t
-                        blocked.setdefault((b, seen), deque()).append((r, nbytes, oneway[r]))
+                        # the ring is full: the send waits for the receiver to free a slot
+                        blocked.setdefault((b, seen), deque()).append((r, nbytes, oneway[r], t))
                     else:
                         t = post(r, b, seen, nbytes, t, oneway[r])
                     continue
