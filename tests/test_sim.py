@@ -266,16 +266,19 @@ def test_a_full_ring_makes_the_send_wait_and_a_long_wait_hands_it_to_python():
 
 
 def test_steps_with_messages_of_several_pieces_run_in_python():
-    # Rabenseifner's reduce_scatter on 3 ranks receives non-contiguous blocks:
-    # those steps are staged through Python (core.compile), ring's never are
+    # Bruck's all_to_all on 4 ranks forwards non-contiguous blocks: those
+    # steps are staged through Python (core.compile); ring's never are, nor
+    # (since its partial sums all wait in "tmp") Rabenseifner's reduce_scatter's
     from collie.sim import _PYTHON, _exact_skeleton
-    _, sizes = block_sizes("reduce_scatter", 8192, 4, 3)
-    staged = _exact_skeleton(algorithms.build("reduce_scatter", "rabenseifner", 3, 1, 0, 1), sizes, 4, 0)
-    assert any(kind == _PYTHON for local, _, _ in staged for kind, _, _ in local)
-    _, sizes = block_sizes("all_reduce", 8192, 4, 3)
-    plain = _exact_skeleton(algorithms.build("all_reduce", "ring", 3, 1, 0, 1), sizes, 4, 0)
-    assert not any(kind == _PYTHON for local, _, _ in plain for kind, _, _ in local)
-    assert simulate("reduce_scatter", "rabenseifner", 3, 8192, model=HOST).seconds > HOST.python
+
+    def python_steps(op, algorithm, n):
+        _, sizes = block_sizes(op, 8192, 4, n)
+        skeleton = _exact_skeleton(algorithms.build(op, algorithm, n, 1, 0, 1), sizes, 4, 0)
+        return any(kind == _PYTHON for local, _, _ in skeleton for kind, _, _ in local)
+    assert python_steps("all_to_all", "bruck", 4)
+    assert not python_steps("all_reduce", "ring", 3)
+    assert not any(python_steps("reduce_scatter", "rabenseifner", n) for n in (3, 4, 5, 8))
+    assert simulate("all_to_all", "bruck", 4, 8192, model=HOST).seconds > HOST.python
 
 
 def test_bytes_beyond_the_cache_cost_more():
@@ -339,8 +342,8 @@ def test_predicts_this_machines_bench():
         predicted = bench_seconds(r["op"], r["algorithm"], r["nranks"], r["bytes"], model=model) * 1e6
         errors.append(abs(predicted / measured - 1))
     assert len(errors) == 240  # 6 collectives x 8 sizes (8 KiB - 64 MiB) x 5 rank counts (2-8)
-    assert statistics.median(errors) <= 0.16        # "median error 16%"
-    assert sum(e <= 0.25 for e in errors) >= 174   # "174 of 240 rows within 25%"
+    assert statistics.median(errors) <= 0.175       # "median error 17%"
+    assert sum(e <= 0.25 for e in errors) >= 166   # "166 of 240 rows within 25%"
 
 
 def test_cli_keeps_a_saved_host_model(tmp_path, capsys):
