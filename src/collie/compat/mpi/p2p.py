@@ -142,13 +142,16 @@ class _Matcher:
         if program is None:
             return None
         with self.network.lock:  # the envelope scratch is this communicator's, for any thread
-            got = program.recv_envelope(self.etag, tag, dst, self.envelope_in)
-            if got is None:
-                return None
-            if got is False:  # not this receive's: the matcher's, as progress would have it
-                self._envelope(source, self.envelope_in)
-                return None
-        return (source, got[0], got[1], False), got[2]
+            return self._core_take(program, source, tag, dst)
+
+    def _core_take(self, program, source: int, tag, dst: Optional[memoryview]) -> Optional[tuple]:
+        """core_recv's receive by ``program``, under the network's lock: as
+        core_recv returns it."""
+        got = program.recv_envelope(self.etag, tag, dst, self.envelope_in)
+        if got is False:  # not this receive's: the matcher's, as progress would have it
+            self._envelope(source, self.envelope_in)
+            return None
+        return None if got is None else ((source, got[0], got[1], False), got[2])
 
     def core_exchange(self, data: memoryview, dest: int, sendtag: int, source, recvtag) -> Optional[tuple]:
         """A sendrecv by the core: core_send's send, then core_recv's
@@ -172,13 +175,8 @@ class _Matcher:
         with self.network.lock:
             if not send.send_envelope(self.etag, sendtag, data):
                 return None
-            got = None if recv is None else recv.recv_envelope(self.etag, recvtag, None, self.envelope_in)
-            if got is None:
-                return False
-            if got is False:  # not this receive's: the matcher's, as progress would have it
-                self._envelope(source, self.envelope_in)
-                return False
-        return (source, got[0], got[1], False), got[2]
+            got = None if recv is None else self._core_take(recv, source, recvtag, None)
+        return False if got is None else got
 
     def core_envelope(self, source: int) -> bool:
         """Have the core take ``source``'s next envelope, waiting for it as
