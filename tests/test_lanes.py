@@ -209,7 +209,7 @@ def test_a_send_that_finds_its_ring_full_waits_in_the_core():
 
 def test_the_core_refuses_hot_attributes_that_are_not_slots():
     from collie import core
-    from collie.group import ProcessGroup
+    from collie.group import ProcessGroup, _World
     from collie.network import Network
     from collie.transports.shm import ShmTransport
     if core._core is None:
@@ -219,11 +219,11 @@ def test_the_core_refuses_hot_attributes_that_are_not_slots():
         pass
     try:
         with pytest.raises(TypeError, match="seq must be a slot"):
-            core._core.set_hot_slots(Loose, Network, ShmTransport)
+            core._core.set_hot_slots(Loose, Network, ShmTransport, _World)
         with pytest.raises(TypeError, match="current must be a slot"):
-            core._core.set_hot_slots(ProcessGroup, Loose, ShmTransport)
+            core._core.set_hot_slots(ProcessGroup, Loose, ShmTransport, _World)
     finally:
-        core._core.set_hot_slots(ProcessGroup, Network, ShmTransport)
+        core._core.set_hot_slots(ProcessGroup, Network, ShmTransport, _World)
 
 
 def test_roots_that_differ_are_found_at_a_lanes_end(executor):

@@ -600,29 +600,23 @@ static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
 
-/* Attribute ``name`` of ``obj`` whose __dict__ is ``dict``, borrowed: a look
- * in the dict costs a fraction of PyObject_GetAttr's (for an attribute that
- * no property or slot of its class has). */
-static PyObject *dict_attr(PyObject *dict, PyObject *obj, int name) {
-    PyObject *v = PyDict_GetItemWithError(dict, names[name]);
-    if (!v && !PyErr_Occurred()) PyErr_Format(PyExc_AttributeError, "%R has no attribute %R", obj, names[name]);
-    return v;
-}
-
 /* The attributes the core reads and writes on every call live at fixed
  * offsets of their objects: their classes declare them as __slots__ (the
  * ring ends ring.Out and ring.In; ProcessGroup's sequence, the Network's
- * current call and broken state, the shm transport's busy flags), and
+ * current call and broken state, the shm transport's busy flags, the
+ * world's thread of async calls), and
  * set_ring_ends() and set_hot_slots() (core.py, at import) find where, so
  * that a look costs a load instead of a dict lookup by name (a fifth of a
  * small broadcast's time, when they were looked up). Indexed by name. */
-static Py_ssize_t out_at[NNAMES], in_at[NNAMES], group_at[NNAMES], network_at[NNAMES], shm_at[NNAMES];
-static PyTypeObject *out_type, *in_type, *hot_group_type, *network_type, *shm_type;
+static Py_ssize_t out_at[NNAMES], in_at[NNAMES], group_at[NNAMES], network_at[NNAMES], shm_at[NNAMES],
+                  world_at[NNAMES];
+static PyTypeObject *out_type, *in_type, *hot_group_type, *network_type, *shm_type, *world_type;
 static const int out_names[] = {N_ERROR, N_QUEUE, N_PENDING, N_HEAD, N_TAIL, N_NEXT_ID, -1};
 static const int in_names[] = {N_ERROR, N_CURRENT, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN, N_UNEXPECTED, N_TAIL, -1};
 static const int group_names[] = {N_SEQ, N_P2P_OPS, -1};
 static const int network_names[] = {N_CURRENT, N_ABORT, N_LOST, -1};
 static const int shm_names[] = {N_CLOSED, N_STASH, -1};
+static const int world_names[] = {N_BACKGROUND, -1};
 
 static int slot_offsets(PyObject *type, const int *which, Py_ssize_t *at) {
     for (int j = 0; which[j] >= 0; j++) {
@@ -653,16 +647,18 @@ static PyObject *py_set_ring_ends(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* set_hot_slots(ProcessGroup, Network, ShmTransport): see above. */
+/* set_hot_slots(ProcessGroup, Network, ShmTransport, World): see above. */
 static PyObject *py_set_hot_slots(PyObject *self, PyObject *args) {
-    PyObject *group, *network, *shm;
-    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &group, &PyType_Type, &network, &PyType_Type, &shm))
+    PyObject *group, *network, *shm, *world;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!", &PyType_Type, &group, &PyType_Type, &network, &PyType_Type, &shm,
+                          &PyType_Type, &world))
         return NULL;
     if (slot_offsets(group, group_names, group_at) < 0 || slot_offsets(network, network_names, network_at) < 0
-        || slot_offsets(shm, shm_names, shm_at) < 0) return NULL;
+        || slot_offsets(shm, shm_names, shm_at) < 0 || slot_offsets(world, world_names, world_at) < 0) return NULL;
     Py_XSETREF(hot_group_type, (PyTypeObject *)Py_NewRef(group));
     Py_XSETREF(network_type, (PyTypeObject *)Py_NewRef(network));
     Py_XSETREF(shm_type, (PyTypeObject *)Py_NewRef(shm));
+    Py_XSETREF(world_type, (PyTypeObject *)Py_NewRef(world));
     Py_RETURN_NONE;
 }
 
@@ -1647,20 +1643,9 @@ static PyObject *live_group(PyObject *group, PyObject **world) {
     return same ? Py_NewRef(group) : NULL;
 }
 
-/* The live world and its __dict__, where drain_background reads its
- * ``background`` (a plain attribute: an attribute look-up would first search
- * its class); forget_world drops them. */
-static PyObject *seen_world, *seen_world_dict;
-
 /* The async_op=True calls before a blocking one finish first: 0, or -1 on error. */
 static int drain_background(PyObject *world) {
-    if (world != seen_world) {
-        PyObject *dict = PyObject_GenericGetDict(world, NULL);
-        if (!dict) return -1;
-        Py_XSETREF(seen_world_dict, dict);
-        Py_XSETREF(seen_world, Py_NewRef(world));
-    }
-    PyObject *background = dict_attr(seen_world_dict, world, N_BACKGROUND);
+    PyObject *background = hot_known(world, world_type, "world") ? slot_attr(world, world_at, N_BACKGROUND) : NULL;
     if (!background) return -1;
     Py_INCREF(background);
     PyObject *drained = background == Py_None ? Py_NewRef(Py_None)
@@ -1930,8 +1915,6 @@ static PyObject *py_forget_world(PyObject *self, PyObject *unused) {
             route_clear(&entries[i]->routes[j]);
             memo_clear(&entries[i]->memos[j]);
         }
-    Py_CLEAR(seen_world);
-    Py_CLEAR(seen_world_dict);
     Py_RETURN_NONE;
 }
 
@@ -2100,8 +2083,8 @@ static PyObject *route_move(Entry *self, route_t *r, Py_buffer *b, int *tried) {
     }
     PyObject *ops = slot_attr(r->group, group_at, N_P2P_OPS);
     long long count = ops ? PyLong_AsLongLong(ops) : -1;
-    if ((count == -1 && PyErr_Occurred()) || slot_set(r->group, group_at, N_P2P_OPS, PyLong_FromLongLong(count + 1)) < 0)
-        return NULL;
+    if ((count == -1 && PyErr_Occurred())
+        || slot_set(r->group, group_at, N_P2P_OPS, PyLong_FromLongLong(count + 1)) < 0) return NULL;
     if (self->kind == ENTRY_SEND) return Py_NewRef(Py_None);
     if (self->kind == ENTRY_RECV) return Py_NewRef(r->peer);
     /* A CompletedWork, made as object() would (its state is its class's): an irecv's result() is the sender. */
@@ -2528,7 +2511,7 @@ static PyMethodDef methods[] = {
     {"set_ring_ends", py_set_ring_ends, METH_VARARGS,
      "set_ring_ends(Out, In): where the ring ends' slots are (core.py, at import)."},
     {"set_hot_slots", py_set_hot_slots, METH_VARARGS,
-     "set_hot_slots(ProcessGroup, Network, ShmTransport): where their hot slots are (core.py, at import)."},
+     "set_hot_slots(ProcessGroup, Network, ShmTransport, World): where their hot slots are (core.py, at import)."},
     {"set_context", py_set_context, METH_VARARGS,
      "set_context(group module's dict, ProcessGroup, ndarray, numpy_view, dtype names, max tag): see _core.c."},
     {"set_executor", py_set_executor, METH_O,

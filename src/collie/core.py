@@ -31,7 +31,7 @@ from . import engine
 from . import network as network_module  # the parameter named network is a Network
 from .transports import ring
 from .transports.ring import LINE
-from .group import ProcessGroup
+from .group import ProcessGroup, _World
 from .transports.shm import SHARED_READ_BYTES, ShmTransport
 from .wire import CONTEXT_SHIFT
 from .work import CompletedWork
@@ -42,7 +42,7 @@ try:
     pack_slots, unpack_slots = _core.pack_slots, _core.unpack_slots  # objects.py's first rounds
     Entry, forget_world = _core.Entry, _core.forget_world
     _core.set_ring_ends(ring.Out, ring.In)
-    _core.set_hot_slots(ProcessGroup, network_module.Network, ShmTransport)
+    _core.set_hot_slots(ProcessGroup, network_module.Network, ShmTransport, _World)
     _WHY_NOT = ""
 except ImportError:  # not built: no C compiler (or Python headers) at install time
     _core = Lane = find_lane = p2p_target = set_context = pack_slots = unpack_slots = Entry = None

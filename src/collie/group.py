@@ -97,7 +97,7 @@ class ProcessGroup:
         return (self.context << CONTEXT_SHIFT) | COLLECTIVE_BIT | (seq & MAX_TAG)
 
 
-@dataclass
+@dataclass(slots=True)  # slots: the compiled core reads ``background`` on every call (set_hot_slots)
 class _World:
     network: object
     store: object
