@@ -69,12 +69,12 @@ def _halving(f, me: int):
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _parts(lo: int, hi: int) -> tuple:
-    """Parts lo..hi-1 of "out", shared by every rank's schedule: the ranges
+def _parts(lo: int, hi: int, buf: str = "out") -> tuple:
+    """Parts lo..hi-1 of ``buf``, shared by every rank's schedule: the ranges
     are aligned halves of [0, p), about 2p of them in all, where building
     them per rank made n ranks' schedules cost O(n p) chunks (16 s for
     1,024 ranks; hours for 24,576, which the simulator runs)."""
-    return tuple(Chunk("out", 0, q) for q in range(lo, hi))
+    return tuple(Chunk(buf, 0, q) for q in range(lo, hi))
 
 
 @register("all_reduce", NAME)
@@ -168,18 +168,15 @@ def reduce(nranks, rank, root, segments):
     home = "out" if rank == root else "tmp"
     where = ["out"] * p  # where this rank's partial sum of each part is
 
-    def chunks(buf, lo, hi):
-        return _parts(lo, hi) if buf == "out" else tuple(Chunk(buf, 0, q) for q in range(lo, hi))
-
     def add_into(time, peer, lo, hi):
         """The partner's partial sums of parts lo..hi-1 added into their home
         (the first time, for a rank other than the root: landed there, ours
         added after)."""
         if where[lo] != home:
-            events.extend(land_then_add(time, peer, chunks("out", lo, hi), chunks(home, lo, hi)))
+            events.extend(land_then_add(time, peer, _parts(lo, hi), _parts(lo, hi, home)))
             where[lo:hi] = [home] * (hi - lo)
         else:
-            events.append((time, Recv(peer, chunks(home, lo, hi), reduce=True)))
+            events.append((time, Recv(peer, _parts(lo, hi, home), reduce=True)))
 
     events = []
     if me is None:  # a folded rank: its data goes to its partner; the root's result comes back at the end
@@ -188,10 +185,10 @@ def reduce(nranks, rank, root, segments):
         if f.folded(rank):
             add_into(0, rank - 1, 0, p)
         for k, peer, keep, give in _halving(f, me):
-            events.append((1 + k, Send(peer, chunks(where[give[0]], *give))))
+            events.append((1 + k, Send(peer, _parts(*give, where[give[0]]))))
             add_into(1 + k, peer, *keep)
         if rank != root:  # its finished part, to the root
-            events.append((1 + steps, Send(root, chunks(where[me], me, me + 1))))
+            events.append((1 + steps, Send(root, _parts(me, me + 1, where[me]))))
     if rank == root:
         for a in range(p):
             if a != me:
