@@ -138,11 +138,10 @@ def broadcast_loads(g: ProcessGroup, payload: Optional[bytes], gsrc: int, loads:
     ``loads`` on every other rank of ``g`` (None on ``gsrc``): in the first
     round's slot when it fits, by a second round otherwise."""
     slot = _slots(g).mine
-    if payload is not None:
-        pack_slots(slot, (payload,), SLOT)
+    fits = payload is None or pack_slots(slot, (payload,), SLOT)
     broadcast(slot, gsrc, g)  # repeated: from its C entry to its lane
     if payload is not None:
-        if len(payload) > _FITS:  # a second round, of the whole pickle
+        if not fits:  # a second round, of the whole pickle
             broadcast(np.frombuffer(payload, dtype=np.uint8), src=gsrc, group=g)
         return None
     items, large = unpack_slots(slot, 1, SLOT, loads)
