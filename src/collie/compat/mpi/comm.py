@@ -838,7 +838,8 @@ class Comm(_Handled, _Attributed):
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
         data = memoryview(b"" if dest == PROC_NULL else _pickle.dumps(sendobj))
         m = self._core_p2p(dest, sendtag, False)
-        got = None if m is None else m.core_exchange(data, dest, sendtag, source, recvtag)
+        got = None if m is None else m.core_exchange(data, dest, sendtag, source, recvtag,
+                                                     self._core_p2p(source, recvtag, True) is m)
         if got is False:
             return self.recv(None, source, recvtag, status)  # sent already: the receive may block
         if got is not None:

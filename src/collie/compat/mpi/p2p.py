@@ -136,13 +136,20 @@ class _Matcher:
         None if the core did not complete it (the full path does; an
         envelope the core took that this receive cannot have is the
         matcher's, as if progress had taken it in)."""
-        if source == self.rank or self.posted or self.unmatched or self.envelopes or self.probes or self.lost:
-            return None  # something else may match first
+        if not self._core_may_take(source):
+            return None
         program = self._core_program(source, True)
         if program is None:
             return None
         with self.network.lock:  # the envelope scratch is this communicator's, for any thread
             return self._core_take(program, source, tag, dst)
+
+    def _core_may_take(self, source: int) -> bool:
+        """Whether the core may take ``source``'s next envelope for a blocking
+        receive: from another rank, with nothing else of this communicator
+        that could match first."""
+        return source != self.rank and not (self.posted or self.unmatched or self.envelopes or self.probes
+                                            or self.lost)
 
     def _core_take(self, program, source: int, tag, dst: Optional[memoryview]) -> Optional[tuple]:
         """core_recv's receive by ``program``, under the network's lock: as
@@ -153,22 +160,21 @@ class _Matcher:
             return None
         return None if got is None else ((source, got[0], got[1], False), got[2])
 
-    def core_exchange(self, data: memoryview, dest: int, sendtag: int, source, recvtag) -> Optional[tuple]:
-        """A sendrecv by the core: core_send's send, then core_recv's
-        receive, with one look at the world and one hold of the lock (a
-        small sendrecv is mostly those looks). None: nothing went (the full
-        path does both); False: sent, and the full path receives; else
-        core_recv's result. ``dest`` and ``sendtag`` as core_send takes them
-        (_core_p2p's); ``source`` and ``recvtag`` as given."""
+    def core_exchange(self, data: memoryview, dest: int, sendtag: int, source: int, recvtag: int,
+                      receiving: bool) -> Optional[tuple]:
+        """A sendrecv by the core: core_send's send, then (``receiving``:
+        source and recvtag are ones the core may take, _core_p2p's rule)
+        core_recv's receive, with one look at the world and one hold of the
+        lock (a small sendrecv is mostly those looks). None: nothing went
+        (the full path does both); False: sent, and the full path receives;
+        else core_recv's result."""
         if data.nbytes > INLINE_BYTES or dest == self.rank:
             return None
         send = self._core_program(dest, False)  # the world checked for both
         if send is None:
             return None
         recv = None
-        if type(source) is int and 0 <= source < self.group.size and source != self.rank \
-                and type(recvtag) is int and (recvtag >= 0 or recvtag == ANY_TAG) \
-                and not (self.posted or self.unmatched or self.envelopes or self.probes or self.lost):
+        if receiving and self._core_may_take(source):
             recv = self.core_programs.get((source, True), False)
             if recv is False:
                 recv = self._core_program(source, True)
