@@ -63,6 +63,10 @@ def test_single_process_without_launcher():
         "c.send('me', dest=0, tag=4); assert c.recv(source=MPI.ANY_SOURCE) == 'me'\n"
         "assert MPI.COMM_SELF.allgather(7) == [7]\n"
         "MPI.Finalize(); assert MPI.Is_finalized()\n"
+        "for attr in ('rank', 'size'):  # the world is gone: an error, not the old answer\n"
+        "    try: getattr(c, attr)\n"
+        "    except Exception as e: assert 'destroyed' in str(e), e\n"
+        "    else: raise AssertionError(attr)\n"
         "print('ok')\n")
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
@@ -734,6 +738,8 @@ def _errors_body(rank, size):
     expect(ValueError, lambda: comm.Bcast([np.zeros(2), 5, MPI.DOUBLE]))
     expect(ValueError, lambda: comm.Scatter(None, [np.zeros(2), 3, MPI.DOUBLE]))  # every rank raises
     expect(MPI.Exception, lambda: MPI.COMM_NULL.Get_rank())
+    expect(MPI.Exception, lambda: MPI.COMM_NULL.rank)  # the core's rank and size explain as Get_rank does
+    expect(MPI.Exception, lambda: MPI.COMM_NULL.size)
     # a message larger than the receive buffer: MPI.Exception (truncation)
     comm.Send(np.arange(4.0), dest=rank, tag=3)
     expect(MPI.Exception, lambda: comm.Recv(np.empty(2), source=rank, tag=3))
@@ -743,7 +749,7 @@ def _errors_body(rank, size):
 @pytest.mark.parametrize("n", [1, 2])
 def test_errors(n):
     for errors in run(_errors_body, n):
-        assert errors.count("Exception") == 2
+        assert errors.count("Exception") == 4
 
 
 # ---- the example programs under `collie run` ----

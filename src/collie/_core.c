@@ -21,6 +21,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>  /* T_OBJECT_EX: the ring ends' __slots__ (set_ring_ends) */
+#include <limits.h>
 #include <math.h>
 #include <errno.h>
 #include <semaphore.h>
@@ -588,14 +589,19 @@ fail:
 enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN,
        N_UNEXPECTED, N_HEAD, N_TAIL, N_NEXT_ID, N_SEQ, N_ABORT, N_LOST, N_TRACE, N_LOCK, N_DONE, N_WORLD, N_GROUP, N_NETWORK, N_LANES, N_BACKGROUND,
        N_DRAIN, N_RANK, N_RANKS, N_INDEX, N_DTYPE, N_SIZE, N_CODE, N_SUM, N_P2P, N_PROGRAMS, N_DEFERRED,
-       N_CONTEXT, N_P2P_OPS, N_RESULT, N_SHAPE, N_ACQUIRE, N_RELEASE, NNAMES };
+       N_CONTEXT, N_P2P_OPS, N_RESULT, N_SHAPE, N_ACQUIRE, N_RELEASE, N_MINE, N_EVERY, N_OUTGOING,
+       N_ETAG, N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN,
+       N_ENVELOPE, N_CORE_PROGRAM, N_MATCHER, N_COMM_GROUP, N_GET_RANK, N_GET_SIZE, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
                                            "done", "_world", "group", "network", "lanes", "background",
                                            "drain", "rank", "ranks", "_index", "dtype", "size", "code", "SUM",
                                            "p2p", "programs", "deferred", "context", "p2p_ops", "_result", "shape",
-                                           "acquire", "release"};
+                                           "acquire", "release", "mine", "every", "outgoing",
+                                           "etag", "posted", "unmatched", "envelopes", "probes", "lost",
+                                           "core_sends", "core_recvs", "envelope_in", "_envelope", "_core_program",
+                                           "_matcher", "_group", "Get_rank", "Get_size"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -616,7 +622,7 @@ static const int in_names[] = {N_ERROR, N_CURRENT, N_NPOSTED, N_CLAIMS, N_SHARED
 static const int group_names[] = {N_SEQ, N_P2P_OPS, -1};
 static const int network_names[] = {N_CURRENT, N_ABORT, N_LOST, -1};
 static const int shm_names[] = {N_CLOSED, N_STASH, -1};
-static const int world_names[] = {N_BACKGROUND, -1};
+static const int world_names[] = {N_BACKGROUND, N_NETWORK, -1};
 
 static int slot_offsets(PyObject *type, const int *which, Py_ssize_t *at) {
     for (int j = 0; which[j] >= 0; j++) {
@@ -1096,75 +1102,59 @@ static char *envelope_of(CoreProgram *self) {
     return self->envelope;
 }
 
-/* send_envelope(etag, tag, data) -> whether the envelope of a standard send
- * of ``data`` (bytes that fit in place) went. */
-static PyObject *program_send_envelope(CoreProgram *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long etag, tag;
-    if (nargs != 3 || ((etag = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())
-        || ((tag = PyLong_AsLongLong(args[1])) == -1 && PyErr_Occurred())) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "send_envelope(etag, tag, data)");
-        return NULL;
-    }
+/* The envelope of a standard send of the ``len`` bytes at ``data`` with MPI
+ * tag ``tag``, the payload in place: 1 it went, 0 not (a payload too large
+ * for it, a ring busy or full: the full path sends it), -1 on error. */
+static int envelope_send(CoreProgram *self, int64_t etag, int64_t tag, const void *data, Py_ssize_t len) {
     char *env = one_message(self) ? envelope_of(self) : NULL;
-    if (!env) return NULL;
-    Py_buffer d;
-    if (PyObject_GetBuffer(args[2], &d, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    int moved = 0;
-    if (d.len <= self->need[0] - ENVELOPE_HEAD) {
-        int64_t head[3] = {tag, d.len, 0};
-        memcpy(env, head, sizeof head);
-        memcpy(env + ENVELOPE_HEAD, d.buf, d.len);
-        moved = move_bytes(self, env, etag);
-    }
-    PyBuffer_Release(&d);
-    return moved < 0 ? NULL : PyBool_FromLong(moved);
+    if (!env) return -1;
+    if (len > self->need[0] - ENVELOPE_HEAD) return 0;
+    int64_t head[3] = {tag, len, 0};
+    memcpy(env, head, sizeof head);
+    memcpy(env + ENVELOPE_HEAD, data, len);
+    return move_bytes(self, env, etag);
 }
 
-/* recv_envelope(etag, tag, dst, spill): take the next envelope. None: none
- * came. (tag, size, payload): a standard send's envelope whose tag is
- * ``tag`` (any tag >= 0 where ``tag`` < 0), its payload in place and fitting
- * ``dst`` (copied there; payload None), or as bytes where ``dst`` is None.
- * False: any other envelope (``tag`` None: every one), copied whole into
- * ``spill`` for the matcher. */
-static PyObject *program_recv_envelope(CoreProgram *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long etag;
-    if (nargs != 4 || ((etag = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "recv_envelope(etag, tag, dst, spill)");
-        return NULL;
-    }
-    int any = 0;
-    long long want = 0;
-    if (args[1] != Py_None && (want = PyLong_AsLongLong(args[1])) == -1 && PyErr_Occurred()) return NULL;
-    any = args[1] != Py_None && want < 0;
+/* Take the program's peer's next envelope. ENVELOPE_WANTED: a standard
+ * send's envelope whose MPI tag is ``want`` (any tag >= 0 where ``want`` is
+ * -1; none where ``every`` is set) with its payload in place and fitting
+ * ``dst``: *tag and *size set, the payload copied into ``dst``, or made the
+ * bytes *payload where ``dst`` is None. ENVELOPE_OTHER: any other envelope,
+ * copied whole into ``spill`` for the matcher. ENVELOPE_NONE: none came. */
+enum { ENVELOPE_ERROR = -1, ENVELOPE_NONE, ENVELOPE_WANTED, ENVELOPE_OTHER };
+static int envelope_recv(CoreProgram *self, int64_t etag, int every, long long want, PyObject *dst, PyObject *spill,
+                         int64_t *tag, int64_t *size, PyObject **payload) {
     char *env = one_message(self) ? envelope_of(self) : NULL;
-    if (!env) return NULL;
+    if (!env) return ENVELOPE_ERROR;
     int moved = move_bytes(self, env, etag);
-    if (moved <= 0) return moved < 0 ? NULL : Py_NewRef(Py_None);
+    if (moved <= 0) return moved < 0 ? ENVELOPE_ERROR : ENVELOPE_NONE;
     int64_t head[3];
     memcpy(head, env, sizeof head);
-    int wanted = args[1] != Py_None && (head[0] == want || (any && head[0] >= 0));
+    *payload = NULL;
+    int wanted = !every && (head[0] == want || (want == -1 && head[0] >= 0));
     if (wanted && !head[2] && head[1] >= 0 && head[1] <= self->need[0] - ENVELOPE_HEAD) {
-        if (args[2] == Py_None) {
-            PyObject *payload = PyBytes_FromStringAndSize(env + ENVELOPE_HEAD, head[1]);
-            return payload ? Py_BuildValue("LLN", (long long)head[0], (long long)head[1], payload) : NULL;
-        }
+        *tag = head[0];
+        *size = head[1];
+        if (dst == Py_None)
+            return (*payload = PyBytes_FromStringAndSize(env + ENVELOPE_HEAD, head[1])) ? ENVELOPE_WANTED
+                                                                                       : ENVELOPE_ERROR;
         Py_buffer d;
-        if (PyObject_GetBuffer(args[2], &d, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+        if (PyObject_GetBuffer(dst, &d, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return ENVELOPE_ERROR;
         int fits = head[1] <= d.len;
         if (fits) memcpy(d.buf, env + ENVELOPE_HEAD, head[1]);
         PyBuffer_Release(&d);
-        if (fits) return Py_BuildValue("LLO", (long long)head[0], (long long)head[1], Py_None);
+        if (fits) return ENVELOPE_WANTED;
     }
     Py_buffer sp;
-    if (PyObject_GetBuffer(args[3], &sp, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(spill, &sp, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return ENVELOPE_ERROR;
     int fits = sp.len >= self->need[0];
     if (fits) memcpy(sp.buf, env, self->need[0]);
     PyBuffer_Release(&sp);
     if (!fits) {
-        PyErr_SetString(PyExc_ValueError, "recv_envelope(): spill is smaller than an envelope");
-        return NULL;
+        PyErr_SetString(PyExc_ValueError, "an envelope's spill buffer is smaller than an envelope");
+        return ENVELOPE_ERROR;
     }
-    Py_RETURN_FALSE;
+    return ENVELOPE_OTHER;
 }
 
 /* nothing_stale(tag, max_tag): see nothing_stale() (a program of no steps, core.glance). */
@@ -1179,10 +1169,6 @@ static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)program_run, METH_VARARGS, "Run steps until one needs Python."},
     {"move", (PyCFunction)(void (*)(void))program_move, METH_FASTCALL,
      "move(buf, tag) -> whether a one-message program's message went."},
-    {"send_envelope", (PyCFunction)(void (*)(void))program_send_envelope, METH_FASTCALL,
-     "send_envelope(etag, tag, data) -> whether an MPI envelope with data in place went."},
-    {"recv_envelope", (PyCFunction)(void (*)(void))program_recv_envelope, METH_FASTCALL,
-     "recv_envelope(etag, tag, dst, spill) -> None, (tag, size, payload) or False (see _core.c)."},
     {"nothing_stale", (PyCFunction)program_nothing_stale, METH_VARARGS,
      "nothing_stale(tag, max_tag): whether the peers' rings hold nothing stale once call tag is over."},
     {NULL, NULL, 0, NULL},
@@ -1483,12 +1469,12 @@ static PyObject *lane_slow(Lane *self, PyObject *seq, PyObject *resume, PyObject
     return result;
 }
 
-/* Whether the lane's network is broken (an abort, a lost peer): -1 on error. */
-static int network_broken(Lane *self) {
-    PyObject *abort = slot_attr(self->network, network_at, N_ABORT);
+/* Whether ``network`` is broken (an abort, a lost peer): -1 on error. */
+static int network_broken(PyObject *network) {
+    PyObject *abort = slot_attr(network, network_at, N_ABORT);
     if (!abort) return -1;
     if (abort != Py_None) return 1;
-    PyObject *lost = slot_attr(self->network, network_at, N_LOST);
+    PyObject *lost = slot_attr(network, network_at, N_LOST);
     return lost ? PyObject_IsTrue(lost) : -1;
 }
 
@@ -1549,7 +1535,7 @@ static PyObject *lane_run(Lane *self, PyObject *seq, long long s, PyObject *args
         return NULL;
     }
     PyObject *result = NULL;
-    int broken = network_broken(self);
+    int broken = network_broken(self->network);
     if (broken < 0) goto out;
     if (broken) {  /* Python's checks, step by step */
         result = lane_slow(self, seq, Py_BuildValue("iiiO", 0, 0, 0, no_requests), args);
@@ -2422,56 +2408,47 @@ static int64_t get_le64(const unsigned char *at) {
     return (int64_t)v;
 }
 
-/* pack_slots(buffer, payloads, slot) -> whether every payload fit: slot i
- * of the writable ``buffer`` gets payloads[i] (bytes-like). */
-static PyObject *py_pack_slots(PyObject *self, PyObject *args) {
-    PyObject *seq;
-    Py_buffer dst;
-    Py_ssize_t slot;
-    if (!PyArg_ParseTuple(args, "w*On", &dst, &seq, &slot)) return NULL;
-    PyObject *fast = PySequence_Fast(seq, "pack_slots: payloads must be a sequence");
-    PyObject *result = NULL;
-    if (!fast) goto out;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    if (slot < 8 || n * slot > dst.len) {
-        PyErr_Format(PyExc_ValueError, "pack_slots: %zd slots of %zd bytes do not fit in %zd bytes", n, slot,
-                     dst.len);
-        goto out;
-    }
+/* Slot i of the ``len`` bytes at ``buf`` gets payloads[i]'s size, then
+ * payloads[i] (bytes-like) if it fits: 1 all fit, 0 not all, -1 on error. */
+static int pack_into(char *buf, Py_ssize_t len, PyObject *payloads, Py_ssize_t slot) {
+    PyObject *fast = PySequence_Fast(payloads, "pack_slots: payloads must be a sequence");
+    if (!fast) return -1;
     int fits = 1;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (slot < 8 || n * slot > len) {
+        PyErr_Format(PyExc_ValueError, "pack_slots: %zd slots of %zd bytes do not fit in %zd bytes", n, slot, len);
+        fits = -1;
+    }
+    for (Py_ssize_t i = 0; fits >= 0 && i < n; i++) {
         Py_buffer src;
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &src, PyBUF_SIMPLE) < 0) goto out;
-        unsigned char *at = (unsigned char *)dst.buf + i * slot;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &src, PyBUF_SIMPLE) < 0) {
+            fits = -1;
+            break;
+        }
+        unsigned char *at = (unsigned char *)buf + i * slot;
         put_le64(at, src.len);
         if (src.len <= slot - 8) memcpy(at + 8, src.buf, src.len);
         else fits = 0;
         PyBuffer_Release(&src);
     }
-    result = PyBool_FromLong(fits);
-out:
-    Py_XDECREF(fast);
-    PyBuffer_Release(&dst);
-    return result;
+    Py_DECREF(fast);
+    return fits;
 }
 
-/* unpack_slots(buffer, n, slot, loads) -> (items, large): items[i] is
- * loads(slot i's pickle), or None where the pickle did not fit; ``large``
- * lists those as (i, size) pairs, or is None when all fit. ``loads`` None:
- * the pickle's bytes. */
-static PyObject *py_unpack_slots(PyObject *self, PyObject *args) {
-    Py_buffer src;
-    Py_ssize_t n, slot;
-    PyObject *loads, *items = NULL, *large = NULL, *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*nnO", &src, &n, &slot, &loads)) return NULL;
-    if (n < 0 || slot < 8 || n * slot > src.len) {
-        PyErr_Format(PyExc_ValueError, "unpack_slots: %zd slots of %zd bytes are not in %zd bytes", n, slot, src.len);
-        goto out;
+/* (items, large) from the first ``n`` slots of the ``len`` bytes at
+ * ``buf``: items[i] is loads(slot i's pickle) (its bytes where ``loads``
+ * is None), or None where the pickle did not fit; ``large`` lists those as
+ * (i, size) pairs, or is None when all fit. */
+static PyObject *unpack_from(const char *buf, Py_ssize_t len, Py_ssize_t n, Py_ssize_t slot, PyObject *loads) {
+    PyObject *items = NULL, *large = NULL, *result = NULL;
+    if (n < 0 || slot < 8 || n * slot > len) {
+        PyErr_Format(PyExc_ValueError, "unpack_slots: %zd slots of %zd bytes are not in %zd bytes", n, slot, len);
+        return NULL;
     }
-    if (!(items = PyList_New(n))) goto out;
+    if (!(items = PyList_New(n))) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        char *at = (char *)src.buf + i * slot;
-        int64_t size = get_le64((unsigned char *)at);
+        const char *at = buf + i * slot;
+        int64_t size = get_le64((const unsigned char *)at);
         PyObject *item;
         if (size < 0 || size > slot - 8) {
             PyObject *pair = Py_BuildValue("nL", i, (long long)size);
@@ -2492,9 +2469,418 @@ static PyObject *py_unpack_slots(PyObject *self, PyObject *args) {
 out:
     Py_XDECREF(items);
     Py_XDECREF(large);
+    return result;
+}
+
+/* pack_slots(buffer, payloads, slot) -> whether every payload fit: slot i
+ * of the writable ``buffer`` gets payloads[i] (bytes-like). */
+static PyObject *py_pack_slots(PyObject *self, PyObject *args) {
+    PyObject *seq;
+    Py_buffer dst;
+    Py_ssize_t slot;
+    if (!PyArg_ParseTuple(args, "w*On", &dst, &seq, &slot)) return NULL;
+    int fits = pack_into(dst.buf, dst.len, seq, slot);
+    PyBuffer_Release(&dst);
+    return fits < 0 ? NULL : PyBool_FromLong(fits);
+}
+
+/* unpack_slots(buffer, n, slot, loads) -> (items, large): see unpack_from. */
+static PyObject *py_unpack_slots(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    Py_ssize_t n, slot;
+    PyObject *loads;
+    if (!PyArg_ParseTuple(args, "y*nnO", &src, &n, &slot, &loads)) return NULL;
+    PyObject *result = unpack_from(src.buf, src.len, n, slot, loads);
     PyBuffer_Release(&src);
     return result;
 }
+
+/* rooted_round(name, group, root, slots, payloads, loads) -> (fits, items,
+ * large), or None where the call has no lane yet (nothing done: the
+ * caller's full path runs it, objects._rooted_round, whose contract this
+ * is). The first round of an object gather (``name`` "gather") or scatter
+ * ("scatter") on group rank ``root``, in one call: ``payloads`` (pickles:
+ * this rank's one for a gather, the root's one per rank for a scatter,
+ * None on a scatter's other ranks) packed into ``slots`` (objects._Slots),
+ * the call's lane (rooted_blocks'), then what came in unpacked through
+ * ``loads``: every rank's slot at a gather's root, its own slot on a
+ * scatter's other ranks (items and large as unpack_slots gives them, else
+ * None). ``fits``: whether the payloads fit their slots. A gather's or a
+ * scatter's root spends a third of its time in the Python between those
+ * steps when they are separate calls. */
+static PyObject *py_rooted_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "rooted_round(name, group, root, slots, payloads, loads)");
+        return NULL;
+    }
+    PyObject *name = args[0], *group = args[1], *root = args[2], *slots = args[3], *payloads = args[4];
+    PyObject *loads = args[5];
+    int gather = PyUnicode_Check(name) ? PyUnicode_CompareWithASCIIString(name, "gather") == 0 : 0;
+    if (!gather && !(PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "scatter") == 0)) {
+        PyErr_Format(PyExc_ValueError, "rooted_round: name must be \"gather\" or \"scatter\", not %R", name);
+        return NULL;
+    }
+    PyObject *mine = NULL, *every = NULL, *dtype = NULL, *size = NULL, *key = NULL, *lane = NULL, *rank = NULL;
+    PyObject *arrays = NULL, *ran = NULL, *got = NULL, *result = NULL;
+    Py_buffer bm = {0}, be = {0};
+    if (!(mine = PyObject_GetAttr(slots, names[N_MINE]))
+        || !(every = PyObject_GetAttr(slots, names[gather ? N_EVERY : N_OUTGOING]))
+        || !(dtype = PyObject_GetAttr(mine, names[N_DTYPE])) || !(size = PyObject_GetAttr(mine, names[N_SIZE]))
+        || !(key = PyTuple_Pack(4, name, dtype, size, root)) || !(lane = lane_of(group, key, mine)))
+        goto out;
+    if (lane == Py_None) {
+        result = Py_NewRef(Py_None);
+        goto out;
+    }
+    if (!(rank = PyObject_GetAttr(group, names[N_RANK]))) goto out;
+    int is_root = PyObject_RichCompareBool(rank, root, Py_EQ);
+    if (is_root < 0 || PyObject_GetBuffer(mine, &bm, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0
+        || PyObject_GetBuffer(every, &be, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        goto out;
+    int fits = 1;
+    if (payloads != Py_None
+        && (fits = gather ? pack_into(bm.buf, bm.len, payloads, bm.len) : pack_into(be.buf, be.len, payloads, bm.len)) < 0)
+        goto out;
+    /* rooted_blocks' lane: its arrays in sorted order, "in" then "out" */
+    arrays = !is_root ? PyTuple_Pack(1, mine) : gather ? PyTuple_Pack(2, mine, every) : PyTuple_Pack(2, every, mine);
+    if (!arrays) goto out;
+    ran = Py_IS_TYPE(lane, &LaneType) ? lane_call((Lane *)lane, arrays, NULL) : PyObject_Call(lane, arrays, NULL);
+    if (!ran) goto out;
+    if (gather && is_root) got = unpack_from(be.buf, be.len, be.len / bm.len, bm.len, loads);
+    else if (!gather && !is_root) got = unpack_from(bm.buf, bm.len, 1, bm.len, loads);
+    else got = PyTuple_Pack(2, Py_None, Py_None);
+    if (got) result = PyTuple_Pack(3, fits ? Py_True : Py_False, PyTuple_GET_ITEM(got, 0), PyTuple_GET_ITEM(got, 1));
+out:
+    if (bm.obj) PyBuffer_Release(&bm);
+    if (be.obj) PyBuffer_Release(&be);
+    Py_XDECREF(mine);
+    Py_XDECREF(every);
+    Py_XDECREF(dtype);
+    Py_XDECREF(size);
+    Py_XDECREF(key);
+    Py_XDECREF(lane);
+    Py_XDECREF(rank);
+    Py_XDECREF(arrays);
+    Py_XDECREF(ran);
+    Py_XDECREF(got);
+    return result;
+}
+
+/* ------------------------------------------------- the MPI layer's envelopes
+ *
+ * collie.MPI matches messages in Python (compat/mpi/p2p.py's _Matcher),
+ * each message an envelope (the MPI tag, the payload's size, a sync id)
+ * with a small payload in place. Its blocking calls come here first: a
+ * send whose payload rides in its envelope (mpi_send), a receive from one
+ * rank while the communicator has nothing else that could match
+ * (mpi_recv), the two at once (mpi_exchange), and a waited receive
+ * request's next envelope (mpi_envelope). Each checks what the matcher
+ * would (the live world, nothing broken, the core chosen; a peer and a tag
+ * it may take) and moves the envelope by the core's one-message program
+ * for that peer, under the network's lock; whatever it does not do it
+ * hands back untouched, and the full path does it. An envelope taken here
+ * that the receive cannot have goes to the matcher's books
+ * (_Matcher._envelope), as if progress had taken it in. A small sendrecv
+ * was mostly the Python around those steps (eight calls). The matcher's
+ * books are read at their slots' offsets (set_matcher). */
+
+static Py_ssize_t matcher_at[NNAMES];
+static PyTypeObject *matcher_type;
+static const int matcher_names[] = {N_GROUP, N_NETWORK, N_LOCK, N_RANK, N_SIZE, N_ETAG, N_POSTED, N_UNMATCHED,
+                                    N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN, -1};
+
+/* set_matcher(_Matcher): where its books are (compat/mpi/p2p.py, at import). */
+static PyObject *py_set_matcher(PyObject *self, PyObject *type) {
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "set_matcher(type)");
+        return NULL;
+    }
+    if (slot_offsets(type, matcher_names, matcher_at) < 0) return NULL;
+    Py_XSETREF(matcher_type, (PyTypeObject *)Py_NewRef(type));
+    Py_RETURN_NONE;
+}
+
+/* ``o`` as a long long in [lo, hi), or LLONG_MIN where it is not a plain
+ * int there (the full path checks it and explains). */
+static long long plain_int(PyObject *o, long long lo, long long hi) {
+    if (!PyLong_CheckExact(o)) return LLONG_MIN;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    return overflow || v < lo || v >= hi ? LLONG_MIN : v;
+}
+
+/* A matcher's int slot (rank, size, etag): LLONG_MIN with an error if unset. */
+static long long matcher_int(PyObject *m, int name) {
+    PyObject *v = slot_attr(m, matcher_at, name);
+    long long x = v ? PyLong_AsLongLong(v) : -1;
+    return x == -1 && PyErr_Occurred() ? LLONG_MIN : x;
+}
+
+/* The core's program for an envelope to (or, ``receiving``, from) group
+ * rank ``rank`` of matcher ``m`` where the core may run it: the core
+ * chosen, the matcher's network the live world's, nothing broken. A new
+ * reference (the matcher makes it on first use), or NULL, with an error or
+ * without (the core can't: the full path). */
+static CoreProgram *matcher_program(PyObject *m, long long rank, int receiving) {
+    if (!core_chosen || !group_module_dict) return NULL;
+    PyObject *w = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
+    if (!w || w == Py_None) return NULL;
+    PyObject *net = slot_attr(m, matcher_at, N_NETWORK), *wnet;
+    if (!net || !hot_known(w, world_type, "world") || !(wnet = slot_attr(w, world_at, N_NETWORK)) || wnet != net
+        || network_broken(net) != 0)
+        return NULL;
+    PyObject *programs = slot_attr(m, matcher_at, receiving ? N_CORE_RECVS : N_CORE_SENDS);
+    if (!programs || !PyList_Check(programs) || rank >= PyList_GET_SIZE(programs)) return NULL;
+    PyObject *p = PyList_GET_ITEM(programs, rank);
+    if (p == Py_False) {  /* not made yet: the matcher makes it (into the list) */
+        PyObject *r = PyLong_FromLongLong(rank);
+        p = r ? PyObject_CallMethodObjArgs(m, names[N_CORE_PROGRAM], r, receiving ? Py_True : Py_False, NULL) : NULL;
+        Py_XDECREF(r);
+        if (!p) return NULL;
+    } else {
+        Py_INCREF(p);
+    }
+    if (PyObject_TypeCheck(p, &ProgramType)) return (CoreProgram *)p;
+    Py_DECREF(p);
+    return NULL;
+}
+
+/* The send half: 1 and ``data``'s buffer in ``d`` where mpi_send may send
+ * ``data`` to ``dest`` with tag ``tag_obj`` (the payload fits an envelope,
+ * another rank, a tag >= 0); 0 not, -1 on error. */
+static int send_allowed(PyObject *m, PyObject *data, PyObject *dest, PyObject *tag_obj, long long *to,
+                        long long *tag, Py_buffer *d) {
+    long long size = matcher_int(m, N_SIZE), rank = matcher_int(m, N_RANK);
+    if (size == LLONG_MIN || rank == LLONG_MIN) return -1;
+    *to = plain_int(dest, 0, size);
+    *tag = plain_int(tag_obj, 0, LLONG_MAX);
+    if (*to == LLONG_MIN || *to == rank || *tag == LLONG_MIN) return 0;
+    if (PyObject_GetBuffer(data, d, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    return 1;
+}
+
+/* The receive half: the program for a receive from ``source`` with tag
+ * ``tag_obj`` (``want``: it as a long long) where the core may take
+ * source's next envelope: another rank, a tag >= 0 or ANY_TAG, nothing else
+ * of the communicator that could match first (posted receives, messages
+ * not yet matched, envelope receives in flight, probes, lost peers). NULL,
+ * with an error or without, otherwise. */
+static CoreProgram *recv_program(PyObject *m, PyObject *source, PyObject *tag_obj, long long *from, long long *want) {
+    long long size = matcher_int(m, N_SIZE), rank = matcher_int(m, N_RANK);
+    if (size == LLONG_MIN || rank == LLONG_MIN) return NULL;
+    *from = plain_int(source, 0, size);
+    *want = plain_int(tag_obj, -1, LLONG_MAX);  /* -1: MPI.ANY_TAG */
+    if (*from == LLONG_MIN || *from == rank || *want == LLONG_MIN) return NULL;
+    static const int books[] = {N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST};
+    for (size_t i = 0; i < sizeof books / sizeof books[0]; i++) {
+        int empty = slot_empty(m, matcher_at, books[i]);
+        if (empty != 1) return NULL;
+    }
+    return matcher_program(m, *from, 1);
+}
+
+/* Take ``from``'s next envelope by ``p``, under the lock: ((source, tag,
+ * size, False), payload) for a receive into ``dst`` (None: an object, whose
+ * pickle is the payload; else payload None), or None where the receive
+ * did not complete (none came; or another envelope, now the matcher's). */
+static PyObject *matcher_take(PyObject *m, CoreProgram *p, long long from, long long want, PyObject *dst) {
+    long long etag = matcher_int(m, N_ETAG);
+    PyObject *spill = slot_attr(m, matcher_at, N_ENVELOPE_IN), *payload = NULL;
+    if (etag == LLONG_MIN || !spill) return NULL;
+    int64_t tag = 0, size = 0;
+    switch (envelope_recv(p, etag, 0, want, dst, spill, &tag, &size, &payload)) {
+    case ENVELOPE_WANTED:
+        return Py_BuildValue("(LLLO)N", from, (long long)tag, (long long)size, Py_False,
+                             payload ? payload : Py_NewRef(Py_None));
+    case ENVELOPE_OTHER: {
+        PyObject *r = PyLong_FromLongLong(from);
+        PyObject *kept = r ? PyObject_CallMethodObjArgs(m, names[N_ENVELOPE], r, spill, NULL) : NULL;
+        Py_XDECREF(r);
+        if (!kept) return NULL;
+        Py_DECREF(kept);
+        Py_RETURN_NONE;
+    }
+    case ENVELOPE_NONE:
+        Py_RETURN_NONE;
+    default:
+        return NULL;
+    }
+}
+
+static int is_matcher(PyObject *m) {
+    if (matcher_type && Py_IS_TYPE(m, matcher_type)) return 1;
+    PyErr_Format(PyExc_TypeError, "the core does not know this matcher (set_matcher): %R", m);
+    return 0;
+}
+
+/* A communicator's matcher where the core may use it (borrowed): made, and
+ * made for the communicator's own group (an intercommunicator's is its two
+ * groups', whose ranks it numbers otherwise). NULL, with an error or
+ * without (the full path), otherwise. */
+static PyObject *comm_matcher(PyObject *comm) {
+    PyObject *m = PyObject_GetAttr(comm, names[N_MATCHER]), *g = NULL, *mine;
+    if (m && m != Py_None && is_matcher(m) && (g = PyObject_GetAttr(comm, names[N_COMM_GROUP]))
+        && (mine = slot_attr(m, matcher_at, N_GROUP)) && mine == g) {
+        Py_DECREF(g);
+        Py_DECREF(m);  /* the communicator holds it */
+        return m;
+    }
+    Py_XDECREF(g);
+    Py_XDECREF(m);
+    return NULL;
+}
+
+/* mpi_send(comm, data, dest, tag) -> whether the core sent ``data`` (bytes,
+ * a blocking standard send's payload) to rank ``dest`` of communicator
+ * ``comm``: then the send is complete. False: the full path sends it. */
+static PyObject *py_mpi_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "mpi_send(comm, data, dest, tag)");
+        return NULL;
+    }
+    PyObject *m = comm_matcher(args[0]);
+    if (!m) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+    long long to, tag;
+    Py_buffer d;
+    int ok = send_allowed(m, args[1], args[2], args[3], &to, &tag, &d);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
+    int sent = -1;
+    long long etag = matcher_int(m, N_ETAG);
+    PyObject *lock = slot_attr(m, matcher_at, N_LOCK);
+    CoreProgram *p = etag == LLONG_MIN || !lock ? NULL : matcher_program(m, to, 0);
+    if (p && lock_take(lock) == 0) {
+        sent = envelope_send(p, etag, tag, d.buf, d.len);
+        if (lock_give(lock) < 0) sent = -1;
+    } else if (!PyErr_Occurred()) {
+        sent = 0;
+    }
+    Py_XDECREF(p);
+    PyBuffer_Release(&d);
+    return sent < 0 ? NULL : PyBool_FromLong(sent);
+}
+
+/* mpi_recv(comm, dst, source, tag) -> ((source, tag, size, False),
+ * payload) of a blocking receive from rank ``source`` of ``comm`` that the
+ * core completed (into ``dst``, bytes; or, ``dst`` None, an object: payload
+ * is its pickle), or None: the full path receives (an envelope the core
+ * took that this receive cannot have is the matcher's). */
+static PyObject *py_mpi_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "mpi_recv(comm, dst, source, tag)");
+        return NULL;
+    }
+    PyObject *m = comm_matcher(args[0]), *lock, *got = NULL;
+    if (!m) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    long long from, want;
+    CoreProgram *p = recv_program(m, args[2], args[3], &from, &want);
+    if (!p) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    if ((lock = slot_attr(m, matcher_at, N_LOCK)) && lock_take(lock) == 0) {
+        got = matcher_take(m, p, from, want, args[1]);
+        if (lock_give(lock) < 0) Py_CLEAR(got);
+    }
+    Py_DECREF(p);
+    return got;
+}
+
+/* mpi_exchange(comm, data, dest, sendtag, source, recvtag) -> a sendrecv
+ * of an object by the core: mpi_send's send, then, where the core may take
+ * it, mpi_recv's receive (dst None), under one hold of the lock. None:
+ * nothing went (the full path does both); False: sent, and the full path
+ * receives; else mpi_recv's result. */
+static PyObject *py_mpi_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "mpi_exchange(comm, data, dest, sendtag, source, recvtag)");
+        return NULL;
+    }
+    PyObject *m = comm_matcher(args[0]), *lock, *result = NULL;
+    if (!m) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    long long to, tag, from = 0, want = 0, etag = matcher_int(m, N_ETAG);
+    if (etag == LLONG_MIN || !(lock = slot_attr(m, matcher_at, N_LOCK))) return NULL;
+    Py_buffer d;
+    int ok = send_allowed(m, args[1], args[2], args[3], &to, &tag, &d);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
+    CoreProgram *send = matcher_program(m, to, 0), *recv = NULL;
+    if (send && !(recv = recv_program(m, args[4], args[5], &from, &want)) && PyErr_Occurred()) goto out;
+    if (!send) {
+        if (!PyErr_Occurred()) result = Py_NewRef(Py_None);
+        goto out;
+    }
+    if (lock_take(lock) < 0) goto out;
+    int sent = envelope_send(send, etag, tag, d.buf, d.len);
+    if (sent > 0) {
+        PyObject *got = recv ? matcher_take(m, recv, from, want, Py_None) : Py_NewRef(Py_None);
+        result = got && got == Py_None ? (Py_DECREF(got), Py_NewRef(Py_False)) : got;
+    } else if (sent == 0) {
+        result = Py_NewRef(Py_None);
+    }
+    if (lock_give(lock) < 0) Py_CLEAR(result);
+out:
+    Py_XDECREF(send);
+    Py_XDECREF(recv);
+    PyBuffer_Release(&d);
+    return result;
+}
+
+/* mpi_envelope(matcher, source) -> whether the core took group rank
+ * ``source``'s next envelope (waiting for it as long as a wait spins) and
+ * gave it to the matcher, as progress would: how a waited receive request
+ * gets its envelope without Python's progress. False: none came, or the
+ * core may not take it (any source, this rank, an envelope receive from it
+ * already in flight, a lost peer): the full path waits. */
+static PyObject *py_mpi_envelope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "mpi_envelope(matcher, source)");
+        return NULL;
+    }
+    PyObject *m = args[0], *lock, *envelopes, *spill, *result = NULL;
+    if (!is_matcher(m)) return NULL;
+    long long size = matcher_int(m, N_SIZE), rank = matcher_int(m, N_RANK), etag = matcher_int(m, N_ETAG);
+    if (size == LLONG_MIN || rank == LLONG_MIN || etag == LLONG_MIN || !(lock = slot_attr(m, matcher_at, N_LOCK))
+        || !(envelopes = slot_attr(m, matcher_at, N_ENVELOPES)) || !(spill = slot_attr(m, matcher_at, N_ENVELOPE_IN)))
+        return NULL;
+    long long from = plain_int(args[1], 0, size);
+    if (from == LLONG_MIN || from == rank) Py_RETURN_FALSE;
+    int busy = PyDict_Check(envelopes) ? PyDict_Contains(envelopes, args[1]) : 1;
+    int lost = busy ? 0 : slot_empty(m, matcher_at, N_M_LOST);
+    if (busy < 0 || lost < 0) return NULL;
+    if (busy || !lost) Py_RETURN_FALSE;
+    CoreProgram *p = matcher_program(m, from, 1);
+    if (!p) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+    if (lock_take(lock) == 0) {
+        int64_t tag, n;
+        PyObject *payload = NULL;
+        int got = envelope_recv(p, etag, 1, 0, Py_None, spill, &tag, &n, &payload);
+        PyObject *kept = got == ENVELOPE_OTHER ? PyObject_CallMethodObjArgs(m, names[N_ENVELOPE], args[1], spill, NULL)
+                                               : NULL;
+        if (got == ENVELOPE_NONE) result = Py_NewRef(Py_False);
+        else if (kept) result = Py_NewRef(Py_True);
+        Py_XDECREF(kept);
+        if (lock_give(lock) < 0) Py_CLEAR(result);
+    }
+    Py_DECREF(p);
+    return result;
+}
+
+/* comm_rank(comm), comm_size(comm): an MPI communicator's rank and size
+ * (collie.MPI's Comm.rank and .size, which programs read all the time), at
+ * once where its group is a group of the live world; else its Get_rank()
+ * or Get_size(), which explain. */
+static PyObject *comm_attr(PyObject *comm, int name, int method) {
+    PyObject *g = PyObject_GetAttr(comm, names[N_COMM_GROUP]), *result = NULL;
+    if (!g) return NULL;
+    PyObject *w = group_module_dict ? PyDict_GetItemWithError(group_module_dict, names[N_WORLD]) : NULL;
+    if (w && w != Py_None && (PyObject *)Py_TYPE(g) == group_type && hot_known(w, world_type, "world")) {
+        PyObject *mine = PyObject_GetAttr(g, names[N_NETWORK]), *its = slot_attr(w, world_at, N_NETWORK);
+        if (mine && its && mine == its) result = PyObject_GetAttr(g, names[name]);
+        Py_XDECREF(mine);
+    }
+    Py_DECREF(g);
+    if (result || PyErr_Occurred()) return result;
+    return PyObject_CallMethodNoArgs(comm, names[method]);
+}
+
+static PyObject *py_comm_rank(PyObject *self, PyObject *comm) { return comm_attr(comm, N_RANK, N_GET_RANK); }
+static PyObject *py_comm_size(PyObject *self, PyObject *comm) { return comm_attr(comm, N_SIZE, N_GET_SIZE); }
 
 static PyMethodDef methods[] = {
     {"vm_read", py_vm_read, METH_VARARGS, "vm_read(pid, dst, address): fill dst from address in process pid."},
@@ -2503,6 +2889,19 @@ static PyMethodDef methods[] = {
      "pack_slots(buffer, payloads, slot) -> whether all fit: each payload's size, then it, in its slot."},
     {"unpack_slots", py_unpack_slots, METH_VARARGS,
      "unpack_slots(buffer, n, slot, loads) -> (items, [(i, size) of those that did not fit] or None)."},
+    {"comm_rank", py_comm_rank, METH_O, "comm_rank(comm) -> an MPI communicator's rank (Comm.rank; see _core.c)."},
+    {"comm_size", py_comm_size, METH_O, "comm_size(comm) -> an MPI communicator's size (Comm.size; see _core.c)."},
+    {"set_matcher", py_set_matcher, METH_O, "set_matcher(_Matcher): where its books are (compat/mpi/p2p.py)."},
+    {"mpi_send", (PyCFunction)(void (*)(void))py_mpi_send, METH_FASTCALL,
+     "mpi_send(comm, data, dest, tag) -> whether the core sent it (see _core.c)."},
+    {"mpi_recv", (PyCFunction)(void (*)(void))py_mpi_recv, METH_FASTCALL,
+     "mpi_recv(comm, dst, source, tag) -> ((source, tag, size, False), payload) or None (see _core.c)."},
+    {"mpi_exchange", (PyCFunction)(void (*)(void))py_mpi_exchange, METH_FASTCALL,
+     "mpi_exchange(comm, data, dest, sendtag, source, recvtag) -> None, False or mpi_recv's (see _core.c)."},
+    {"mpi_envelope", (PyCFunction)(void (*)(void))py_mpi_envelope, METH_FASTCALL,
+     "mpi_envelope(matcher, source) -> whether the core took source's next envelope for the matcher."},
+    {"rooted_round", (PyCFunction)(void (*)(void))py_rooted_round, METH_FASTCALL,
+     "rooted_round(name, group, root, slots, payloads, loads) -> (fits, items, large), or None (objects.py)."},
     {"combine", py_combine, METH_VARARGS, "combine(dst, src, dtype, op): dst = dst op src in place."},
     {"find_lane", (PyCFunction)(void (*)(void))py_find_lane, METH_FASTCALL,
      "find_lane(group, key, tensor) -> the lane of a repeated call, or None (collectives._find_lane)."},

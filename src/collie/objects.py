@@ -171,18 +171,39 @@ def all_gather_loads(g: ProcessGroup, payload: bytes, loads: Callable) -> list:
     return _fill_in(items, large, [outs[r] for r, _ in large], loads)
 
 
+def _rooted_round(name: str, g: ProcessGroup, root: int, s: _Slots, payloads: Optional[Sequence[bytes]],
+                  loads: Callable) -> tuple:
+    """The first round of an object gather (``name`` "gather") or scatter
+    ("scatter") on group rank ``root``: ``payloads`` (this rank's one
+    pickle for a gather, the root's one per rank for a scatter, None on a
+    scatter's other ranks) packed into ``s``, the rooted call, then what
+    came in through ``loads``. Returns (fits, items, large): whether the
+    payloads fit their slots, and, at a gather's root every rank's slot and
+    on a scatter's other ranks their own, as unpack_slots gives them (else
+    None, None). The compiled core's rooted_round does all of it in one
+    call where the call has a lane."""
+    gather, mine_root = name == "gather", g.rank == root
+    packed = s.mine if gather else s.outgoing
+    fits = True if payloads is None else pack_slots(packed, payloads, SLOT)
+    rooted_blocks(name, g, s.mine, (s.every if gather else s.outgoing) if mine_root else None, root)
+    if gather == mine_root:  # a gather's root, or a scatter's other ranks: what came in
+        return (fits, *unpack_slots(s.every if gather else s.mine, g.size if gather else 1, SLOT, loads))
+    return fits, None, None
+
+
+_core_round = core.rooted_round or (lambda *args: None)  # None: no lane (or no core), the full path runs
+
+
 def gather_loads(g: ProcessGroup, payload: bytes, root: int, loads: Callable) -> Optional[list]:
     """Every rank's ``payload`` (a pickle) at group rank ``root``, in rank
     order, each through ``loads``; None on the other ranks."""
-    s = _slots(g)
-    fits = pack_slots(s.mine, (payload,), SLOT)
+    s = g.object_slots or _slots(g)
+    got = _core_round("gather", g, root, s, (payload,), loads)
+    fits, items, large = _rooted_round("gather", g, root, s, (payload,), loads) if got is None else got
     if g.rank != root:
-        rooted_blocks("gather", g, s.mine, None, root)
         if not fits:
             _large(g, ((root, payload),), (), "gather")
         return None
-    rooted_blocks("gather", g, s.mine, s.every, root)
-    items, large = unpack_slots(s.every, g.size, SLOT, loads)
     if large is not None:
         if not fits:  # its own, at hand
             items[root] = loads(payload)
@@ -195,13 +216,11 @@ def gather_loads(g: ProcessGroup, payload: bytes, root: int, loads: Callable) ->
 def scatter_loads(g: ProcessGroup, payloads: Optional[Sequence[bytes]], root: int, loads: Callable):
     """Item r of the root's ``payloads`` (pickles, one per rank, given at
     the root only) through ``loads`` on group rank r."""
-    s = _slots(g)
+    s = g.object_slots or _slots(g)
+    got = _core_round("scatter", g, root, s, payloads, loads)
+    fits, items, large = _rooted_round("scatter", g, root, s, payloads, loads) if got is None else got
     if g.rank != root:
-        rooted_blocks("scatter", g, s.mine, None, root)
-        items, large = unpack_slots(s.mine, 1, SLOT, loads)
         return items[0] if large is None else loads(_large(g, (), ((root, large[0][1]),), "scatter")[0])
-    fits = pack_slots(s.outgoing, payloads, SLOT)
-    rooted_blocks("scatter", g, s.mine, s.outgoing, root)
     large = [] if fits else [(r, p) for r, p in enumerate(payloads) if len(p) > _FITS and r != root]
     if large:
         _large(g, large, (), "scatter")

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ... import collectives as _coll
+from ... import core
 from ... import group as _group
 from ... import objects as _objects
 from ...arrays import byte_view
@@ -29,7 +30,7 @@ from .buffers import (_bare_bytes, _Buf, _check_same, _count, _only_root, _pack,
 from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN_PLACE, IO, KEYVAL_INVALID,
                         LASTUSEDCODE, PROC_NULL, TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
 from .op import SUM, Op, _buffer_op, _py_op
-from .p2p import _Matcher, _Recv, _SyncSend, _progress, _unregister, _wait_until
+from .p2p import _Matcher, _Recv, _SyncSend, _progress, _unregister, _wait_until, core_exchange, core_recv, core_send
 from .request import Prequest, Request, _done_request, _fill, _Partitioned
 from .commctx import _comm_lock
 from .message import _mprobe
@@ -221,8 +222,9 @@ class Comm(_Handled, _Attributed):
     def Get_size(self) -> int:
         return self._g("Get_size").size
 
-    rank = property(Get_rank)
-    size = property(Get_size)
+    # Read all the time: the compiled core's answer where the group is live (no Python frame).
+    rank = property(core._core.comm_rank if core._core is not None else Get_rank)
+    size = property(core._core.comm_size if core._core is not None else Get_size)
 
     def Get_name(self) -> str:
         return self._name
@@ -649,27 +651,12 @@ class Comm(_Handled, _Attributed):
 
     # ---- point to point: buffers ----
 
-    def _core_p2p(self, rank, tag, receiving: bool) -> Optional[_Matcher]:
-        """This communicator's matcher where a blocking send or receive may
-        take the compiled core (_Matcher.core_send): a rank and a tag in
-        range, an intracommunicator that has made its matcher. Else None."""
-        m = self._matcher
-        if m is None or m.group is not self._group or type(rank) is not int or not 0 <= rank < m.group.size \
-                or type(tag) is not int or not (tag >= 0 or (receiving and tag == ANY_TAG)):
-            return None
-        return m
-
-    def _core_sent(self, data: memoryview, dest, tag) -> bool:
-        """Whether the compiled core sent ``data`` (then the send is complete)."""
-        m = self._core_p2p(dest, tag, False)
-        return m is not None and m.core_send(data, dest, tag)
-
     def Send(self, buf, dest: int, tag: int = 0) -> None:
         """Send a buffer; returns once the buffer may be reused."""
         data = _bare_bytes(buf, False)
         if data is None:
             self.Isend(buf, dest, tag).Wait()
-        elif not self._core_sent(data, dest, tag):
+        elif not core_send(self, data, dest, tag):
             self._send(data, dest, tag, "Send").Wait()
 
     Bsend = Send
@@ -684,7 +671,7 @@ class Comm(_Handled, _Attributed):
             return _done_request()
         data = _bare_bytes(buf, False)
         if data is not None:  # a bare array: no buffer spec to read
-            if not _sync and self._core_sent(data, dest, tag):
+            if not _sync and core_send(self, data, dest, tag):
                 return _done_request()  # sent already: the buffer is free
             return self._send(data, dest, tag, "Send", sync=_sync)
         b = _Buf(buf, "Isend buf", writable=False, empty_ok=True)
@@ -702,8 +689,7 @@ class Comm(_Handled, _Attributed):
         if dst is None:
             self.Irecv(buf, source, tag).Wait(status)
             return
-        m = self._core_p2p(source, tag, True)
-        got = m.core_recv(dst, source, tag) if m is not None else None
+        got = core_recv(self, dst, source, tag)
         if got is None:
             self._recv(dst, source, tag, "Recv").Wait(status)
         else:
@@ -722,7 +708,7 @@ class Comm(_Handled, _Attributed):
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Send and receive at once: no ordering of the two can deadlock."""
         data = _bare_bytes(sendbuf, False)
-        if data is not None and self._core_sent(data, dest, sendtag):  # sent already: the receive may block
+        if data is not None and core_send(self, data, dest, sendtag):  # sent already: the receive may block
             self.Recv(recvbuf, source, recvtag, status)
             return
         rreq = self.Irecv(recvbuf, source, recvtag)
@@ -800,9 +786,9 @@ class Comm(_Handled, _Attributed):
     # ---- point to point: objects ----
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
-        data = memoryview(b"" if dest == PROC_NULL else _pickle.dumps(obj))
-        if not self._core_sent(data, dest, tag):
-            self._send(data, dest, tag, "send").Wait()
+        data = b"" if dest == PROC_NULL else _pickle.dumps(obj)
+        if not core_send(self, data, dest, tag):
+            self._send(memoryview(data), dest, tag, "send").Wait()
 
     bsend = send
 
@@ -824,8 +810,7 @@ class Comm(_Handled, _Attributed):
         not needed here: the message's size is known before it is received."""
         if buf is not None:
             warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
-        m = self._core_p2p(source, tag, True)
-        got = m.core_recv(None, source, tag) if m is not None else None
+        got = core_recv(self, None, source, tag)
         if got is not None:
             _fill(status, got[0])
             return _pickle.loads(got[1]) if got[1] else None
@@ -836,10 +821,8 @@ class Comm(_Handled, _Attributed):
 
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
-        data = memoryview(b"" if dest == PROC_NULL else _pickle.dumps(sendobj))
-        m = self._core_p2p(dest, sendtag, False)
-        got = None if m is None else m.core_exchange(data, dest, sendtag, source, recvtag,
-                                                     self._core_p2p(source, recvtag, True) is m)
+        data = b"" if dest == PROC_NULL else _pickle.dumps(sendobj)
+        got = core_exchange(self, data, dest, sendtag, source, recvtag)
         if got is False:
             return self.recv(None, source, recvtag, status)  # sent already: the receive may block
         if got is not None:
@@ -847,7 +830,7 @@ class Comm(_Handled, _Attributed):
                 _fill(status, got[0])
             return _pickle.loads(got[1]) if got[1] else None
         rreq = self.irecv(recvbuf, source, recvtag)
-        sreq = _or_cancel(rreq, lambda: self._send(data, dest, sendtag, "send"))
+        sreq = _or_cancel(rreq, lambda: self._send(memoryview(data), dest, sendtag, "send"))
         Request.Waitall([rreq, sreq], [status, None])
         return rreq._result
 
@@ -1483,7 +1466,8 @@ class Intracomm(Comm):
     def scatter(self, sendobj=None, root: int = 0) -> Any:
         """Item r of root's sequence, on rank r."""
         g = self._g("scatter")
-        root = self._root(g, root, "scatter")
+        if root.__class__ is not int or not 0 <= root < g.size:
+            root = self._root(g, root, "scatter")  # raises, or makes it an int
         payloads = None
         if g.rank == root:
             payloads = list(map(_pickle.dumps, _scatter_items(sendobj, g.size, "scatter")))
@@ -1492,7 +1476,8 @@ class Intracomm(Comm):
     def gather(self, sendobj, root: int = 0) -> Optional[list]:
         """Every rank's object, in a list at root (None elsewhere)."""
         g = self._g("gather")
-        root = self._root(g, root, "gather")
+        if root.__class__ is not int or not 0 <= root < g.size:
+            root = self._root(g, root, "gather")  # raises, or makes it an int
         return _objects.gather_loads(g, _pickle.dumps(sendobj), root, _pickle.loads)
 
     def allgather(self, sendobj) -> list:

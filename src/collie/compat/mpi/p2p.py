@@ -8,7 +8,6 @@ from typing import Callable, Optional
 import numpy as np
 
 from ... import core
-from ... import group as _group
 from ...arrays import byte_view
 from ...p2p import core_program
 from ...errors import CollieError
@@ -72,12 +71,18 @@ class _Recv:
 
 
 class _Matcher:
-    """The MPI point-to-point state of one communicator."""
+    """The MPI point-to-point state of one communicator. Its books are
+    slots: the compiled core reads them at their offsets (_core.set_matcher)."""
+
+    __slots__ = ("group", "name", "network", "lock", "rank", "size", "etag", "ptag", "atag", "posted", "unmatched",
+                 "envelopes", "probes", "lost", "syncs", "next_sync", "acks_in", "acks_out", "core_sends",
+                 "core_recvs", "envelope_in", "__weakref__")
 
     def __init__(self, group: ProcessGroup, name: str):
         self.group, self.name = group, name
         self.network = group.network
-        self.rank = group.rank
+        self.lock = group.network.lock
+        self.rank, self.size = group.rank, group.size
         self.etag = group.p2p_tag(_ENVELOPE_TAG)
         self.ptag = group.p2p_tag(_PAYLOAD_TAG)
         self.atag = group.p2p_tag(_ACK_TAG)
@@ -90,115 +95,32 @@ class _Matcher:
         self.next_sync = 1
         self.acks_in: dict[int, tuple] = {}    # group rank -> (ack array, its receive)
         self.acks_out: list = []               # (ack array, its send) still in flight
-        self.core_programs: dict = {}  # (group rank, receiving) -> core_program's for its envelopes
+        # The compiled core's one-message programs for envelopes to and from
+        # each group rank (False: not made yet; None: the core can't).
+        self.core_sends: list = [False] * self.size
+        self.core_recvs: list = [False] * self.size
         self.envelope_in = np.zeros(ENVELOPE_WORDS, dtype=np.int64)  # an envelope the core took for the matcher
         _register(self)
 
-    # The compiled core's path (core.p2p_program): a send of a payload that
-    # rides in its envelope is one call into C that puts the envelope in the
-    # peer's ring; a blocking receive from one rank, while this communicator
-    # has nothing else to match, takes that rank's next envelope from the
-    # ring in C, and a waited receive request has the core take its
-    # source's next envelope for the matcher. Anything else (an envelope
-    # that is not the one wanted, a full ring, a peer slower than the spin)
-    # goes the full path, which the envelope joins as if progress had
-    # taken it in.
+    # The compiled core's path (_core.c, "the MPI layer's envelopes"; the
+    # module's core_send, core_recv and core_exchange, which a communicator
+    # calls with itself, and core_envelope, which a request calls with its
+    # matcher): a send of a payload that rides in its envelope puts the
+    # envelope in the peer's ring from C; a blocking receive from one rank,
+    # while this communicator has nothing else to match, takes that rank's
+    # next envelope from the ring in C, and a waited receive request has the
+    # core take its source's next envelope for the matcher. Anything else
+    # (an envelope that is not the one wanted, a full ring, a peer slower
+    # than the spin) goes the full path, which the envelope joins as if
+    # progress had taken it in (_envelope, which the core calls).
 
     def _core_program(self, rank: int, receiving: bool):
-        """The core's program for an envelope to or from group rank ``rank``
-        (None: the core can't), where the world is alive and nothing broke
-        (collie.p2p.core_run's rule: the callers run it under the lock they
-        hold for the envelope)."""
-        w, net = _group._world, self.network
-        if w is None or w.network is not net or net._abort is not None or net._lost \
-                or core.EXECUTE is not core.execute:
-            return None
-        found = self.core_programs.get((rank, receiving), False)
-        if found is False:
-            found = self.core_programs[rank, receiving] = core_program(
-                net, self.group.ranks[rank], 8 * ENVELOPE_WORDS, receiving, receiving)
+        """Make the core's program for an envelope to or from group rank
+        ``rank`` (None: the core can't), into core_sends or core_recvs: the
+        core asks, once per peer and direction."""
+        found = core_program(self.network, self.group.ranks[rank], 8 * ENVELOPE_WORDS, receiving, receiving)
+        (self.core_recvs if receiving else self.core_sends)[rank] = found
         return found
-
-    def core_send(self, data: memoryview, dest: int, tag: int) -> bool:
-        """A blocking standard send of ``data`` (bytes) to another rank by
-        the core; False if it did not (the full path sends it)."""
-        if data.nbytes > INLINE_BYTES or dest == self.rank:
-            return False
-        program = self._core_program(dest, False)
-        if program is None:
-            return False
-        with self.network.lock:
-            return program.send_envelope(self.etag, tag, data)  # the envelope, data in place
-
-    def core_recv(self, dst: Optional[memoryview], source: int, tag: int) -> Optional[tuple]:
-        """A blocking receive from ``source`` into ``dst`` (bytes; None: an
-        object) by the core: (its status fields, the object's pickle), or
-        None if the core did not complete it (the full path does; an
-        envelope the core took that this receive cannot have is the
-        matcher's, as if progress had taken it in)."""
-        if not self._core_may_take(source):
-            return None
-        program = self._core_program(source, True)
-        if program is None:
-            return None
-        with self.network.lock:  # the envelope scratch is this communicator's, for any thread
-            return self._core_take(program, source, tag, dst)
-
-    def _core_may_take(self, source: int) -> bool:
-        """Whether the core may take ``source``'s next envelope for a blocking
-        receive: from another rank, with nothing else of this communicator
-        that could match first."""
-        return source != self.rank and not (self.posted or self.unmatched or self.envelopes or self.probes
-                                            or self.lost)
-
-    def _core_take(self, program, source: int, tag, dst: Optional[memoryview]) -> Optional[tuple]:
-        """core_recv's receive by ``program``, under the network's lock: as
-        core_recv returns it."""
-        got = program.recv_envelope(self.etag, tag, dst, self.envelope_in)
-        if got is False:  # not this receive's: the matcher's, as progress would have it
-            self._envelope(source, self.envelope_in)
-            return None
-        return None if got is None else ((source, got[0], got[1], False), got[2])
-
-    def core_exchange(self, data: memoryview, dest: int, sendtag: int, source: int, recvtag: int,
-                      receiving: bool) -> Optional[tuple]:
-        """A sendrecv by the core: core_send's send, then (``receiving``:
-        source and recvtag are ones the core may take, _core_p2p's rule)
-        core_recv's receive, with one look at the world and one hold of the
-        lock (a small sendrecv is mostly those looks). None: nothing went
-        (the full path does both); False: sent, and the full path receives;
-        else core_recv's result."""
-        if data.nbytes > INLINE_BYTES or dest == self.rank:
-            return None
-        send = self._core_program(dest, False)  # the world checked for both
-        if send is None:
-            return None
-        recv = None
-        if receiving and self._core_may_take(source):
-            recv = self.core_programs.get((source, True), False)
-            if recv is False:
-                recv = self._core_program(source, True)
-        with self.network.lock:
-            if not send.send_envelope(self.etag, sendtag, data):
-                return None
-            got = None if recv is None else self._core_take(recv, source, recvtag, None)
-        return False if got is None else got
-
-    def core_envelope(self, source: int) -> bool:
-        """Have the core take ``source``'s next envelope, waiting for it as
-        long as a wait spins, and match it as progress would: how a waited
-        receive request gets its envelope without Python's progress.
-        False: none came (the full path waits)."""
-        if source < 0 or source == self.rank or source in self.envelopes or self.lost:
-            return False  # any source, or an envelope receive of the transport's already in flight
-        program = self._core_program(source, True)
-        if program is None:
-            return False
-        with self.network.lock:
-            if program.recv_envelope(self.etag, None, None, self.envelope_in) is None:
-                return False
-            self._envelope(source, self.envelope_in)
-        return True
 
     def isend(self, data: memoryview, dest: int, tag: int, sync: Optional[_SyncSend] = None) -> tuple:
         """Post a message; returns its transport requests and what they read.
@@ -370,6 +292,24 @@ class _Matcher:
                 self.envelopes[source] = (head, req)
                 moved = True  # a new receive: the transports must look again before we call it idle
         return moved
+
+
+if core._core is not None:
+    core._core.set_matcher(_Matcher)
+    core_send, core_recv = core._core.mpi_send, core._core.mpi_recv
+    core_exchange, core_envelope = core._core.mpi_exchange, core._core.mpi_envelope
+else:  # no compiled core: every call takes the full path
+    def core_send(comm, data, dest, tag) -> bool:
+        return False
+
+    def core_recv(comm, dst, source, tag) -> None:
+        return None
+
+    def core_exchange(comm, data, dest, sendtag, source, recvtag) -> None:
+        return None
+
+    def core_envelope(m: _Matcher, source) -> bool:
+        return False
 
 
 # Weak references to every communicator's _Matcher: a plain list, since

@@ -15,7 +15,7 @@ import traceback
 import weakref
 from typing import Any, Callable, Optional, Sequence
 from .constants import ANY_SOURCE, ANY_TAG, SUCCESS, UNDEFINED
-from .p2p import _Recv, _progress, _wait_until
+from .p2p import _Recv, _progress, _wait_until, core_envelope
 from .pickling import pickle as _pickle
 from .status import Status
 
@@ -156,10 +156,10 @@ class Request:
 
     def _pull(self) -> None:
         """A receive still waiting for its envelope: have the compiled core
-        take its source's next one (_Matcher.core_envelope)."""
+        take its source's next one (p2p.core_envelope)."""
         op = self._recv
         if op is not None and op.msg is None and not self._done and self._matcher is not None:
-            self._matcher.core_envelope(op.source)
+            core_envelope(self._matcher, op.source)
 
     def Wait(self, status: Optional[Status] = None) -> bool:
         # An asynchronous collective blocks in its own wait (in _finish).
