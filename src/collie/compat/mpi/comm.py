@@ -573,7 +573,7 @@ class Comm(_Handled, _Attributed):
     # the communicator's kind makes them (an intercommunicator's: the remote group's).
     def reduce(self, sendobj, op=SUM, root: int = 0) -> Any:
         """op folded over the objects in rank order, at root (None elsewhere)."""
-        fn = _py_op(op)
+        fn = op._py if op.__class__ is Op else _py_op(op)  # MPI.SUM and the like, at once
         items = self.gather(sendobj, root)
         return None if items is None else functools.reduce(fn, items)
 
