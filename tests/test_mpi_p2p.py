@@ -357,7 +357,7 @@ def _send_beside_a_posted_receive_body(rank, size):
         req = comm.Irecv(got, peer, 4)
         req.Test()  # a progress pass: the envelope receive from the peer is now the transport's
         mine = np.full(3, float(i + 10 * rank))
-        sent_by_core.append(core_send(comm, byte_view(mine), peer, 4))
+        sent_by_core.append(core_send(comm._matcher, comm._group, byte_view(mine), peer, 4))
         if not sent_by_core[-1]:
             comm.Send(mine, peer, 4)
         req.Wait()

@@ -591,7 +591,7 @@ enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_C
        N_DRAIN, N_RANK, N_RANKS, N_INDEX, N_DTYPE, N_SIZE, N_CODE, N_SUM, N_P2P, N_PROGRAMS, N_DEFERRED,
        N_CONTEXT, N_P2P_OPS, N_RESULT, N_SHAPE, N_ACQUIRE, N_RELEASE, N_MINE, N_EVERY, N_OUTGOING,
        N_ETAG, N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN,
-       N_ENVELOPE, N_CORE_PROGRAM, N_MATCHER, N_COMM_GROUP, N_GET_RANK, N_GET_SIZE, NNAMES };
+       N_ENVELOPE, N_CORE_PROGRAM, N_COMM_GROUP, N_GET_RANK, N_GET_SIZE, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
@@ -601,7 +601,7 @@ static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "curren
                                            "acquire", "release", "mine", "every", "outgoing",
                                            "etag", "posted", "unmatched", "envelopes", "probes", "lost",
                                            "core_sends", "core_recvs", "envelope_in", "_envelope", "_core_program",
-                                           "_matcher", "_group", "Get_rank", "Get_size"};
+                                           "_group", "Get_rank", "Get_size"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -697,6 +697,9 @@ static int slot_is(PyObject *obj, const Py_ssize_t *at, int name, PyObject *valu
 static int slot_empty(PyObject *obj, const Py_ssize_t *at, int name) {
     PyObject *v = slot_attr(obj, at, name);
     if (!v) return -1;
+    /* the books are mostly lists and dicts: their size at once */
+    if (PyList_CheckExact(v)) return PyList_GET_SIZE(v) == 0;
+    if (PyDict_CheckExact(v)) return PyDict_GET_SIZE(v) == 0;
     int full = PyObject_IsTrue(v);
     return full < 0 ? -1 : !full;
 }
@@ -2612,23 +2615,31 @@ static long long plain_int(PyObject *o, long long lo, long long hi) {
 /* A matcher's int slot (rank, size, etag): LLONG_MIN with an error if unset. */
 static long long matcher_int(PyObject *m, int name) {
     PyObject *v = slot_attr(m, matcher_at, name);
-    long long x = v ? PyLong_AsLongLong(v) : -1;
-    return x == -1 && PyErr_Occurred() ? LLONG_MIN : x;
+    int overflow = 0;  /* (AndOverflow: a loop over the digits, where PyLong_AsLongLong copies bytes for a large one) */
+    long long x = v ? PyLong_AsLongLongAndOverflow(v, &overflow) : -1;
+    if (overflow) PyErr_Format(PyExc_OverflowError, "the matcher's %U is out of range", names[name]);
+    return (x == -1 && PyErr_Occurred()) || overflow ? LLONG_MIN : x;
+}
+
+/* Whether the core may move matcher ``m``'s envelopes: the core chosen,
+ * the matcher's network the live world's, nothing broken. 1 yes, 0 no, -1
+ * on error. */
+static int matcher_live(PyObject *m) {
+    if (!core_chosen || !group_module_dict) return 0;
+    PyObject *w = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
+    if (!w || w == Py_None) return PyErr_Occurred() ? -1 : 0;
+    PyObject *net = slot_attr(m, matcher_at, N_NETWORK), *wnet;
+    if (!net || !hot_known(w, world_type, "world") || !(wnet = slot_attr(w, world_at, N_NETWORK))) return -1;
+    if (wnet != net) return 0;
+    int broken = network_broken(net);
+    return broken < 0 ? -1 : !broken;
 }
 
 /* The core's program for an envelope to (or, ``receiving``, from) group
- * rank ``rank`` of matcher ``m`` where the core may run it: the core
- * chosen, the matcher's network the live world's, nothing broken. A new
- * reference (the matcher makes it on first use), or NULL, with an error or
- * without (the core can't: the full path). */
+ * rank ``rank`` of a live matcher ``m`` (see matcher_live): a new reference
+ * (the matcher makes it on first use), or NULL, with an error or without
+ * (the core can't: the full path). */
 static CoreProgram *matcher_program(PyObject *m, long long rank, int receiving) {
-    if (!core_chosen || !group_module_dict) return NULL;
-    PyObject *w = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
-    if (!w || w == Py_None) return NULL;
-    PyObject *net = slot_attr(m, matcher_at, N_NETWORK), *wnet;
-    if (!net || !hot_known(w, world_type, "world") || !(wnet = slot_attr(w, world_at, N_NETWORK)) || wnet != net
-        || network_broken(net) != 0)
-        return NULL;
     PyObject *programs = slot_attr(m, matcher_at, receiving ? N_CORE_RECVS : N_CORE_SENDS);
     if (!programs || !PyList_Check(programs) || rank >= PyList_GET_SIZE(programs)) return NULL;
     PyObject *p = PyList_GET_ITEM(programs, rank);
@@ -2689,9 +2700,26 @@ static PyObject *matcher_take(PyObject *m, CoreProgram *p, long long from, long 
     if (etag == LLONG_MIN || !spill) return NULL;
     int64_t tag = 0, size = 0;
     switch (envelope_recv(p, etag, 0, want, dst, spill, &tag, &size, &payload)) {
-    case ENVELOPE_WANTED:
-        return Py_BuildValue("(LLLO)N", from, (long long)tag, (long long)size, Py_False,
-                             payload ? payload : Py_NewRef(Py_None));
+    case ENVELOPE_WANTED: {
+        PyObject *fields = PyTuple_New(4), *result = fields ? PyTuple_New(2) : NULL;
+        if (!result) {
+            Py_XDECREF(fields);
+            Py_XDECREF(payload);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(fields, 0, PyLong_FromLongLong(from));
+        PyTuple_SET_ITEM(fields, 1, PyLong_FromLongLong(tag));
+        PyTuple_SET_ITEM(fields, 2, PyLong_FromLongLong(size));
+        PyTuple_SET_ITEM(fields, 3, Py_NewRef(Py_False));
+        PyTuple_SET_ITEM(result, 0, fields);
+        PyTuple_SET_ITEM(result, 1, payload ? payload : Py_NewRef(Py_None));
+        for (int i = 0; i < 3; i++)
+            if (!PyTuple_GET_ITEM(fields, i)) {
+                Py_DECREF(result);
+                return NULL;
+            }
+        return result;
+    }
     case ENVELOPE_OTHER: {
         PyObject *r = PyLong_FromLongLong(from);
         PyObject *kept = r ? PyObject_CallMethodObjArgs(m, names[N_ENVELOPE], r, spill, NULL) : NULL;
@@ -2707,51 +2735,44 @@ static PyObject *matcher_take(PyObject *m, CoreProgram *p, long long from, long 
     }
 }
 
-static int is_matcher(PyObject *m) {
-    if (matcher_type && Py_IS_TYPE(m, matcher_type)) return 1;
-    PyErr_Format(PyExc_TypeError, "the core does not know this matcher (set_matcher): %R", m);
-    return 0;
-}
-
-/* A communicator's matcher where the core may use it (borrowed): made, and
- * made for the communicator's own group (an intercommunicator's is its two
- * groups', whose ranks it numbers otherwise). NULL, with an error or
- * without (the full path), otherwise. */
-static PyObject *comm_matcher(PyObject *comm) {
-    PyObject *m = PyObject_GetAttr(comm, names[N_MATCHER]), *g = NULL, *mine;
-    if (m && m != Py_None && is_matcher(m) && (g = PyObject_GetAttr(comm, names[N_COMM_GROUP]))
-        && (mine = slot_attr(m, matcher_at, N_GROUP)) && mine == g) {
-        Py_DECREF(g);
-        Py_DECREF(m);  /* the communicator holds it */
-        return m;
+/* The matcher ``m`` (a communicator's, passed with its ``group``) where
+ * the core may move its envelopes: made (not None), made for that group
+ * (an intercommunicator's is its two groups', whose ranks it numbers
+ * otherwise), and live (matcher_live). 1 yes, 0 no, -1 on error. */
+static int matcher_usable(PyObject *m, PyObject *group) {
+    if (m == Py_None) return 0;
+    if (!matcher_type || !Py_IS_TYPE(m, matcher_type)) {
+        PyErr_Format(PyExc_TypeError, "the core does not know this matcher (set_matcher): %R", m);
+        return -1;
     }
-    Py_XDECREF(g);
-    Py_XDECREF(m);
-    return NULL;
+    PyObject *mine = slot_attr(m, matcher_at, N_GROUP);
+    if (!mine) return -1;
+    return mine == group ? matcher_live(m) : 0;
 }
 
-/* mpi_send(comm, data, dest, tag) -> whether the core sent ``data`` (bytes,
- * a blocking standard send's payload) to rank ``dest`` of communicator
- * ``comm``: then the send is complete. False: the full path sends it. */
+/* mpi_send(matcher, group, data, dest, tag) -> whether the core sent
+ * ``data`` (bytes, a blocking standard send's payload) to rank ``dest`` of
+ * the communicator whose matcher and group these are: then the send is
+ * complete. False: the full path sends it. */
 static PyObject *py_mpi_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "mpi_send(comm, data, dest, tag)");
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "mpi_send(matcher, group, data, dest, tag)");
         return NULL;
     }
-    PyObject *m = comm_matcher(args[0]);
-    if (!m) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
-    long long to, tag;
+    PyObject *m = args[0], *lock;
+    int usable = matcher_usable(m, args[1]);
+    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_False);
+    long long to, tag, etag = matcher_int(m, N_ETAG);
+    if (etag == LLONG_MIN || !(lock = slot_attr(m, matcher_at, N_LOCK))) return NULL;
     Py_buffer d;
-    int ok = send_allowed(m, args[1], args[2], args[3], &to, &tag, &d);
+    int ok = send_allowed(m, args[2], args[3], args[4], &to, &tag, &d);
     if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
     int sent = -1;
-    long long etag = matcher_int(m, N_ETAG);
-    PyObject *lock = slot_attr(m, matcher_at, N_LOCK);
-    CoreProgram *p = etag == LLONG_MIN || !lock ? NULL : matcher_program(m, to, 0);
+    CoreProgram *p = matcher_program(m, to, 0);
     if (p && lock_take(lock) == 0) {
         sent = envelope_send(p, etag, tag, d.buf, d.len);
         if (lock_give(lock) < 0) sent = -1;
-    } else if (!PyErr_Occurred()) {
+    } else if (!p && !PyErr_Occurred()) {
         sent = 0;
     }
     Py_XDECREF(p);
@@ -2759,48 +2780,50 @@ static PyObject *py_mpi_send(PyObject *self, PyObject *const *args, Py_ssize_t n
     return sent < 0 ? NULL : PyBool_FromLong(sent);
 }
 
-/* mpi_recv(comm, dst, source, tag) -> ((source, tag, size, False),
- * payload) of a blocking receive from rank ``source`` of ``comm`` that the
- * core completed (into ``dst``, bytes; or, ``dst`` None, an object: payload
- * is its pickle), or None: the full path receives (an envelope the core
- * took that this receive cannot have is the matcher's). */
+/* mpi_recv(matcher, group, dst, source, tag) -> ((source, tag, size,
+ * False), payload) of a blocking receive from rank ``source`` that the core
+ * completed (into ``dst``, bytes; or, ``dst`` None, an object: payload is
+ * its pickle), or None: the full path receives (an envelope the core took
+ * that this receive cannot have is the matcher's). */
 static PyObject *py_mpi_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "mpi_recv(comm, dst, source, tag)");
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "mpi_recv(matcher, group, dst, source, tag)");
         return NULL;
     }
-    PyObject *m = comm_matcher(args[0]), *lock, *got = NULL;
-    if (!m) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    PyObject *m = args[0], *lock, *got = NULL;
+    int usable = matcher_usable(m, args[1]);
+    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     long long from, want;
-    CoreProgram *p = recv_program(m, args[2], args[3], &from, &want);
+    CoreProgram *p = recv_program(m, args[3], args[4], &from, &want);
     if (!p) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
     if ((lock = slot_attr(m, matcher_at, N_LOCK)) && lock_take(lock) == 0) {
-        got = matcher_take(m, p, from, want, args[1]);
+        got = matcher_take(m, p, from, want, args[2]);
         if (lock_give(lock) < 0) Py_CLEAR(got);
     }
     Py_DECREF(p);
     return got;
 }
 
-/* mpi_exchange(comm, data, dest, sendtag, source, recvtag) -> a sendrecv
- * of an object by the core: mpi_send's send, then, where the core may take
- * it, mpi_recv's receive (dst None), under one hold of the lock. None:
- * nothing went (the full path does both); False: sent, and the full path
- * receives; else mpi_recv's result. */
+/* mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag) -> a
+ * sendrecv of an object by the core: mpi_send's send, then, where the
+ * core may take it, mpi_recv's receive (dst None), under one hold of the
+ * lock. None: nothing went (the full path does both); False: sent, and
+ * the full path receives; else mpi_recv's result. */
 static PyObject *py_mpi_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "mpi_exchange(comm, data, dest, sendtag, source, recvtag)");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag)");
         return NULL;
     }
-    PyObject *m = comm_matcher(args[0]), *lock, *result = NULL;
-    if (!m) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    PyObject *m = args[0], *lock, *result = NULL;
+    int usable = matcher_usable(m, args[1]);
+    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     long long to, tag, from = 0, want = 0, etag = matcher_int(m, N_ETAG);
     if (etag == LLONG_MIN || !(lock = slot_attr(m, matcher_at, N_LOCK))) return NULL;
     Py_buffer d;
-    int ok = send_allowed(m, args[1], args[2], args[3], &to, &tag, &d);
+    int ok = send_allowed(m, args[2], args[3], args[4], &to, &tag, &d);
     if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
     CoreProgram *send = matcher_program(m, to, 0), *recv = NULL;
-    if (send && !(recv = recv_program(m, args[4], args[5], &from, &want)) && PyErr_Occurred()) goto out;
+    if (send && !(recv = recv_program(m, args[5], args[6], &from, &want)) && PyErr_Occurred()) goto out;
     if (!send) {
         if (!PyErr_Occurred()) result = Py_NewRef(Py_None);
         goto out;
@@ -2833,7 +2856,8 @@ static PyObject *py_mpi_envelope(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     PyObject *m = args[0], *lock, *envelopes, *spill, *result = NULL;
-    if (!is_matcher(m)) return NULL;
+    int usable = matcher_usable(m, slot_attr(m, matcher_at, N_GROUP));  /* whichever group it is for */
+    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_False);
     long long size = matcher_int(m, N_SIZE), rank = matcher_int(m, N_RANK), etag = matcher_int(m, N_ETAG);
     if (size == LLONG_MIN || rank == LLONG_MIN || etag == LLONG_MIN || !(lock = slot_attr(m, matcher_at, N_LOCK))
         || !(envelopes = slot_attr(m, matcher_at, N_ENVELOPES)) || !(spill = slot_attr(m, matcher_at, N_ENVELOPE_IN)))
@@ -2893,11 +2917,11 @@ static PyMethodDef methods[] = {
     {"comm_size", py_comm_size, METH_O, "comm_size(comm) -> an MPI communicator's size (Comm.size; see _core.c)."},
     {"set_matcher", py_set_matcher, METH_O, "set_matcher(_Matcher): where its books are (compat/mpi/p2p.py)."},
     {"mpi_send", (PyCFunction)(void (*)(void))py_mpi_send, METH_FASTCALL,
-     "mpi_send(comm, data, dest, tag) -> whether the core sent it (see _core.c)."},
+     "mpi_send(matcher, group, data, dest, tag) -> whether the core sent it (see _core.c)."},
     {"mpi_recv", (PyCFunction)(void (*)(void))py_mpi_recv, METH_FASTCALL,
-     "mpi_recv(comm, dst, source, tag) -> ((source, tag, size, False), payload) or None (see _core.c)."},
+     "mpi_recv(matcher, group, dst, source, tag) -> ((source, tag, size, False), payload) or None."},
     {"mpi_exchange", (PyCFunction)(void (*)(void))py_mpi_exchange, METH_FASTCALL,
-     "mpi_exchange(comm, data, dest, sendtag, source, recvtag) -> None, False or mpi_recv's (see _core.c)."},
+     "mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag) -> None, False or mpi_recv's."},
     {"mpi_envelope", (PyCFunction)(void (*)(void))py_mpi_envelope, METH_FASTCALL,
      "mpi_envelope(matcher, source) -> whether the core took source's next envelope for the matcher."},
     {"rooted_round", (PyCFunction)(void (*)(void))py_rooted_round, METH_FASTCALL,

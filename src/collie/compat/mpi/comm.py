@@ -656,7 +656,7 @@ class Comm(_Handled, _Attributed):
         data = _bare_bytes(buf, False)
         if data is None:
             self.Isend(buf, dest, tag).Wait()
-        elif not core_send(self, data, dest, tag):
+        elif not core_send(self._matcher, self._group, data, dest, tag):
             self._send(data, dest, tag, "Send").Wait()
 
     Bsend = Send
@@ -671,7 +671,7 @@ class Comm(_Handled, _Attributed):
             return _done_request()
         data = _bare_bytes(buf, False)
         if data is not None:  # a bare array: no buffer spec to read
-            if not _sync and core_send(self, data, dest, tag):
+            if not _sync and core_send(self._matcher, self._group, data, dest, tag):
                 return _done_request()  # sent already: the buffer is free
             return self._send(data, dest, tag, "Send", sync=_sync)
         b = _Buf(buf, "Isend buf", writable=False, empty_ok=True)
@@ -689,7 +689,7 @@ class Comm(_Handled, _Attributed):
         if dst is None:
             self.Irecv(buf, source, tag).Wait(status)
             return
-        got = core_recv(self, dst, source, tag)
+        got = core_recv(self._matcher, self._group, dst, source, tag)
         if got is None:
             self._recv(dst, source, tag, "Recv").Wait(status)
         else:
@@ -708,7 +708,7 @@ class Comm(_Handled, _Attributed):
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Send and receive at once: no ordering of the two can deadlock."""
         data = _bare_bytes(sendbuf, False)
-        if data is not None and core_send(self, data, dest, sendtag):  # sent already: the receive may block
+        if data is not None and core_send(self._matcher, self._group, data, dest, sendtag):  # sent already: the receive may block
             self.Recv(recvbuf, source, recvtag, status)
             return
         rreq = self.Irecv(recvbuf, source, recvtag)
@@ -787,7 +787,7 @@ class Comm(_Handled, _Attributed):
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
         data = b"" if dest == PROC_NULL else _pickle.dumps(obj)
-        if not core_send(self, data, dest, tag):
+        if not core_send(self._matcher, self._group, data, dest, tag):
             self._send(memoryview(data), dest, tag, "send").Wait()
 
     bsend = send
@@ -810,7 +810,7 @@ class Comm(_Handled, _Attributed):
         not needed here: the message's size is known before it is received."""
         if buf is not None:
             warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
-        got = core_recv(self, None, source, tag)
+        got = core_recv(self._matcher, self._group, None, source, tag)
         if got is not None:
             _fill(status, got[0])
             return _pickle.loads(got[1]) if got[1] else None
@@ -822,7 +822,7 @@ class Comm(_Handled, _Attributed):
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
         data = b"" if dest == PROC_NULL else _pickle.dumps(sendobj)
-        got = core_exchange(self, data, dest, sendtag, source, recvtag)
+        got = core_exchange(self._matcher, self._group, data, dest, sendtag, source, recvtag)
         if got is False:
             return self.recv(None, source, recvtag, status)  # sent already: the receive may block
         if got is not None:

@@ -104,8 +104,8 @@ class _Matcher:
 
     # The compiled core's path (_core.c, "the MPI layer's envelopes"; the
     # module's core_send, core_recv and core_exchange, which a communicator
-    # calls with itself, and core_envelope, which a request calls with its
-    # matcher): a send of a payload that rides in its envelope puts the
+    # calls with its matcher (None until made) and its group, and
+    # core_envelope, which a request calls with its matcher): a send of a payload that rides in its envelope puts the
     # envelope in the peer's ring from C; a blocking receive from one rank,
     # while this communicator has nothing else to match, takes that rank's
     # next envelope from the ring in C, and a waited receive request has the
@@ -299,13 +299,13 @@ if core._core is not None:
     core_send, core_recv = core._core.mpi_send, core._core.mpi_recv
     core_exchange, core_envelope = core._core.mpi_exchange, core._core.mpi_envelope
 else:  # no compiled core: every call takes the full path
-    def core_send(comm, data, dest, tag) -> bool:
+    def core_send(m: Optional[_Matcher], group, data, dest, tag) -> bool:
         return False
 
-    def core_recv(comm, dst, source, tag) -> None:
+    def core_recv(m: Optional[_Matcher], group, dst, source, tag) -> None:
         return None
 
-    def core_exchange(comm, data, dest, sendtag, source, recvtag) -> None:
+    def core_exchange(m: Optional[_Matcher], group, data, dest, sendtag, source, recvtag) -> None:
         return None
 
     def core_envelope(m: _Matcher, source) -> bool:
