@@ -346,6 +346,67 @@ def test_blocking_send_and_recv_through_the_core_keep_mpi_matching():
     assert core_took == (core.EXECUTOR == "c")
 
 
+def _any_source_body(rank, size):
+    MPI = mpi()
+    from collie.compat.mpi import comm as comm_module, request as request_module
+    comm = MPI.COMM_WORLD
+    took = []
+
+    def spying(real):
+        def spy(*args):
+            got = real(*args)
+            took.append(got is not None)
+            return got
+        return spy
+    comm_module.core_recv = spying(comm_module.core_recv)
+    request_module.core_recv = spying(request_module.core_recv)
+    got = []
+    for i in range(20):
+        if rank == 0:
+            st = MPI.Status()
+            for _ in range(size - 1):  # from whoever comes first, each once
+                obj = comm.recv(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st)
+                got.append((st.Get_source(), st.Get_tag(), obj))
+            for r in range(1, size):
+                comm.send(None, dest=r, tag=8)  # go on: no message of theirs is left for ANY_TAG to take
+            for _ in range(1, size):  # waited irecvs: from any source, then from each
+                got.append(("irecv", comm.irecv(source=MPI.ANY_SOURCE, tag=7).wait(st), st.Get_source()))
+            for r in range(1, size):
+                got.append(("irecv", comm.irecv(source=r, tag=6).wait(st), st.Get_source()))
+            req = comm.isend(i, dest=1, tag=9)  # an envelope that fits: sent at once
+            got.append(("isend", req.test()))
+        else:
+            comm.send({"from": rank, "i": i}, dest=0, tag=rank)
+            comm.recv(source=0, tag=8)
+            comm.send(-rank, dest=0, tag=7)
+            comm.send(10 * rank, dest=0, tag=6)
+            if rank == 1:
+                got.append(comm.recv(source=0, tag=9))
+    comm_module.core_recv = comm_module.core_recv.__closure__[0].cell_contents
+    request_module.core_recv = request_module.core_recv.__closure__[0].cell_contents
+    return got, sum(took)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_any_source_receives_and_waited_irecvs_take_the_core(n):
+    """recv(ANY_SOURCE) and a waited irecv that is its communicator's only
+    posted receive are received by the compiled core as a blocking receive
+    from one rank is (status and matching as MPI's); an isend whose
+    envelope went is complete at once."""
+    from collie import core
+    results = run(_any_source_body, n)
+    got, took = results[0]
+    per = 3 * (n - 1) + 1
+    for i in range(20):
+        step = got[i * per:(i + 1) * per]
+        assert sorted(step[:n - 1], key=str) == [(r, r, {"from": r, "i": i}) for r in range(1, n)]
+        assert sorted(step[n - 1:2 * n - 2]) == sorted(("irecv", -r, r) for r in range(1, n))
+        assert step[2 * n - 2:3 * n - 3] == [("irecv", 10 * r, r) for r in range(1, n)]
+        assert step[-1] == ("isend", (True, None))
+    assert results[1][0] == list(range(20))
+    assert (took > 0) == (core.EXECUTOR == "c")  # (how many: as the peers keep up with the spin)
+
+
 def _send_beside_a_posted_receive_body(rank, size):
     MPI = mpi()
     comm = MPI.COMM_WORLD

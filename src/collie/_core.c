@@ -845,9 +845,14 @@ static __thread double thread_spin = -1;
  * send j done, bit nsend + j: receive j done). With ``times``, step i's
  * start and end (seconds since the epoch, as time.time()) go to
  * times[2i] and times[2i + 1]: what a trace records. */
+/* How long a receive of ``self`` spins on this thread before Python takes over. */
+static double spin_of(CoreProgram *self) {
+    return thread_spin >= 0 && thread_spin < self->spin ? thread_spin : self->spin;
+}
+
 static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag, uint64_t meta,
                      int *locals_done, uint64_t *mask, double *times, gil_t *gil) {
-    double spin = thread_spin >= 0 && thread_spin < self->spin ? thread_spin : self->spin;
+    double spin = spin_of(self);
     int crowded = self->crowded;
     kernel_t kernel = self->op >= 0 ? kernels[self->dtype] : NULL;
     for (int i = start; i < self->nsteps; i++) {
@@ -2670,23 +2675,29 @@ static int send_allowed(PyObject *m, PyObject *data, PyObject *dest, PyObject *t
     return 1;
 }
 
-/* The receive half: the program for a receive from ``source`` with tag
- * ``tag_obj`` (``want``: it as a long long) where the core may take
- * source's next envelope: another rank, a tag >= 0 or ANY_TAG, nothing else
- * of the communicator that could match first (posted receives, messages
- * not yet matched, envelope receives in flight, probes, lost peers). NULL,
- * with an error or without, otherwise. */
+/* The receive half: whether the core may take the next envelope for a
+ * receive with tag ``tag_obj`` (``want``: it as a long long): a tag >= 0 or
+ * ANY_TAG, and nothing else of the communicator that could match first
+ * (posted receives, messages not yet matched, envelope receives in flight,
+ * probes, lost peers). 1 yes, 0 no, -1 on error. */
+static int recv_allowed(PyObject *m, PyObject *tag_obj, long long *want) {
+    *want = plain_int(tag_obj, -1, LLONG_MAX);  /* -1: MPI.ANY_TAG */
+    if (*want == LLONG_MIN) return 0;
+    static const int books[] = {N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST};
+    for (size_t i = 0; i < sizeof books / sizeof books[0]; i++) {
+        int empty = slot_empty(m, matcher_at, books[i]);
+        if (empty != 1) return empty;
+    }
+    return 1;
+}
+
+/* The program for a receive from ``source`` (another rank) with tag
+ * ``tag_obj`` where recv_allowed: NULL, with an error or without, otherwise. */
 static CoreProgram *recv_program(PyObject *m, PyObject *source, PyObject *tag_obj, long long *from, long long *want) {
     long long size = matcher_int(m, N_SIZE), rank = matcher_int(m, N_RANK);
     if (size == LLONG_MIN || rank == LLONG_MIN) return NULL;
     *from = plain_int(source, 0, size);
-    *want = plain_int(tag_obj, -1, LLONG_MAX);  /* -1: MPI.ANY_TAG */
-    if (*from == LLONG_MIN || *from == rank || *want == LLONG_MIN) return NULL;
-    static const int books[] = {N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST};
-    for (size_t i = 0; i < sizeof books / sizeof books[0]; i++) {
-        int empty = slot_empty(m, matcher_at, books[i]);
-        if (empty != 1) return NULL;
-    }
+    if (*from == LLONG_MIN || *from == rank || recv_allowed(m, tag_obj, want) != 1) return NULL;
     return matcher_program(m, *from, 1);
 }
 
@@ -2735,6 +2746,54 @@ static PyObject *matcher_take(PyObject *m, CoreProgram *p, long long from, long 
     }
 }
 
+/* A receive from MPI.ANY_SOURCE by the core, under the lock: the first
+ * envelope of this communicator (its envelope tag at a ring's head) from
+ * any other rank, taken as matcher_take takes it, spinning at most as long
+ * as a small program keeps the GIL (GIL_HOLD) for one to come. None: none
+ * came, or a peer the core cannot take from (the full path receives). */
+static PyObject *any_source_take(PyObject *m, long long want, PyObject *dst) {
+    long long size = matcher_int(m, N_SIZE), rank = matcher_int(m, N_RANK), etag = matcher_int(m, N_ETAG);
+    if (size == LLONG_MIN || rank == LLONG_MIN || etag == LLONG_MIN) return NULL;
+    CoreProgram **from = PyMem_Calloc(size > 0 ? size : 1, sizeof *from);
+    if (!from) return PyErr_NoMemory();
+    PyObject *got = NULL;
+    int every = 1;
+    double spin = GIL_HOLD;
+    for (long long q = 0; every && q < size; q++) {
+        if (q == rank) continue;
+        from[q] = matcher_program(m, q, 1);
+        every = from[q] && from[q]->peers[0].shm;
+        if (every && spin_of(from[q]) < spin) spin = spin_of(from[q]);
+    }
+    if (!every) {  /* a peer on another transport, or no program: Python's progress watches them all */
+        if (!PyErr_Occurred()) got = Py_NewRef(Py_None);
+        goto out;
+    }
+    double deadline = 0;
+    for (int spun = 0;;) {
+        for (long long q = 0; q < size; q++) {
+            if (q == rank) continue;
+            ring_t *r = &from[q]->peers[0].in;
+            int64_t tail = *r->tail;
+            if (__atomic_load_n(r->head, __ATOMIC_ACQUIRE) == tail) continue;
+            int64_t head_tag;
+            memcpy(&head_tag, r->headers + tail % r->slots * LINE, sizeof head_tag);
+            if (head_tag != etag) continue;  /* another call's: not ours to take */
+            got = matcher_take(m, from[q], q, want, dst);
+            goto out;
+        }
+        double t = now_seconds();
+        if (!spun) { deadline = t + spin; spun = 1; }
+        else if (t >= deadline) break;
+        __builtin_ia32_pause();
+    }
+    got = Py_NewRef(Py_None);
+out:
+    for (long long q = 0; q < size; q++) Py_XDECREF(from[q]);
+    PyMem_Free(from);
+    return got;
+}
+
 /* The matcher ``m`` (a communicator's, passed with its ``group``) where
  * the core may move its envelopes: made (not None), made for that group
  * (an intercommunicator's is its two groups', whose ranks it numbers
@@ -2781,10 +2840,11 @@ static PyObject *py_mpi_send(PyObject *self, PyObject *const *args, Py_ssize_t n
 }
 
 /* mpi_recv(matcher, group, dst, source, tag) -> ((source, tag, size,
- * False), payload) of a blocking receive from rank ``source`` that the core
- * completed (into ``dst``, bytes; or, ``dst`` None, an object: payload is
- * its pickle), or None: the full path receives (an envelope the core took
- * that this receive cannot have is the matcher's). */
+ * False), payload) of a blocking receive from rank ``source`` (or
+ * MPI.ANY_SOURCE, -1: any_source_take) that the core completed (into
+ * ``dst``, bytes; or, ``dst`` None, an object: payload is its pickle), or
+ * None: the full path receives (an envelope the core took that this
+ * receive cannot have is the matcher's). */
 static PyObject *py_mpi_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "mpi_recv(matcher, group, dst, source, tag)");
@@ -2794,6 +2854,15 @@ static PyObject *py_mpi_recv(PyObject *self, PyObject *const *args, Py_ssize_t n
     int usable = matcher_usable(m, args[1]);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     long long from, want;
+    if (plain_int(args[3], -1, 0) == -1) {  /* MPI.ANY_SOURCE */
+        int allowed = recv_allowed(m, args[4], &want);
+        if (allowed <= 0) return allowed < 0 ? NULL : Py_NewRef(Py_None);
+        if ((lock = slot_attr(m, matcher_at, N_LOCK)) && lock_take(lock) == 0) {
+            got = any_source_take(m, want, args[2]);
+            if (lock_give(lock) < 0) Py_CLEAR(got);
+        }
+        return got;
+    }
     CoreProgram *p = recv_program(m, args[3], args[4], &from, &want);
     if (!p) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
     if ((lock = slot_attr(m, matcher_at, N_LOCK)) && lock_take(lock) == 0) {

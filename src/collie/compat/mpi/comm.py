@@ -610,10 +610,9 @@ class Comm(_Handled, _Attributed):
             return _done_request((PROC_NULL, ANY_TAG, 0, False))
         op = _Recv(source, tag, dst)
         m.post(op)
-        src = "any rank" if source == ANY_SOURCE else f"rank {source}"
-        tags = "any tag" if tag == ANY_TAG else f"tag {tag}"
         return Request(m.network, recv=op, matcher=m, after=after, keep=keep, timeout=m.group.timeout,
-                       describe=lambda: f"{what} from {src} ({tags}) of {self._name}")
+                       describe=lambda: f"{what} from {'any rank' if source == ANY_SOURCE else f'rank {source}'} "
+                                        f"({'any tag' if tag == ANY_TAG else f'tag {tag}'}) of {self._name}")
 
     def _envelope(self, source, tag, block: bool, what: str):
         """(matcher, source, the first message matching source and tag, or
@@ -798,6 +797,8 @@ class Comm(_Handled, _Attributed):
     def isend(self, obj, dest: int, tag: int = 0, *, _sync: bool = False) -> Request:
         """Send an object, pickled with MPI.pickle."""
         data = b"" if dest == PROC_NULL else _pickle.dumps(obj)
+        if not _sync and core_send(self._matcher, self._group, data, dest, tag):
+            return _done_request()  # sent already: nothing left to do
         return self._send(memoryview(data), dest, tag, "send", sync=_sync)
 
     ibsend = isend

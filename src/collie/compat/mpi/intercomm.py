@@ -135,7 +135,7 @@ class Intercomm(Comm):
         pair = self._x(what).pair
         m = _matcher_of.get(pair)
         if m is None:
-            m = _matcher_of[pair] = _Matcher(pair, self._name)
+            m = _matcher_of[pair] = _Matcher(pair, self._name, inter=True)
         self._matcher = m
         return m
 

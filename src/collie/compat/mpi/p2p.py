@@ -74,12 +74,14 @@ class _Matcher:
     """The MPI point-to-point state of one communicator. Its books are
     slots: the compiled core reads them at their offsets (_core.set_matcher)."""
 
-    __slots__ = ("group", "name", "network", "lock", "rank", "size", "etag", "ptag", "atag", "posted", "unmatched",
-                 "envelopes", "probes", "lost", "syncs", "next_sync", "acks_in", "acks_out", "core_sends",
-                 "core_recvs", "envelope_in", "__weakref__")
+    __slots__ = ("group", "name", "inter", "network", "lock", "rank", "size", "etag", "ptag", "atag", "posted",
+                 "unmatched", "envelopes", "probes", "lost", "syncs", "next_sync", "acks_in", "acks_out",
+                 "core_sends", "core_recvs", "envelope_in", "__weakref__")
 
-    def __init__(self, group: ProcessGroup, name: str):
-        self.group, self.name = group, name
+    def __init__(self, group: ProcessGroup, name: str, inter: bool = False):
+        """``inter``: an intercommunicator's, whose group is its two groups
+        (remote ranks first): only the remote ones send it messages."""
+        self.group, self.name, self.inter = group, name, inter
         self.network = group.network
         self.lock = group.network.lock
         self.rank, self.size = group.rank, group.size

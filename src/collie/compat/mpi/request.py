@@ -15,7 +15,7 @@ import traceback
 import weakref
 from typing import Any, Callable, Optional, Sequence
 from .constants import ANY_SOURCE, ANY_TAG, SUCCESS, UNDEFINED
-from .p2p import _Recv, _progress, _wait_until, core_envelope
+from .p2p import _Message, _Recv, _progress, _wait_until, core_envelope, core_recv
 from .pickling import pickle as _pickle
 from .status import Status
 
@@ -155,15 +155,30 @@ class Request:
     # ---- one request ----
 
     def _pull(self) -> None:
-        """A receive still waiting for its envelope: have the compiled core
-        take its source's next one (p2p.core_envelope)."""
-        op = self._recv
-        if op is not None and op.msg is None and not self._done and self._matcher is not None:
-            core_envelope(self._matcher, op.source)
+        """A receive still waiting for its envelope: where it is its
+        communicator's only posted receive, have the compiled core receive
+        it as a blocking receive would (p2p.core_recv; any source only on an
+        intracommunicator, whose every rank is one); else have the core take
+        its source's next envelope for the matcher (p2p.core_envelope)."""
+        op, m = self._recv, self._matcher
+        if op is None or op.msg is not None or self._done or m is None:
+            return
+        posted = m.posted
+        if len(posted) != 1 or posted[0] is not op or (op.source < 0 and m.inter):
+            core_envelope(m, op.source)
+            return
+        posted.pop()
+        got = core_recv(m, m.group, op.dst, op.source, op.tag)
+        if got is None:
+            m.post(op)  # back: an envelope the core left with the matcher meets it as progress would
+        else:
+            (source, tag, nbytes, _), payload = got
+            op.msg = _Message(source, tag, nbytes, payload)
+            op.msg.matched = True  # a standard send's: no ack to send
 
     def Wait(self, status: Optional[Status] = None) -> bool:
         # An asynchronous collective blocks in its own wait (in _finish).
-        if self._active() and self._work is None and not self._ready():
+        if not self._done and self._work is None and not self._ready():
             self._pull()
             if not self._ready():
                 _wait_until(self._ready, self._network, self._timeout, self._describe, self._requests)
