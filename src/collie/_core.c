@@ -2546,9 +2546,10 @@ static PyObject *py_rooted_round(PyObject *self, PyObject *const *args, Py_ssize
         || PyObject_GetBuffer(every, &be, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
         goto out;
     int fits = 1;
-    if (payloads != Py_None
-        && (fits = gather ? pack_into(bm.buf, bm.len, payloads, bm.len) : pack_into(be.buf, be.len, payloads, bm.len)) < 0)
-        goto out;
+    if (payloads != Py_None) {  /* a gather's own slot, or a scatter root's one per rank */
+        fits = gather ? pack_into(bm.buf, bm.len, payloads, bm.len) : pack_into(be.buf, be.len, payloads, bm.len);
+        if (fits < 0) goto out;
+    }
     /* rooted_blocks' lane: its arrays in sorted order, "in" then "out" */
     arrays = !is_root ? PyTuple_Pack(1, mine) : gather ? PyTuple_Pack(2, mine, every) : PyTuple_Pack(2, every, mine);
     if (!arrays) goto out;
@@ -2757,13 +2758,14 @@ static PyObject *any_source_take(PyObject *m, long long want, PyObject *dst) {
     CoreProgram **from = PyMem_Calloc(size > 0 ? size : 1, sizeof *from);
     if (!from) return PyErr_NoMemory();
     PyObject *got = NULL;
-    int every = 1;
+    int every = 1, crowded = 0;
     double spin = GIL_HOLD;
     for (long long q = 0; every && q < size; q++) {
         if (q == rank) continue;
         from[q] = matcher_program(m, q, 1);
         every = from[q] && from[q]->peers[0].shm;
         if (every && spin_of(from[q]) < spin) spin = spin_of(from[q]);
+        if (every) crowded |= from[q]->crowded;
     }
     if (!every) {  /* a peer on another transport, or no program: Python's progress watches them all */
         if (!PyErr_Occurred()) got = Py_NewRef(Py_None);
@@ -2785,7 +2787,8 @@ static PyObject *any_source_take(PyObject *m, long long want, PyObject *dst) {
         double t = now_seconds();
         if (!spun) { deadline = t + spin; spun = 1; }
         else if (t >= deadline) break;
-        __builtin_ia32_pause();
+        if (crowded) sched_yield();  /* more ranks than cores: the sender may need this one */
+        else __builtin_ia32_pause();
     }
     got = Py_NewRef(Py_None);
 out:

@@ -707,8 +707,8 @@ class Comm(_Handled, _Attributed):
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Send and receive at once: no ordering of the two can deadlock."""
         data = _bare_bytes(sendbuf, False)
-        if data is not None and core_send(self._matcher, self._group, data, dest, sendtag):  # sent already: the receive may block
-            self.Recv(recvbuf, source, recvtag, status)
+        if data is not None and core_send(self._matcher, self._group, data, dest, sendtag):
+            self.Recv(recvbuf, source, recvtag, status)  # sent already: the receive may block
             return
         rreq = self.Irecv(recvbuf, source, recvtag)
         sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag) if data is None

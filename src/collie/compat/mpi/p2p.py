@@ -107,14 +107,16 @@ class _Matcher:
     # The compiled core's path (_core.c, "the MPI layer's envelopes"; the
     # module's core_send, core_recv and core_exchange, which a communicator
     # calls with its matcher (None until made) and its group, and
-    # core_envelope, which a request calls with its matcher): a send of a payload that rides in its envelope puts the
-    # envelope in the peer's ring from C; a blocking receive from one rank,
-    # while this communicator has nothing else to match, takes that rank's
-    # next envelope from the ring in C, and a waited receive request has the
-    # core take its source's next envelope for the matcher. Anything else
-    # (an envelope that is not the one wanted, a full ring, a peer slower
-    # than the spin) goes the full path, which the envelope joins as if
-    # progress had taken it in (_envelope, which the core calls).
+    # core_envelope, which a request calls with its matcher): a send of a
+    # payload that rides in its envelope puts the envelope in the peer's
+    # ring from C; a blocking receive from one rank (or any, on an
+    # intracommunicator), while this communicator has nothing else to
+    # match, takes the next envelope from the ring in C, and a waited
+    # receive request is received that way where it is the only one posted,
+    # or has the core take its source's next envelope for the matcher.
+    # Anything else (an envelope that is not the one wanted, a full ring, a
+    # peer slower than the spin) goes the full path, which the envelope
+    # joins as if progress had taken it in (_envelope, which the core calls).
 
     def _core_program(self, rank: int, receiving: bool):
         """Make the core's program for an envelope to or from group rank

@@ -168,10 +168,13 @@ class Request:
             core_envelope(m, op.source)
             return
         posted.pop()
-        got = core_recv(m, m.group, op.dst, op.source, op.tag)
-        if got is None:
-            m.post(op)  # back: an envelope the core left with the matcher meets it as progress would
-        else:
+        got = None
+        try:
+            got = core_recv(m, m.group, op.dst, op.source, op.tag)
+        finally:
+            if got is None:
+                m.post(op)  # back: an envelope the core left with the matcher meets it as progress would
+        if got is not None:
             (source, tag, nbytes, _), payload = got
             op.msg = _Message(source, tag, nbytes, payload)
             op.msg.matched = True  # a standard send's: no ack to send
