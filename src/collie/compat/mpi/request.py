@@ -49,25 +49,42 @@ class Request:
 
     def __new__(cls, *args, **kwargs):
         # subclasses may call super().__new__(cls, request), as mpi4py allows
-        return super().__new__(cls)
+        return object.__new__(cls)  # (not super(): a request is made per message)
+
+    # What a request starts with; __init__ sets only the rest (a fifth of a
+    # small irecv's time was making its request).
+    _sends: tuple = ()
+    _recv: Optional[_Recv] = None
+    _matcher = _work = _keep = _after = None
+    _sync = None  # what a synchronous send waits to see matched (a local message or a _SyncSend)
+    _cancelled = False
+    _error: Optional[BaseException] = None
+    _result = None
 
     def __init__(self, network=None, *, sends=(), recv: Optional[_Recv] = None, matcher=None, work=None,
                  keep=None, after=None, timeout: float = 300.0,
                  describe: Callable[[], str] = lambda: "MPI request", status=None, sync=None):
-        if isinstance(network, Request):  # the copy constructor: the same request
-            _share(self, network)
-            return
-        if network is not None and not hasattr(network, "progress"):
-            raise TypeError(f"{type(self).__name__}() takes a Request to copy, got {type(network).__name__}")
-        self._network, self._sends, self._recv, self._matcher = network, tuple(sends), recv, matcher
-        self._work = work
-        self._keep, self._after, self._timeout, self._describe = keep, after, timeout, describe
-        self._sync = sync  # what a synchronous send waits to see matched (a local message or a _SyncSend)
-        self._cancelled = False
+        if network is not None:
+            if isinstance(network, Request):  # the copy constructor: the same request
+                _share(self, network)
+                return
+            if not hasattr(network, "progress"):
+                raise TypeError(f"{type(self).__name__}() takes a Request to copy, got {type(network).__name__}")
+        self._network, self._timeout, self._describe = network, timeout, describe
+        if sends:
+            self._sends = tuple(sends)
+        if recv is not None:
+            self._recv, self._matcher = recv, matcher
+        elif matcher is not None:
+            self._matcher = matcher
+        if work is not None:
+            self._work = work
+        if keep is not None or after is not None:
+            self._keep, self._after = keep, after
+        if sync is not None:
+            self._sync = sync
         # A request made with nothing to do is inactive (REQUEST_NULL); see _done_request.
         self._done = network is None and not sends and recv is None and work is None and status is None
-        self._error: Optional[BaseException] = None
-        self._result = None
         self._status = status  # (source, tag, nbytes, cancelled) once known
 
     # ---- the state of one request ----
