@@ -31,7 +31,7 @@ from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN
                         LASTUSEDCODE, PROC_NULL, TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
 from .op import SUM, Op, _buffer_op, _py_op
 from .p2p import _Matcher, _Recv, _SyncSend, _progress, _unregister, _wait_until, core_exchange, core_recv, core_send
-from .request import Prequest, Request, _done_request, _fill, _Partitioned
+from .request import Prequest, Request, _done_request, _fill, _Partitioned, _receive
 from .commctx import _comm_lock
 from .message import _mprobe
 from .pickling import pickle as _pickle
@@ -610,9 +610,9 @@ class Comm(_Handled, _Attributed):
             return _done_request((PROC_NULL, ANY_TAG, 0, False))
         op = _Recv(source, tag, dst)
         m.post(op)
-        return Request(m.network, recv=op, matcher=m, after=after, keep=keep, timeout=m.group.timeout,
-                       describe=lambda: f"{what} from {'any rank' if source == ANY_SOURCE else f'rank {source}'} "
-                                        f"({'any tag' if tag == ANY_TAG else f'tag {tag}'}) of {self._name}")
+        return _receive(m.network, op, m, m.group.timeout,
+                        lambda: f"{what} from {'any rank' if source == ANY_SOURCE else f'rank {source}'} "
+                                f"({'any tag' if tag == ANY_TAG else f'tag {tag}'}) of {self._name}", after, keep)
 
     def _envelope(self, source, tag, block: bool, what: str):
         """(matcher, source, the first message matching source and tag, or
