@@ -105,7 +105,8 @@ class Request:
             return self._work.is_completed()
         if self._recv is not None:
             return self._recv.ready()
-        return all(r.finished for r in self._sends) and (self._sync is None or self._sync.matched)
+        sent = not self._sends or all(r.finished for r in self._sends)  # (no generator for a send done at once)
+        return sent and (self._sync is None or self._sync.matched)
 
     def _fields(self) -> Optional[tuple]:
         """The status of a ready request, before completing it (Get_status)."""
