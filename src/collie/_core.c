@@ -840,16 +840,16 @@ static int post_sends(CoreProgram *self, step_t *s, Py_buffer *bufs, int64_t tag
  * set_thread_spin(). */
 static __thread double thread_spin = -1;
 
-/* Run steps from ``start`` until one needs Python. Returns the step it
- * stopped at (nsteps: all done), and sets *locals_done and *mask (bit j:
- * send j done, bit nsend + j: receive j done). With ``times``, step i's
- * start and end (seconds since the epoch, as time.time()) go to
- * times[2i] and times[2i + 1]: what a trace records. */
 /* How long a receive of ``self`` spins on this thread before Python takes over. */
 static double spin_of(CoreProgram *self) {
     return thread_spin >= 0 && thread_spin < self->spin ? thread_spin : self->spin;
 }
 
+/* Run steps from ``start`` until one needs Python. Returns the step it
+ * stopped at (nsteps: all done), and sets *locals_done and *mask (bit j:
+ * send j done, bit nsend + j: receive j done). With ``times``, step i's
+ * start and end (seconds since the epoch, as time.time()) go to
+ * times[2i] and times[2i + 1]: what a trace records. */
 static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag, uint64_t meta,
                      int *locals_done, uint64_t *mask, double *times, gil_t *gil) {
     double spin = spin_of(self);
@@ -2580,10 +2580,11 @@ out:
  * collie.MPI matches messages in Python (compat/mpi/p2p.py's _Matcher),
  * each message an envelope (the MPI tag, the payload's size, a sync id)
  * with a small payload in place. Its blocking calls come here first: a
- * send whose payload rides in its envelope (mpi_send), a receive from one
- * rank while the communicator has nothing else that could match
- * (mpi_recv), the two at once (mpi_exchange), and a waited receive
- * request's next envelope (mpi_envelope). Each checks what the matcher
+ * send whose payload rides in its envelope (mpi_send, also for a small
+ * isend), a receive from one rank or any while the communicator has
+ * nothing else that could match (mpi_recv, also for a waited irecv that
+ * is the only one posted), the two at once (mpi_exchange), and a waited
+ * receive request's next envelope (mpi_envelope). Each checks what the matcher
  * would (the live world, nothing broken, the core chosen; a peer and a tag
  * it may take) and moves the envelope by the core's one-message program
  * for that peer, under the network's lock; whatever it does not do it
@@ -2760,12 +2761,13 @@ static PyObject *any_source_take(PyObject *m, long long want, PyObject *dst) {
     PyObject *got = NULL;
     int every = 1, crowded = 0;
     double spin = GIL_HOLD;
-    for (long long q = 0; every && q < size; q++) {
+    for (long long q = 0; q < size; q++) {
         if (q == rank) continue;
         from[q] = matcher_program(m, q, 1);
         every = from[q] && from[q]->peers[0].shm;
-        if (every && spin_of(from[q]) < spin) spin = spin_of(from[q]);
-        if (every) crowded |= from[q]->crowded;
+        if (!every) break;
+        spin = fmin(spin, spin_of(from[q]));
+        crowded |= from[q]->crowded;
     }
     if (!every) {  /* a peer on another transport, or no program: Python's progress watches them all */
         if (!PyErr_Occurred()) got = Py_NewRef(Py_None);

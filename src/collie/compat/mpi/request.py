@@ -74,8 +74,8 @@ class Request:
         if sends:
             self._sends = tuple(sends)
         if recv is not None:
-            self._recv, self._matcher = recv, matcher
-        elif matcher is not None:
+            self._recv = recv
+        if matcher is not None:
             self._matcher = matcher
         if work is not None:
             self._work = work
@@ -195,7 +195,7 @@ class Request:
         if got is not None:
             (source, tag, nbytes, _), payload = got
             op.msg = _Message(source, tag, nbytes, payload)
-            op.msg.matched = True  # a standard send's: no ack to send
+            m._matched(op.msg)  # (a standard send's, the only kind the core takes: nothing to ack)
 
     def Wait(self, status: Optional[Status] = None) -> bool:
         # An asynchronous collective blocks in its own wait (in _finish).
