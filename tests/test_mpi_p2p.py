@@ -407,6 +407,41 @@ def test_any_source_receives_and_waited_irecvs_take_the_core(n):
     assert (took > 0) == (core.EXECUTOR == "c")  # (how many: as the peers keep up with the spin)
 
 
+def _waited_once_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    peer = 1 - rank
+    out = []
+    for obj in ({"a": rank}, None, b"", list(range(50 + rank))):
+        req = comm.irecv(source=peer, tag=3)
+        sreq = comm.isend(obj, dest=peer, tag=3)
+        st = MPI.Status()
+        out.append((sreq.wait(st), st.Get_source(), st.Get_tag(), bool(sreq), sreq == MPI.REQUEST_NULL))
+        got = req.wait(st)
+        out.append((got, st.Get_source(), st.Get_tag(), st.Get_count(MPI.BYTE) > 0, bool(req),
+                    req == MPI.REQUEST_NULL))
+        out.append((req.wait(st), st.Get_source(), st.Get_tag(), sreq.wait(), req.test()))  # inactive: empty
+    comm.Send(np.empty(0, dtype=np.uint8), peer, 5)
+    out.append(comm.irecv(source=peer, tag=5).wait())  # an empty message: None
+    return out
+
+
+def test_a_request_waited_at_once_completes_once_with_its_status():
+    """isend().wait() and irecv().wait() (the calls' shortest way, where
+    nothing else is in flight) complete the request as Wait does: the
+    object, the status, an inactive request equal to REQUEST_NULL that a
+    second wait finds empty."""
+    from collie.compat.mpi.constants import ANY_SOURCE, ANY_TAG
+    for rank, out in enumerate(run(_waited_once_body, 2)):
+        peer = 1 - rank
+        theirs = [{"a": peer}, None, b"", list(range(50 + peer))]
+        for i, obj in enumerate(theirs):
+            assert out[3 * i] == (None, ANY_SOURCE, ANY_TAG, False, True)
+            assert out[3 * i + 1] == (obj, peer, 3, True, False, True)
+            assert out[3 * i + 2] == (None, ANY_SOURCE, ANY_TAG, None, (True, None))
+        assert out[-1] is None
+
+
 def _send_beside_a_posted_receive_body(rank, size):
     MPI = mpi()
     comm = MPI.COMM_WORLD

@@ -52,12 +52,15 @@ def _rank_arg(value, size: int, what: str, allowed=()) -> int:
     raise ValueError(f"{what} {r} is not a rank of the communicator (size {size})")
 
 
+_TAG_END = 2**63  # tags are int64s
+
+
 def _tag_arg(value, what: str, allow_any: bool) -> int:
     try:
         t = operator.index(value)
     except TypeError:
         raise TypeError(f"{what} must be an int, got {value!r}") from None
-    if (allow_any and t == ANY_TAG) or 0 <= t < 2**63:
+    if (allow_any and t == ANY_TAG) or 0 <= t < _TAG_END:
         return t
     raise ValueError(f"{what} must be >= 0{' or MPI.ANY_TAG' if allow_any else ''}, got {t}")
 
@@ -603,11 +606,16 @@ class Comm(_Handled, _Attributed):
                        describe=lambda: f"{what} to rank {dest} (tag {tag}) of {self._name}")
 
     def _recv(self, dst: Optional[memoryview], source, tag, what: str, after=None, keep=None) -> Request:
-        m = self._p2p(what)
-        source = _rank_arg(source, self._npeers(m), f"{what}: source", (ANY_SOURCE, PROC_NULL))
-        tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
-        if source == PROC_NULL:
-            return _done_request((PROC_NULL, ANY_TAG, 0, False))
+        m, w = self._matcher, _group._world
+        if not (m is not None and m.group is self._group and not m.inter and w is not None
+                and m.network is w.network and source.__class__ is int and ANY_SOURCE <= source < m.size
+                and tag.__class__ is int and ANY_TAG <= tag < _TAG_END):
+            # (the common case passes the checks below as it is: written out, they cost an irecv a third)
+            m = self._p2p(what)
+            source = _rank_arg(source, self._npeers(m), f"{what}: source", (ANY_SOURCE, PROC_NULL))
+            tag = _tag_arg(tag, f"{what}: tag", allow_any=True)
+            if source == PROC_NULL:
+                return _done_request((PROC_NULL, ANY_TAG, 0, False))
         op = _Recv(source, tag, dst)
         m.post(op)
         return _receive(m.network, op, m, m.group.timeout,

@@ -53,6 +53,8 @@ class Request:
 
     # What a request starts with; __init__ sets only the rest (a fifth of a
     # small irecv's time was making its request).
+    _network = None
+    _timeout = 300.0
     _sends: tuple = ()
     _recv: Optional[_Recv] = None
     _matcher = _work = _keep = _after = None
@@ -61,9 +63,13 @@ class Request:
     _error: Optional[BaseException] = None
     _result = None
 
+    @staticmethod
+    def _describe() -> str:
+        return "MPI request"
+
     def __init__(self, network=None, *, sends=(), recv: Optional[_Recv] = None, matcher=None, work=None,
                  keep=None, after=None, timeout: float = 300.0,
-                 describe: Callable[[], str] = lambda: "MPI request", status=None, sync=None):
+                 describe: Callable[[], str] = _describe, status=None, sync=None):
         if network is not None:
             if isinstance(network, Request):  # the copy constructor: the same request
                 _share(self, network)
@@ -181,18 +187,10 @@ class Request:
         op, m = self._recv, self._matcher
         if op is None or op.msg is not None or self._done or m is None:
             return
-        posted = m.posted
-        if len(posted) != 1 or posted[0] is not op or (op.source < 0 and m.inter):
+        got = _core_receive(op, m)
+        if got is False:
             core_envelope(m, op.source)
-            return
-        posted.pop()
-        got = None
-        try:
-            got = core_recv(m, m.group, op.dst, op.source, op.tag)
-        finally:
-            if got is None:
-                m.post(op)  # back: an envelope the core left with the matcher meets it as progress would
-        if got is not None:
+        elif got is not None:
             (source, tag, nbytes, _), payload = got
             op.msg = _Message(source, tag, nbytes, payload)
             m._matched(op.msg)  # (a standard send's, the only kind the core takes: nothing to ack)
@@ -215,6 +213,24 @@ class Request:
         return True
 
     def wait(self, status: Optional[Status] = None) -> Any:
+        if self.__class__ is Request and not self._done and self._after is None:
+            # The common cases, each a few calls where the general path
+            # makes a dozen: a send with nothing in flight (done at once,
+            # or to PROC_NULL), and an object receive that the core takes.
+            op = self._recv
+            if op is None and not self._sends and self._work is None and self._sync is None:
+                self._done, self._keep = True, None
+                if status is not None:
+                    _fill(status, self._status)
+                return None
+            if op is not None and op.dst is None and op.msg is None and op.error is None and self._matcher is not None:
+                got = _core_receive(op, self._matcher)
+                if got:
+                    self._done, self._keep = True, None
+                    self._status, payload = got
+                    if status is not None:
+                        _fill(status, self._status)
+                    return _pickle.loads(payload) if payload else None  # an empty message is None, as in mpi4py
         was_active = self._active()
         self.Wait(status)
         return self._take_result(was_active)
@@ -666,8 +682,32 @@ def _receive(network, op: _Recv, matcher, timeout: float, describe: Callable[[],
 
 def _done_request(status=None) -> Request:
     """A request whose operation has nothing left to do (to or from
-    PROC_NULL): active until a Wait or Test completes it, as in MPI."""
-    return Request(status=status or _EMPTY)
+    PROC_NULL, or a send done at once): active until a Wait or Test
+    completes it, as in MPI. (Request(status=...) without __init__'s
+    keywords: a small isend makes one per call.)"""
+    r = object.__new__(Request)
+    r._done, r._status = False, status or _EMPTY
+    return r
+
+
+def _core_receive(op: _Recv, m) -> Any:
+    """Have the compiled core receive ``op`` as a blocking receive would
+    (p2p.core_recv) where it is its communicator's only posted receive (of
+    any source only on an intracommunicator, whose every rank is one):
+    ((source, tag, nbytes, cancelled), payload), None if the core could
+    not (``op`` stays posted: an envelope the core left with the matcher
+    meets it as progress would), False where it may not try."""
+    posted = m.posted
+    if len(posted) != 1 or posted[0] is not op or (op.source < 0 and m.inter):
+        return False
+    posted.pop()
+    got = None
+    try:
+        got = core_recv(m, m.group, op.dst, op.source, op.tag)
+    finally:
+        if got is None:
+            m.post(op)
+    return got
 
 
 # ---- partitioned point to point (Psend_init / Precv_init) ----
