@@ -442,6 +442,38 @@ def test_a_request_waited_at_once_completes_once_with_its_status():
         assert out[-1] is None
 
 
+def _waitall_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    peer = 1 - rank
+    out = []
+    big = np.zeros(10_000)
+    for i in range(3):
+        reqs = [comm.irecv(source=peer, tag=1), comm.Irecv(big, source=MPI.ANY_SOURCE, tag=2),
+                comm.isend(("small", rank, i), dest=peer, tag=1),
+                comm.Isend(np.full(10_000, float(rank + i)), dest=peer, tag=2)]
+        statuses = [MPI.Status()]  # grows to one per request, as in mpi4py
+        got = MPI.Request.waitall(reqs, statuses)
+        out.append((got, [(st.Get_source(), st.Get_tag()) for st in statuses], float(big[-1]),
+                    [bool(r) for r in reqs]))
+    return out
+
+
+def test_waitall_completes_each_request_with_its_own_status():
+    """waitall over requests some of which complete the short way (a small
+    object, a send done at once) and some not (a large buffer): each status
+    and result where its request is, every request inactive after."""
+    from collie.compat.mpi.constants import ANY_SOURCE, ANY_TAG
+    for rank, out in enumerate(run(_waitall_body, 2)):
+        peer = 1 - rank
+        for i, (got, statuses, last, active) in enumerate(out):
+            assert got == [("small", peer, i), None, None, None]
+            assert statuses[:2] == [(peer, 1), (peer, 2)]
+            assert statuses[2:] == [(ANY_SOURCE, ANY_TAG)] * 2  # the sends
+            assert last == float(peer + i)
+            assert active == [False] * 4
+
+
 def _send_beside_a_posted_receive_body(rank, size):
     MPI = mpi()
     comm = MPI.COMM_WORLD

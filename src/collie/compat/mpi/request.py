@@ -27,6 +27,7 @@ from .exceptions import ERR_OTHER, ERR_REQUEST, ERR_TRUNCATE, Exception as _MPIE
 
 
 _EMPTY = (ANY_SOURCE, ANY_TAG, 0, False)  # the status of an inactive request
+_WAIT = object()  # Request._at_once could not complete the request: the general path does
 _handles = itertools.count(1)
 _by_handle: "weakref.WeakValueDictionary[int, Request]" = weakref.WeakValueDictionary()
 
@@ -195,7 +196,36 @@ class Request:
             op.msg = _Message(source, tag, nbytes, payload)
             m._matched(op.msg)  # (a standard send's, the only kind the core takes: nothing to ack)
 
+    def _at_once(self, status: Optional[Status]) -> Any:
+        """Complete a plain request (the class itself, nothing to run after)
+        the short way where its operation needs no waiting: a send with
+        nothing in flight (done at once, or to PROC_NULL), or a receive the
+        compiled core takes now. A few calls where the general path makes a
+        dozen. Returns what wait() returns, or _WAIT where the general path
+        must complete it."""
+        if self.__class__ is not Request or self._done or self._after is not None:
+            return _WAIT
+        op = self._recv
+        if op is None:
+            if self._sends or self._work is not None or self._sync is not None:
+                return _WAIT
+        elif op.msg is None and op.error is None and self._matcher is not None:
+            got = _core_receive(op, self._matcher)
+            if not got:
+                return _WAIT
+            self._status, payload = got
+            if op.dst is None:  # an object; an empty message is None, as in mpi4py
+                self._result = _pickle.loads(payload) if payload else None
+        else:
+            return _WAIT
+        self._done, self._keep = True, None
+        if status is not None:
+            _fill(status, self._status)
+        return self._result
+
     def Wait(self, status: Optional[Status] = None) -> bool:
+        if self._at_once(status) is not _WAIT:
+            return True
         # An asynchronous collective blocks in its own wait (in _finish).
         if not self._done and self._work is None and not self._ready():
             self._pull()
@@ -213,24 +243,9 @@ class Request:
         return True
 
     def wait(self, status: Optional[Status] = None) -> Any:
-        if self.__class__ is Request and not self._done and self._after is None:
-            # The common cases, each a few calls where the general path
-            # makes a dozen: a send with nothing in flight (done at once,
-            # or to PROC_NULL), and an object receive that the core takes.
-            op = self._recv
-            if op is None and not self._sends and self._work is None and self._sync is None:
-                self._done, self._keep = True, None
-                if status is not None:
-                    _fill(status, self._status)
-                return None
-            if op is not None and op.dst is None and op.msg is None and op.error is None and self._matcher is not None:
-                got = _core_receive(op, self._matcher)
-                if got:
-                    self._done, self._keep = True, None
-                    self._status, payload = got
-                    if status is not None:
-                        _fill(status, self._status)
-                    return _pickle.loads(payload) if payload else None  # an empty message is None, as in mpi4py
+        got = self._at_once(status)
+        if got is not _WAIT:
+            return got
         was_active = self._active()
         self.Wait(status)
         return self._take_result(was_active)
@@ -356,11 +371,17 @@ class Request:
     @staticmethod
     def Waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
         requests = list(requests)
-        for r in requests:
-            r._pull()
-        Request._wait_some(requests, lambda: all(r._work is not None or r._ready() for r in requests))
+        waiting = []  # (request, its status): those the short way could not complete
         for r, st in zip(requests, Request._statuses(statuses, len(requests))):
-            r._complete(st)  # an asynchronous collective blocks here, in its own wait
+            if r._at_once(st) is _WAIT:
+                waiting.append((r, st))
+        if waiting:
+            rest = [r for r, _ in waiting]
+            for r in rest:
+                r._pull()
+            Request._wait_some(rest, lambda: all(r._work is not None or r._ready() for r in rest))
+            for r, st in waiting:
+                r._complete(st)  # an asynchronous collective blocks here, in its own wait
         return True
 
     @staticmethod
@@ -368,7 +389,7 @@ class Request:
         requests = list(requests)
         active = [r._active() for r in requests]
         Request.Waitall(requests, statuses)
-        return [r._take_result(a) for r, a in zip(requests, active)]
+        return [r._result if a else None for r, a in zip(requests, active)]  # (_take_result's, written out)
 
     @staticmethod
     def Testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
