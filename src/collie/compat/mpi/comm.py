@@ -53,6 +53,7 @@ def _rank_arg(value, size: int, what: str, allowed=()) -> int:
 
 
 _TAG_END = 2**63  # tags are int64s
+_BARRIER_KEY = ("barrier", None)  # the lane key of a plain barrier (collectives.barrier's)
 
 
 def _tag_arg(value, what: str, allow_any: bool) -> int:
@@ -858,6 +859,12 @@ class Comm(_Handled, _Attributed):
         return r
 
     def Barrier(self) -> None:
+        g = self._group
+        if g is not None:  # (None: COMM_NULL, which _g explains; find_lane would take it for the world)
+            lane = _coll._find_lane(g, _BARRIER_KEY, _coll._BARRIER_TOKEN)  # collectives.barrier's first look
+            if lane is not None:
+                lane()
+                return
         _coll.barrier(group=self._g("Barrier"))
 
     barrier = Barrier
