@@ -157,6 +157,69 @@ def test_random_programs_give_the_same_bytes_under_both_executors(size, seed, en
             assert c == p, f"rank {rank}, call {k} {calls[k]}: the executors' results differ"
 
 
+PIECES = (("all_gather", "recursive_doubling"), ("all_gather", "bruck"), ("reduce_scatter", "rabenseifner"),
+          ("all_to_all", "bruck"))  # on 5 and 6 ranks, messages of several pieces of the arrays
+PIECE_COUNTS = (1, 7, 300)
+
+
+def _mine(rank, size, count, dtype):
+    return (np.arange(count * size) * (rank + 1) + rank).astype(dtype)
+
+
+def _pieces_body(rank, size):
+    import collie
+    from collie import group
+    outs = []
+    for name, algorithm in PIECES:
+        for dtype in ("float32", "int64"):
+            for count in PIECE_COUNTS:
+                x = _mine(rank, size, count, dtype)
+                if name == "all_gather":
+                    out = np.empty(count * size, dtype)
+                    collie.all_gather_into_tensor(out, x[:count], algorithm=algorithm)
+                elif name == "reduce_scatter":
+                    out = np.empty(count, dtype)
+                    collie.reduce_scatter_tensor(out, x, algorithm=algorithm)
+                else:
+                    out = np.empty(count * size, dtype)
+                    collie.all_to_all_single(out, x, algorithm=algorithm)
+                outs.append(out)
+    g = group.resolve(None)
+    handed = {}  # (collective, algorithm) -> the steps of its programs left to Python
+    for p in g.prepared.values():
+        schedule = p.program.plan.schedule
+        if (schedule.collective, schedule.algorithm) in PIECES:
+            handed.setdefault((schedule.collective, schedule.algorithm), []).extend(
+                core._compiled(p.program, g.network)[0].python_steps())
+    return outs, handed
+
+
+@needs_core
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("size", [5, 6])
+def test_messages_of_several_pieces_run_in_the_core(size):
+    """A message that gathers several pieces of the arrays (recursive
+    doubling and Rabenseifner on ranks that fold, Bruck's blocks) travels in
+    one ring slot from C, gathered on the way in and scattered (or
+    combined) on the way out: no step of those programs is left to Python,
+    and the results are NumPy's."""
+    results = run_ranks(_pieces_body, size, timeout=150)
+    for rank, (outs, handed) in enumerate(results):
+        assert handed == {piece: [] for piece in PIECES}
+        got = iter(outs)
+        for name, _ in PIECES:
+            for dtype in ("float32", "int64"):
+                for count in PIECE_COUNTS:
+                    xs = [_mine(r, size, count, dtype) for r in range(size)]
+                    if name == "all_gather":
+                        want = np.concatenate([x[:count] for x in xs])
+                    elif name == "reduce_scatter":
+                        want = sum(x[rank * count:(rank + 1) * count] for x in xs).astype(dtype)
+                    else:
+                        want = np.concatenate([x[rank * count:(rank + 1) * count] for x in xs])
+                    np.testing.assert_array_equal(next(got), want, err_msg=f"{name} {dtype} {count}")
+
+
 SINGLE_COPY_1MIB = {"COLLIE_SHM_CMA_BYTES": str(1 << 20)}  # the default is 2 MiB with a core per rank
 
 

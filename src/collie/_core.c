@@ -257,17 +257,31 @@ static void wake(peer_t *p) {
     if (__atomic_load_n(p->sleepers, __ATOMIC_RELAXED)) sem_post(p->bell);
 }
 
+/* The payload of the next slot to write, or NULL if the ring is full;
+ * publish_slot() then makes it the reader's. */
+static char *next_slot(peer_t *p) {
+    ring_t *r = &p->out;
+    int64_t head = *r->head;  /* only we store it */
+    if (head - __atomic_load_n(r->tail, __ATOMIC_ACQUIRE) >= r->slots) return NULL;
+    return r->payload + head % r->slots * r->slot_bytes;
+}
+
+/* Give the next slot, its payload written, header h, publish it and wake the reader. */
+static void publish_slot(peer_t *p, header_t h) {
+    ring_t *r = &p->out;
+    int64_t head = *r->head;
+    memcpy(r->headers + head % r->slots * LINE, &h, sizeof h);
+    __atomic_store_n(r->head, head + 1, __ATOMIC_RELEASE);
+    wake(p);
+}
+
 /* Fill the next slot with header h and ``len`` payload bytes, publish it
  * and wake the reader; 0 if the ring is full. */
 static int write_slot(peer_t *p, header_t h, const void *payload, int64_t len) {
-    ring_t *r = &p->out;
-    int64_t head = *r->head;  /* only we store it */
-    if (head - __atomic_load_n(r->tail, __ATOMIC_ACQUIRE) >= r->slots) return 0;
-    int64_t k = head % r->slots;
-    memcpy(r->headers + k * LINE, &h, sizeof h);
-    if (len) memcpy(r->payload + k * r->slot_bytes, payload, len);
-    __atomic_store_n(r->head, head + 1, __ATOMIC_RELEASE);
-    wake(p);
+    char *slot = next_slot(p);
+    if (!slot) return 0;
+    if (len) memcpy(slot, payload, len);
+    publish_slot(p, h);
     return 1;
 }
 
@@ -318,14 +332,50 @@ static int read_remote(int pid, char *dst, int64_t address, int64_t n, kernel_t 
     return 0;
 }
 
+/* A message of a program's step: ``nbytes`` at ``off`` in buffer ``buf``
+ * (-1 and no pieces: an empty message), or gathered from (scattered to)
+ * its ``npieces`` pieces, in order, where it is one slot (engine's staged
+ * message: several pieces of the arrays travel as one). */
+typedef struct { int buf; int64_t off, nbytes; } piece_t;
+typedef struct { int peer, buf, reduce, npieces; int64_t off, nbytes; piece_t *pieces; } msg_t;
+
+/* Where the bytes of message m are in the call's buffers (NULL: none, or in pieces). */
+static char *msg_bytes(const msg_t *m, Py_buffer *bufs) {
+    return m->buf < 0 ? NULL : (char *)bufs[m->buf].buf + m->off;
+}
+
+/* The pieces of m, gathered into ``slot`` in order. */
+static void gather_pieces(const msg_t *m, Py_buffer *bufs, char *slot) {
+    for (int j = 0; j < m->npieces; j++) {
+        const piece_t *c = &m->pieces[j];
+        memcpy(slot, (char *)bufs[c->buf].buf + c->off, c->nbytes);
+        slot += c->nbytes;
+    }
+}
+
+/* ``src`` scattered to the pieces of m in order, copied or combined in. */
+static void scatter_pieces(const msg_t *m, Py_buffer *bufs, const char *src, kernel_t kernel, int op,
+                           int itemsize) {
+    for (int j = 0; j < m->npieces; j++) {
+        const piece_t *c = &m->pieces[j];
+        char *dst = (char *)bufs[c->buf].buf + c->off;
+        if (kernel) kernel(dst, src, c->nbytes / itemsize, op);
+        else memcpy(dst, src, c->nbytes);
+        src += c->nbytes;
+    }
+}
+
 enum { TAKEN, EMPTY, FOREIGN };  /* what take() found */
 
-/* Take the message at the ring's head if it is the one expected, whole in
- * one slot or single copy: copy or combine it into dst (a single-copy one
- * is then acknowledged). FOREIGN: something else is there (another tag, a
- * mismatch, several slots), or its read failed: Python's turn. */
-static int take(peer_t *p, int64_t tag, uint64_t meta, char *dst, int64_t n, kernel_t kernel, int op,
+/* Take the message at the ring's head if it is m, whole in one slot or
+ * single copy: copy or combine it into its place (a single-copy one is
+ * then acknowledged). FOREIGN: something else is there (another tag, a
+ * mismatch, several slots, a single copy of pieces), or its read failed:
+ * Python's turn. */
+static int take(peer_t *p, int64_t tag, uint64_t meta, const msg_t *m, Py_buffer *bufs, kernel_t kernel, int op,
                 int itemsize) {
+    char *dst = msg_bytes(m, bufs);
+    int64_t n = m->nbytes;
     ring_t *r = &p->in;
     int64_t tail = *r->tail;  /* only we store it */
     if (__atomic_load_n(r->head, __ATOMIC_ACQUIRE) == tail) return EMPTY;
@@ -335,13 +385,15 @@ static int take(peer_t *p, int64_t tag, uint64_t meta, char *dst, int64_t n, ker
     if (h.tag != tag || h.meta != meta || h.nbytes != n) return FOREIGN;
     const char *src = r->payload + k * r->slot_bytes;
     int64_t rid = 0;
-    if (h.offset == RDV && h.frag == 2 * sizeof(int64_t) && p->pid) {
+    if (h.offset == RDV && h.frag == 2 * sizeof(int64_t) && p->pid && !m->npieces) {
         int64_t body[2];
         memcpy(body, src, sizeof body);
         if (read_remote(p->pid, dst, body[0], n, kernel, op, itemsize)) return FOREIGN;
         rid = body[1];
     } else if (h.offset != 0 || h.frag != n) {
         return FOREIGN;
+    } else if (m->npieces) {
+        scatter_pieces(m, bufs, src, kernel, op, itemsize);
     } else if (kernel) {
         kernel(dst, src, n / itemsize, op);
     } else if (n) {
@@ -361,7 +413,6 @@ static int take(peer_t *p, int64_t tag, uint64_t meta, char *dst, int64_t n, ker
 /* ------------------------------------------------------------------ programs */
 
 typedef struct { int reduce, sbuf, dbuf; int64_t soff, doff, nbytes; } local_t;
-typedef struct { int peer, buf, reduce; int64_t off, nbytes; } msg_t;
 typedef struct {
     int python;             /* Python runs this step whole */
     int sends_first;        /* its sends neither read what its local operations write nor announce
@@ -403,9 +454,12 @@ static void program_dealloc(CoreProgram *self) {
     PyObject_GC_UnTrack(self);
     if (self->steps) {
         for (int i = 0; i < self->nsteps; i++) {
-            PyMem_Free(self->steps[i].local);
-            PyMem_Free(self->steps[i].send);
-            PyMem_Free(self->steps[i].recv);
+            step_t *s = &self->steps[i];
+            for (int j = 0; s->send && j < s->nsend; j++) PyMem_Free(s->send[j].pieces);
+            for (int j = 0; s->recv && j < s->nrecv; j++) PyMem_Free(s->recv[j].pieces);
+            PyMem_Free(s->local);
+            PyMem_Free(s->send);
+            PyMem_Free(s->recv);
         }
         PyMem_Free(self->steps);
     }
@@ -438,6 +492,29 @@ static int parse_ring(PyObject *t, ring_t *r) {
     return slots > 0 ? 0 : -1;
 }
 
+/* A message's pieces: a sequence of (buf, off, nbytes). */
+static int parse_pieces(PyObject *seq, msg_t *m, int nbufs) {
+    PyObject *fast = PySequence_Fast(seq, "pieces must be a sequence");
+    if (!fast) return -1;
+    m->npieces = (int)PySequence_Fast_GET_SIZE(fast);
+    m->pieces = PyMem_Calloc(m->npieces ? m->npieces : 1, sizeof(piece_t));
+    int rc = m->pieces ? 0 : -1;
+    for (int j = 0; rc == 0 && j < m->npieces; j++) {
+        piece_t *c = &m->pieces[j];
+        long long off, nbytes;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, j), "iLL", &c->buf, &off, &nbytes)) rc = -1;
+        else if (c->buf < 0 || c->buf >= nbufs || off < 0 || nbytes < 0) {
+            PyErr_SetString(PyExc_ValueError, "a message's piece names no buffer of the program");
+            rc = -1;
+        }
+        c->off = off;
+        c->nbytes = nbytes;
+    }
+    Py_DECREF(fast);
+    if (rc && !PyErr_Occurred()) PyErr_NoMemory();
+    return rc;
+}
+
 static int parse_msgs(PyObject *seq, msg_t **out, int *count, int recv, int npeers, int nbufs) {
     PyObject *fast = PySequence_Fast(seq, "messages must be a sequence");
     if (!fast) return -1;
@@ -447,14 +524,19 @@ static int parse_msgs(PyObject *seq, msg_t **out, int *count, int recv, int npee
     for (Py_ssize_t i = 0; i < n; i++) {
         msg_t *m = &(*out)[i];
         long long off, nbytes;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iiLLi", &m->peer, &m->buf, &off, &nbytes,
-                              &m->reduce)) {
+        PyObject *pieces = NULL;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iiLLi|O", &m->peer, &m->buf, &off, &nbytes,
+                              &m->reduce, &pieces)
+            || (pieces && parse_pieces(pieces, m, nbufs))) {
             Py_DECREF(fast);
             return -1;
         }
         m->off = off;
         m->nbytes = nbytes;
-        if (m->peer < 0 || m->peer >= npeers || m->buf < -1 || m->buf >= nbufs || (m->reduce && !recv)) {
+        int64_t total = 0;
+        for (int j = 0; j < m->npieces; j++) total += m->pieces[j].nbytes;
+        if (m->peer < 0 || m->peer >= npeers || m->buf < -1 || m->buf >= nbufs || (m->reduce && !recv)
+            || (m->npieces && (m->buf != -1 || total != m->nbytes))) {
             PyErr_SetString(PyExc_ValueError, "a message names no peer or buffer of the program");
             Py_DECREF(fast);
             return -1;
@@ -559,11 +641,16 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         if (s->nsend > self->maxsend) self->maxsend = s->nsend;
         for (int j = 0; j < s->nsend; j++) {
             peer_t *p = &self->peers[s->send[j].peer];
-            if (p->shm && s->send[j].nbytes >= p->cma_bytes) p->rdv = 1;
+            msg_t *m = &s->send[j];
+            if (m->npieces && (!p->shm || m->nbytes > p->out.slot_bytes || m->nbytes >= p->cma_bytes))
+                s->python = 1;  /* pieces travel in one slot only (core.compile sends no others) */
+            else if (p->shm && m->nbytes >= p->cma_bytes) p->rdv = 1;
             p->sends = 1;
         }
         for (int j = 0; j < s->nrecv; j++) {
             if (s->recv[j].reduce && op < 0) { PyErr_SetString(PyExc_ValueError, "a reduction needs an op"); goto fail; }
+            peer_t *p = &self->peers[s->recv[j].peer];
+            if (s->recv[j].npieces && (!p->shm || s->recv[j].nbytes > p->in.slot_bytes)) s->python = 1;
             self->peers[s->recv[j].peer].recvs = 1;
         }
     }
@@ -817,9 +904,15 @@ static int post_sends(CoreProgram *self, step_t *s, Py_buffer *bufs, int64_t tag
         msg_t *m = &s->send[j];
         peer_t *p = &self->peers[m->peer];
         if ((*mask >> j) & 1 || !p->shm || p->full == pass) continue;
-        const char *data = m->buf < 0 ? "" : (char *)bufs[m->buf].buf + m->off;
+        const char *data = m->buf < 0 ? "" : msg_bytes(m, bufs);
         int posted;
-        if (m->nbytes >= p->cma_bytes) {
+        if (m->npieces) {  /* (one slot: see program_new) */
+            char *slot = next_slot(p);
+            if ((posted = slot != NULL)) {
+                gather_pieces(m, bufs, slot);
+                publish_slot(p, (header_t){tag, meta, m->nbytes, 0, m->nbytes});
+            }
+        } else if (m->nbytes >= p->cma_bytes) {
             /* Posted (its bit set, so Python never posts it again), done once acknowledged. */
             posted = (self->rids[j] = rendezvous(p, tag, meta, data, m->nbytes)) != 0;
             *unacked += posted;
@@ -902,8 +995,7 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
                  * one must not take the message meant for the earlier (two
                  * halves of one size would land swapped). */
                 if (p->behind == pass) continue;
-                char *dst = m->buf < 0 ? NULL : (char *)bufs[m->buf].buf + m->off;
-                int got = take(p, tag, meta, dst, m->nbytes, m->reduce ? kernel : NULL, self->op, self->itemsize);
+                int got = take(p, tag, meta, m, bufs, m->reduce ? kernel : NULL, self->op, self->itemsize);
                 if (got == TAKEN) { *mask |= bit; open--; moved = 1; }
                 else if (got == FOREIGN) return i;  /* Python sorts it out */
                 else p->behind = pass;
@@ -1173,8 +1265,21 @@ static PyObject *program_nothing_stale(CoreProgram *self, PyObject *args) {
     return clean < 0 ? NULL : PyBool_FromLong(clean);
 }
 
+/* python_steps() -> the steps Python's executor runs whole (what the core cannot). */
+static PyObject *program_python_steps(CoreProgram *self, PyObject *unused) {
+    PyObject *steps = PyList_New(0);
+    for (int i = 0; steps && i < self->nsteps; i++) {
+        PyObject *k = self->steps[i].python ? PyLong_FromLong(i) : NULL;
+        if (self->steps[i].python && (!k || PyList_Append(steps, k) < 0)) Py_CLEAR(steps);
+        Py_XDECREF(k);
+    }
+    return steps;
+}
+
 static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)program_run, METH_VARARGS, "Run steps until one needs Python."},
+    {"python_steps", (PyCFunction)program_python_steps, METH_NOARGS,
+     "python_steps() -> the steps Python's executor runs whole (what the core cannot)."},
     {"move", (PyCFunction)(void (*)(void))program_move, METH_FASTCALL,
      "move(buf, tag) -> whether a one-message program's message went."},
     {"nothing_stale", (PyCFunction)program_nothing_stale, METH_VARARGS,

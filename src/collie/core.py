@@ -183,13 +183,19 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
         for msgs, receiving in ((sends, False), (recvs, True)):
             core_msgs = []
             for g, buf, lo, hi, combine, staged in msgs:
-                if staged is not None:
-                    python = True  # several pieces: staged through Python
-                    continue
                 k = peer(g)
+                ring = peers[k]
+                if staged is not None:  # several pieces: gathered into one slot, or staged through Python
+                    nbytes = staged.count * itemsize
+                    if ring is None or _how(network, ring, nbytes, receiving) != "one slot":
+                        python = True
+                        continue
+                    pieces = tuple((buffer(b, hi_ * itemsize, receiving), lo_ * itemsize, (hi_ - lo_) * itemsize)
+                                   for b, lo_, hi_ in staged.pieces)
+                    core_msgs.append((k, -1, 0, nbytes, int(staged.reduce), pieces))
+                    continue
                 hi = 0 if buf is None else whole(buf) if hi is None else hi
                 nbytes = hi - lo
-                ring = peers[k]
                 if ring is not None and _how(network, ring, nbytes, receiving) == "slots":
                     python = True  # several slots: Python's (single copy is the core's too)
                 elif ring is not None and nbytes >= SHARED_COPY_BYTES and combine is None \
@@ -206,9 +212,12 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
         (0, names[k]) if isinstance(names[k], str) and names[k] != "tmp" else
         (1, "") if names[k] == "tmp" else (2, str(names[k]))))
     new = {old: k for k, old in enumerate(order)}
+    def renumbered(msg: tuple) -> tuple:
+        p, b, o, n, r, *pieces = msg
+        return (p, new.get(b, -1), o, n, r, *(tuple((new[pb], po, pn) for pb, po, pn in ps) for ps in pieces))
+
     steps = [(python, tuple((r, new[s], so, new[d], do, n) for r, s, so, d, do, n in local),
-              tuple((p, new.get(b, -1), o, n, r) for p, b, o, n, r in sends),
-              tuple((p, new.get(b, -1), o, n, r) for p, b, o, n, r in recvs), sends_first)
+              tuple(map(renumbered, sends)), tuple(map(renumbered, recvs)), sends_first)
              for python, local, sends, recvs, sends_first in steps]
     core = _core.Program(tuple(need[k] for k in order), tuple(writes[k] for k in order), tuple(steps),
                          tuple(peers), dtype, op, shm if shm is not None else None, network.spin_seconds,
@@ -278,7 +287,7 @@ def _sends_may_go_first(local: list, sends: list, names: list) -> bool:
     if not local or any(isinstance(names[d], int) for _, _, _, d, _, _ in local):
         return False
     return not any(b < 0 or (d == b and do < o + n and o < do + dn)
-                   for _, _, _, d, do, dn in local for _, b, o, n, _ in sends)
+                   for _, _, _, d, do, dn in local for _, b, o, n, *_ in sends)
 
 
 def spin_briefly_on_this_thread() -> None:
