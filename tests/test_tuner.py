@@ -121,6 +121,17 @@ def test_three_or_four_ranks_take_the_windows_at_mid_sizes():
         ["rabenseifner", "shm"]
 
 
+def test_all_gather_on_five_to_eight_ranks_of_one_host_is_direct_then_the_windows():
+    """Ranks sharing cores wait on each other at every step: direct's one
+    step up to 1 MiB, the windows at 1-8 MiB, then ring; over TCP and on
+    more ranks, recursive doubling for small messages as before."""
+    pick = lambda nbytes, n, transport="shm": default_choice("all_gather", nbytes, n, transport).algorithm
+    sizes = (0, KiB, 64 * KiB, 512 * KiB, MiB, 4 * MiB, 8 * MiB, 64 * MiB)
+    for n in (5, 6, 8):
+        assert [pick(s, n) for s in sizes] == ["direct"] * 4 + ["shm"] * 2 + ["ring"] * 2
+    assert [pick(KiB, 6, "tcp"), pick(KiB, 9), pick(4 * MiB, 9)] == ["recursive_doubling"] * 2 + ["shm"]
+
+
 def test_all_to_all_takes_the_windows_on_two_ranks_at_1_to_2_mib_given_its_size():
     """all_to_all_single with even splits passes its size; uneven splits
     pass 0, which every rank can agree on."""

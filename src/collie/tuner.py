@@ -288,12 +288,24 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
         # us where rabenseifner took 60-119 (256-512 KiB).
         if shm and nranks <= 4 and 1 * MiB <= total < (2 * MiB if few else 8 * MiB):
             return Choice("shm", 1, "mid size on one host: one-sided reads of the windows")
-        if collective == "reduce_scatter" and shm and nranks > 4 and 1 * MiB <= total < 16 * MiB:
+        # all_gather on 6 ranks (2026-11-28, one run): 1 MiB 91 us against
+        # ring's 202, 4 MiB 498 against 1144, 8 MiB 1528 against 2000, then
+        # 16 MiB 3898 against 4479 (within the spread of ring's own runs)
+        # and 32 MiB even; on 8 ranks 1 MiB 127 against 204, 4 MiB 718
+        # against 2135.
+        if shm and nranks > 4 and 1 * MiB <= total < (16 if collective == "reduce_scatter" else 8) * MiB:
             return Choice("shm", 1, "mid size, ranks sharing cores: one-sided reads")
         if collective == "reduce_scatter" and not few and total < (256 * KiB if shm and nranks <= 4 else 1 * MiB):
             return Choice("rabenseifner", 1, "small message: recursive halving, log2(n) steps")
         if nranks <= 4:
             return Choice("direct", 1, "one step, no forwarding")
+        # all_gather on 5-8 ranks of one host (2 cores, 2026-11-28, --algo
+        # all): direct took 7-34 us from 1 KiB to 192 KiB where recursive
+        # doubling took 12-155 and Bruck 13-158 (8 ranks, 64 KiB: 27 against
+        # 63 and 37; 256 KiB: 72 against ring's 183); fewer steps do not pay
+        # where every step waits on ranks that share cores.
+        if collective == "all_gather" and shm and nranks <= 8 and total < 1 * MiB:
+            return Choice("direct", 1, "one host, up to 8 ranks: one step, no forwarding")
         if total < 256 * KiB:
             return Choice("recursive_doubling" if collective == "all_gather" else "rabenseifner", 1,
                           "small message: log2(n) steps")
