@@ -132,6 +132,15 @@ def test_all_gather_on_five_to_eight_ranks_of_one_host_is_direct_then_the_window
     assert [pick(KiB, 6, "tcp"), pick(KiB, 9), pick(4 * MiB, 9)] == ["recursive_doubling"] * 2 + ["shm"]
 
 
+def test_reduce_scatter_on_five_to_seven_ranks_of_one_host_reads_the_windows():
+    """Where Rabenseifner's ranks fold in pairs first (5-7 ranks), the
+    windows from the smallest size to 16 MiB; on 8 ranks it stays."""
+    pick = lambda nbytes, n, transport="shm": default_choice("reduce_scatter", nbytes, n, transport).algorithm
+    for n in (5, 6, 7):
+        assert [pick(s, n) for s in (0, KiB, 64 * KiB, 4 * MiB, 16 * MiB)] == ["shm"] * 4 + ["ring"]
+    assert [pick(KiB, 8), pick(KiB, 6, "tcp")] == ["rabenseifner"] * 2
+
+
 def test_all_to_all_takes_the_windows_on_two_ranks_at_1_to_2_mib_given_its_size():
     """all_to_all_single with even splits passes its size; uneven splits
     pass 0, which every rank can agree on."""

@@ -295,6 +295,13 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
         # against 2135.
         if shm and nranks > 4 and 1 * MiB <= total < (16 if collective == "reduce_scatter" else 8) * MiB:
             return Choice("shm", 1, "mid size, ranks sharing cores: one-sided reads")
+        # reduce_scatter on 5-7 ranks of one host (2026-11-28, five repeats
+        # on 6): the windows from the smallest size, 17 us at 8 B and 22 at
+        # 64 KiB against Rabenseifner's 36 and 55 (its ranks fold in pairs
+        # first) and direct's 29 and 49; on 8 ranks Rabenseifner stays (33
+        # against 48 at 8 B, even at 64 KiB).
+        if collective == "reduce_scatter" and shm and 4 < nranks < 8 and total < 16 * MiB:
+            return Choice("shm", 1, "one host, 5-7 ranks: one-sided reads, no folding")
         if collective == "reduce_scatter" and not few and total < (256 * KiB if shm and nranks <= 4 else 1 * MiB):
             return Choice("rabenseifner", 1, "small message: recursive halving, log2(n) steps")
         if nranks <= 4:
