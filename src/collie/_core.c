@@ -2989,10 +2989,11 @@ static PyObject *py_mpi_recv(PyObject *self, PyObject *const *args, Py_ssize_t n
  * lock. None: nothing went (the full path does both); False: sent, and
  * the full path receives; else mpi_recv's result. */
 static PyObject *py_mpi_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag)");
+    if (nargs != 7 && nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag[, dst])");
         return NULL;
     }
+    PyObject *dst = nargs == 8 ? args[7] : Py_None;  /* as mpi_recv's: None, an object */
     PyObject *m = args[0], *lock, *result = NULL;
     int usable = matcher_usable(m, args[1]);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
@@ -3010,7 +3011,7 @@ static PyObject *py_mpi_exchange(PyObject *self, PyObject *const *args, Py_ssize
     if (lock_take(lock) < 0) goto out;
     int sent = envelope_send(send, etag, tag, d.buf, d.len);
     if (sent > 0) {
-        PyObject *got = recv ? matcher_take(m, recv, from, want, Py_None) : Py_NewRef(Py_None);
+        PyObject *got = recv ? matcher_take(m, recv, from, want, dst) : Py_NewRef(Py_None);
         result = got && got == Py_None ? (Py_DECREF(got), Py_NewRef(Py_False)) : got;
     } else if (sent == 0) {
         result = Py_NewRef(Py_None);
@@ -3100,7 +3101,7 @@ static PyMethodDef methods[] = {
     {"mpi_recv", (PyCFunction)(void (*)(void))py_mpi_recv, METH_FASTCALL,
      "mpi_recv(matcher, group, dst, source, tag) -> ((source, tag, size, False), payload) or None."},
     {"mpi_exchange", (PyCFunction)(void (*)(void))py_mpi_exchange, METH_FASTCALL,
-     "mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag) -> None, False or mpi_recv's."},
+     "mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag[, dst]) -> None, False or mpi_recv's."},
     {"mpi_envelope", (PyCFunction)(void (*)(void))py_mpi_envelope, METH_FASTCALL,
      "mpi_envelope(matcher, source) -> whether the core took source's next envelope for the matcher."},
     {"rooted_round", (PyCFunction)(void (*)(void))py_rooted_round, METH_FASTCALL,

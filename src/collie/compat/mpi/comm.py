@@ -716,7 +716,16 @@ class Comm(_Handled, _Attributed):
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Send and receive at once: no ordering of the two can deadlock."""
         data = _bare_bytes(sendbuf, False)
-        if data is not None and core_send(self._matcher, self._group, data, dest, sendtag):
+        dst = None if data is None else _bare_bytes(recvbuf, True)
+        if dst is not None:  # bare arrays both: the core sends and receives in one call
+            got = core_exchange(self._matcher, self._group, data, dest, sendtag, source, recvtag, dst)
+            if got is not None and got is not False:
+                _fill(status, got[0])
+                return
+            if got is False:
+                self.Recv(recvbuf, source, recvtag, status)  # sent already: the receive may block
+                return
+        elif data is not None and core_send(self._matcher, self._group, data, dest, sendtag):
             self.Recv(recvbuf, source, recvtag, status)  # sent already: the receive may block
             return
         rreq = self.Irecv(recvbuf, source, recvtag)

@@ -309,7 +309,7 @@ else:  # no compiled core: every call takes the full path
     def core_recv(m: Optional[_Matcher], group, dst, source, tag) -> None:
         return None
 
-    def core_exchange(m: Optional[_Matcher], group, data, dest, sendtag, source, recvtag) -> None:
+    def core_exchange(m: Optional[_Matcher], group, data, dest, sendtag, source, recvtag, dst=None) -> None:
         return None
 
     def core_envelope(m: _Matcher, source) -> bool:
