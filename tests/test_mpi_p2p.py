@@ -512,6 +512,43 @@ def test_sendrecv_of_arrays_sends_and_receives_in_one_call_into_the_core():
         assert (took > 0) == (core.EXECUTOR == "c")
 
 
+def _plain_arrays_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    peer = 1 - rank
+    from collie.compat.mpi.p2p import core_recv, core_send
+    comm._p2p("test")  # the matcher, made
+    readonly = np.zeros(3)
+    readonly.flags.writeable = False
+    refused = [core_send(comm._matcher, comm._group, a, peer, 9) for a in (
+        np.zeros(3, ">f8"), np.zeros(3, "i4,f8"), np.zeros((3, 2))[:, 0], np.array([None] * 3),
+        [np.zeros(3), MPI.DOUBLE], None)]
+    refused += [core_recv(comm._matcher, comm._group, d, peer, 9) for d in (
+        readonly, np.zeros((3, 2))[:, 0], np.zeros(3, ">f8"), [np.zeros(3), MPI.DOUBLE])]
+    # the same kinds through the API take the full path: a buffer spec
+    # arrives, a strided column is refused there as in mpi4py
+    spec = np.zeros(3, dtype=np.int32)
+    comm.Sendrecv([np.arange(3, dtype=np.int32) * (rank + 1), MPI.INT], peer, 5, [spec, MPI.INT], peer, 5)
+    try:
+        comm.Sendrecv(np.zeros(3), peer, 4, np.zeros((3, 2))[:, 1], peer, 4)
+        strided = "received"
+    except BufferError as exc:
+        strided = str(exc)
+    return refused, spec.tolist(), strided
+
+
+def test_the_core_takes_bare_arrays_as_they_are_and_nothing_else():
+    """The buffer calls hand their arrays to the core as they are: it takes
+    a bare C-contiguous array of a plain native type (writable, to receive
+    into) and leaves every other buffer (swapped bytes, fields, objects,
+    strided, read-only, buffer specs) to the full path, untouched."""
+    for rank, (refused, spec, strided) in enumerate(run(_plain_arrays_body, 2)):
+        peer = 1 - rank
+        assert refused == [False] * 6 + [None] * 4
+        assert spec == [0, peer + 1, 2 * (peer + 1)]
+        assert "not contiguous" in strided
+
+
 def _send_beside_a_posted_receive_body(rank, size):
     MPI = mpi()
     comm = MPI.COMM_WORLD

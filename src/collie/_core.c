@@ -2771,13 +2771,36 @@ static CoreProgram *matcher_program(PyObject *m, long long rank, int receiving) 
 /* The send half: 1 and ``data``'s buffer in ``d`` where mpi_send may send
  * ``data`` to ``dest`` with tag ``tag_obj`` (the payload fits an envelope,
  * another rank, a tag >= 0); 0 not, -1 on error. */
+/* Whether the entries may move ``obj`` as its raw bytes (1) or leave it
+ * to the full path (0): bytes (a pickle), a memoryview, or a bare NumPy
+ * array as compat/mpi/buffers._bare_bytes takes one: C-contiguous (and
+ * writable, to receive into), of a native plain type (no objects, no
+ * swapped bytes, no fields). Any other buffer spec ([buf, MPI.INT]...) is
+ * the full path's to read. So the buffer calls hand their arrays over as
+ * they are, without making a byte view first (a quarter microsecond). */
+static int plain_bytes(PyObject *obj, int writable) {
+    if (PyBytes_CheckExact(obj)) return !writable;
+    if (PyMemoryView_Check(obj)) return 1;
+    if (!ndarray_type || !Py_IS_TYPE(obj, (PyTypeObject *)ndarray_type)) return 0;
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *f = v.format ? v.format : "B";
+    if (*f == 'Z') f++;  /* complex: Zf, Zd, Zg */
+    int ok = f[0] && !f[1] && strchr("?bBhHiIlLqQnNefdg", f[0]) != NULL;
+    PyBuffer_Release(&v);
+    return ok;
+}
+
 static int send_allowed(PyObject *m, PyObject *data, PyObject *dest, PyObject *tag_obj, long long *to,
                         long long *tag, Py_buffer *d) {
     long long size = matcher_int(m, N_SIZE), rank = matcher_int(m, N_RANK);
     if (size == LLONG_MIN || rank == LLONG_MIN) return -1;
     *to = plain_int(dest, 0, size);
     *tag = plain_int(tag_obj, 0, LLONG_MAX);
-    if (*to == LLONG_MIN || *to == rank || *tag == LLONG_MIN) return 0;
+    if (*to == LLONG_MIN || *to == rank || *tag == LLONG_MIN || !plain_bytes(data, 0)) return 0;
     if (PyObject_GetBuffer(data, d, PyBUF_C_CONTIGUOUS) < 0) return -1;
     return 1;
 }
@@ -2961,6 +2984,7 @@ static PyObject *py_mpi_recv(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     PyObject *m = args[0], *lock, *got = NULL;
+    if (args[2] != Py_None && !plain_bytes(args[2], 1)) Py_RETURN_NONE;
     int usable = matcher_usable(m, args[1]);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     long long from, want;
@@ -2995,6 +3019,7 @@ static PyObject *py_mpi_exchange(PyObject *self, PyObject *const *args, Py_ssize
     }
     PyObject *dst = nargs == 8 ? args[7] : Py_None;  /* as mpi_recv's: None, an object */
     PyObject *m = args[0], *lock, *result = NULL;
+    if (dst != Py_None && !plain_bytes(dst, 1)) Py_RETURN_NONE;
     int usable = matcher_usable(m, args[1]);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     long long to, tag, from = 0, want = 0, etag = matcher_int(m, N_ETAG);

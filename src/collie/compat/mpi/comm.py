@@ -661,11 +661,8 @@ class Comm(_Handled, _Attributed):
 
     def Send(self, buf, dest: int, tag: int = 0) -> None:
         """Send a buffer; returns once the buffer may be reused."""
-        data = _bare_bytes(buf, False)
-        if data is None:
+        if not core_send(self._matcher, self._group, buf, dest, tag):  # (a bare array the core sends at once)
             self.Isend(buf, dest, tag).Wait()
-        elif not core_send(self._matcher, self._group, data, dest, tag):
-            self._send(data, dest, tag, "Send").Wait()
 
     Bsend = Send
     Rsend = Send
@@ -675,12 +672,13 @@ class Comm(_Handled, _Attributed):
         self.Issend(buf, dest, tag).Wait()
 
     def Isend(self, buf, dest: int, tag: int = 0, *, _sync: bool = False) -> Request:
+        # The core takes a bare array as it is (p2p.core_send): sent already, the buffer is free.
+        if not _sync and core_send(self._matcher, self._group, buf, dest, tag):
+            return _done_request()
         if dest == PROC_NULL:
             return _done_request()
         data = _bare_bytes(buf, False)
         if data is not None:  # a bare array: no buffer spec to read
-            if not _sync and core_send(self._matcher, self._group, data, dest, tag):
-                return _done_request()  # sent already: the buffer is free
             return self._send(data, dest, tag, "Send", sync=_sync)
         b = _Buf(buf, "Isend buf", writable=False, empty_ok=True)
         return self._send(byte_view(b.section()), dest, tag, "Send", keep=b, sync=_sync)
@@ -693,15 +691,15 @@ class Comm(_Handled, _Attributed):
 
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Receive into a buffer at least as large as the message."""
+        got = None if buf is None else core_recv(self._matcher, self._group, buf, source, tag)  # (None: an object's)
+        if got is not None:  # a bare array the core received into
+            _fill(status, got[0])
+            return
         dst = _bare_bytes(buf, True)
         if dst is None:
             self.Irecv(buf, source, tag).Wait(status)
-            return
-        got = core_recv(self._matcher, self._group, dst, source, tag)
-        if got is None:
-            self._recv(dst, source, tag, "Recv").Wait(status)
         else:
-            _fill(status, got[0])
+            self._recv(dst, source, tag, "Recv").Wait(status)
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         if source == PROC_NULL:
@@ -715,22 +713,17 @@ class Comm(_Handled, _Attributed):
     def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> None:
         """Send and receive at once: no ordering of the two can deadlock."""
-        data = _bare_bytes(sendbuf, False)
-        dst = None if data is None else _bare_bytes(recvbuf, True)
-        if dst is not None:  # bare arrays both: the core sends and receives in one call
-            got = core_exchange(self._matcher, self._group, data, dest, sendtag, source, recvtag, dst)
-            if got is not None and got is not False:
-                _fill(status, got[0])
-                return
-            if got is False:
-                self.Recv(recvbuf, source, recvtag, status)  # sent already: the receive may block
-                return
-        elif data is not None and core_send(self._matcher, self._group, data, dest, sendtag):
+        # Bare arrays the core takes as they are: both halves in one call, or the send.
+        got = None if recvbuf is None else core_exchange(self._matcher, self._group, sendbuf, dest, sendtag,
+                                                         source, recvtag, recvbuf)
+        if got is not None and got is not False:
+            _fill(status, got[0])
+            return
+        if got is False or (recvbuf is None and core_send(self._matcher, self._group, sendbuf, dest, sendtag)):
             self.Recv(recvbuf, source, recvtag, status)  # sent already: the receive may block
             return
         rreq = self.Irecv(recvbuf, source, recvtag)
-        sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag) if data is None
-                          else self._send(data, dest, sendtag, "Send"))
+        sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag))
         Request.Waitall([rreq, sreq], [status, None])
 
     def Send_init(self, buf, dest: int, tag: int = 0) -> Prequest:
