@@ -67,15 +67,16 @@ def test_debug_info_says_what_and_why_once_per_size_band(capsys):
 
 def test_all_reduce_bands_for_ranks_sharing_cores():
     """More than 2 ranks over shm (fit on 4 ranks on 2 cores): recursive
-    doubling for small calls on 2^k ranks, the tree on others; from 256 KiB
-    the shared windows on 3-4 ranks, dbtree's halves first on more (measured
-    when a whole buffer went single copy from 256 KiB); then shm."""
+    doubling for small calls on 2^k ranks and on 5-8, the tree on 3; from
+    256 KiB the shared windows on 3-4 ranks, from 64 KiB on 5-8; dbtree's
+    halves at 256-512 KiB beyond 8; rabenseifner from 16 MiB."""
     pick = lambda nbytes, n, transport="shm": default_choice("all_reduce", nbytes, n, transport).algorithm
-    assert [pick(8, 4), pick(32 * KiB, 8), pick(8, 3), pick(8, 5)] == \
-        ["recursive_doubling", "recursive_doubling", "tree", "tree"]
+    assert [pick(8, 4), pick(32 * KiB, 8), pick(8, 3), pick(8, 5), pick(8, 6)] == \
+        ["recursive_doubling", "recursive_doubling", "tree", "recursive_doubling", "recursive_doubling"]
     assert [pick(128 * KiB, 4), pick(256 * KiB, 4), pick(384 * KiB, 3), pick(512 * KiB, 4)] == \
         ["tree", "shm", "shm", "shm"]
-    assert [pick(256 * KiB, 8), pick(512 * KiB, 8), pick(16 * MiB, 4)] == ["dbtree", "shm", "rabenseifner"]
+    assert [pick(64 * KiB, 6), pick(256 * KiB, 8), pick(256 * KiB, 12), pick(512 * KiB, 8), pick(16 * MiB, 4)] == \
+        ["shm", "shm", "dbtree", "shm", "rabenseifner"]
     # no shared windows, no rings: the tree up to 2 MiB over TCP
     assert [pick(8, 4, "tcp"), pick(512 * KiB, 4, "tcp"), pick(MiB, 3, "tcp"), pick(2 * MiB, 3, "tcp")] == \
         ["tree", "tree", "tree", "ring"]
@@ -115,7 +116,7 @@ def test_three_or_four_ranks_take_the_windows_at_mid_sizes():
     assert [pick("reduce_scatter", n) for n in (64 * KiB,) + sizes] == \
         ["rabenseifner", "direct", "direct", "shm", "shm", "direct", "direct"]
     assert [pick("all_gather", n, 2) for n in (MiB, 2 * MiB)] == ["shm", "direct"]
-    assert [pick("broadcast", MiB, 4, "tcp"), pick("reduce", MiB, 4, "tcp"), pick("reduce", MiB, 8)] == \
+    assert [pick("broadcast", MiB, 4, "tcp"), pick("reduce", MiB, 4, "tcp"), pick("reduce", MiB, 12)] == \
         ["direct", "direct", "tree"]
     assert [pick("reduce_scatter", 256 * KiB, 4, "tcp"), pick("reduce_scatter", 4 * MiB, 8)] == \
         ["rabenseifner", "shm"]
@@ -130,6 +131,18 @@ def test_all_gather_on_five_to_eight_ranks_of_one_host_is_direct_then_the_window
     for n in (5, 6, 8):
         assert [pick(s, n) for s in sizes] == ["direct"] * 4 + ["shm"] * 2 + ["ring"] * 2
     assert [pick(KiB, 6, "tcp"), pick(KiB, 9), pick(4 * MiB, 9)] == ["recursive_doubling"] * 2 + ["shm"]
+
+
+def test_broadcast_and_reduce_on_five_to_eight_ranks_of_one_host():
+    """The tree below 1 MiB; broadcast through the shared windows at 1-8
+    MiB, then direct; reduce by dbtree from 1 MiB; beyond 8 ranks and over
+    TCP, the tree."""
+    pick = lambda op, nbytes, n, transport="shm": default_choice(op, nbytes, n, transport).algorithm
+    sizes = (8, 64 * KiB, 512 * KiB, MiB, 4 * MiB, 8 * MiB, 64 * MiB)
+    for n in (5, 6, 8):
+        assert [pick("broadcast", s, n) for s in sizes] == ["tree"] * 3 + ["shm"] * 2 + ["direct"] * 2
+        assert [pick("reduce", s, n) for s in sizes] == ["tree"] * 3 + ["dbtree"] * 4
+    assert [pick("broadcast", MiB, 12), pick("reduce", MiB, 6, "tcp")] == ["tree", "tree"]
 
 
 def test_reduce_scatter_on_five_to_seven_ranks_of_one_host_reads_the_windows():

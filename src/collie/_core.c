@@ -2768,9 +2768,6 @@ static CoreProgram *matcher_program(PyObject *m, long long rank, int receiving) 
     return NULL;
 }
 
-/* The send half: 1 and ``data``'s buffer in ``d`` where mpi_send may send
- * ``data`` to ``dest`` with tag ``tag_obj`` (the payload fits an envelope,
- * another rank, a tag >= 0); 0 not, -1 on error. */
 /* Whether the entries may move ``obj`` as its raw bytes (1) or leave it
  * to the full path (0): bytes (a pickle), a memoryview, or a bare NumPy
  * array as compat/mpi/buffers._bare_bytes takes one: C-contiguous (and
@@ -2794,6 +2791,9 @@ static int plain_bytes(PyObject *obj, int writable) {
     return ok;
 }
 
+/* The send half: 1 and ``data``'s buffer in ``d`` where mpi_send may send
+ * ``data`` to ``dest`` with tag ``tag_obj`` (the payload fits an envelope,
+ * another rank, a tag >= 0); 0 not, -1 on error. */
 static int send_allowed(PyObject *m, PyObject *data, PyObject *dest, PyObject *tag_obj, long long *to,
                         long long *tag, Py_buffer *d) {
     long long size = matcher_int(m, N_SIZE), rank = matcher_int(m, N_RANK);

@@ -212,7 +212,9 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
         (0, names[k]) if isinstance(names[k], str) and names[k] != "tmp" else
         (1, "") if names[k] == "tmp" else (2, str(names[k]))))
     new = {old: k for k, old in enumerate(order)}
+
     def renumbered(msg: tuple) -> tuple:
+        """A message with its buffer, and its pieces' buffers, in that order."""
         p, b, o, n, r, *pieces = msg
         return (p, new.get(b, -1), o, n, r, *(tuple((new[pb], po, pn) for pb, po, pn in ps) for ps in pieces))
 

@@ -165,6 +165,19 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
         return Choice("direct", 1, "one rank: local copies only")
     shm = transport == "shm"
     few = nranks <= 2
+    # 5-8 ranks of one host (2026-11-28: 6 and 8 ranks on 2 cores, medians
+    # of three `--algo all` runs, docs/performance.md): all_reduce by
+    # recursive doubling under 64 KiB (8 B, six alternating runs: 25 and 31
+    # us on 5 and 6 ranks against the tree's 44 and 71, level on 7), then
+    # the shared windows (8 ranks: 75 against the tree's 136 at 64 KiB, 125
+    # against dbtree's 238 at 256 KiB); broadcast through the windows at
+    # 1-8 MiB (8 ranks: 197 against the tree's 525 at 1 MiB, 748 against
+    # 1608 at 4 MiB), then direct (16 MiB: 3217 and 4738 us on 6 and 8
+    # ranks against 3945 and 6125); reduce by dbtree from 1 MiB (386, 1583
+    # and 6115 us on 6 ranks at 1, 4 and 16 MiB against the tree's 715,
+    # 1976 and 8211; the windows won some sizes and lost others in a
+    # second run).
+    many = shm and 4 < nranks <= 8
     segs = _segments(nbytes, nranks, 1 * MiB if shm else 4 * MiB)
     if collective == "barrier":
         if nranks <= 4:
@@ -193,6 +206,10 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
             return Choice("rabenseifner", 1, "large message: reduce-scatter then all-gather, single copy")
         if shm and nbytes < 64 * KiB and nranks & (nranks - 1) == 0:
             return Choice("recursive_doubling", 1, "small message, 2^k ranks: log2(n) exchanges, each rank busy in every one")
+        if many and nbytes < 64 * KiB:
+            return Choice("recursive_doubling", 1, "small message, 5-8 ranks of one host: log2(n) exchanges")
+        if many and nbytes < 16 * MiB:
+            return Choice("shm", 1, "5-8 ranks of one host, 64 KiB-16 MiB: one-sided reads, three barriers")
         if nbytes < 256 * KiB or not shm and nbytes < 2 * MiB:
             # Over TCP (test bed, 3 hosts x 1 rank, four runs): at 1 MiB the
             # tree took 2.4-3.5 ms and ring 3.7-4.6 (on 2 hosts x 2 ranks
@@ -252,6 +269,10 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
             return Choice("dbtree", 1, "three or four ranks, 512 KiB-1 MiB: two half-size trees")
         if mid and 1 * MiB <= nbytes < 4 * MiB:
             return Choice("shm", 1, "three or four ranks, 1-4 MiB: one-sided reads of the root's window")
+        if many and 1 * MiB <= nbytes < 8 * MiB:
+            return Choice("shm", 1, "5-8 ranks, 1-8 MiB: one-sided reads of the root's window")
+        if many and nbytes >= 8 * MiB:
+            return Choice("direct", 1, "5-8 ranks from 8 MiB: the root's sends at once, single copy")
         if nranks <= 4 or nbytes < 64 * KiB:
             return Choice("direct" if nranks <= 4 else "tree", 1, "few ranks or small message: fewest steps")
         return Choice("tree", segs, "pipelined binomial tree")
@@ -265,6 +286,8 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
             return Choice("shm", 1, "three or four ranks, 1-8 MiB: one-sided reads, the work shared")
         if mid and nbytes >= 8 * MiB:
             return Choice("dbtree", segs, "three or four ranks from 8 MiB: two pipelined trees")
+        if many and nbytes >= 1 * MiB:
+            return Choice("dbtree", segs, "5-8 ranks from 1 MiB: two pipelined trees share the inner ranks' work")
         if few and nbytes < 1 * MiB or nbytes < 64 * KiB:
             return Choice("tree", 1, "small message: the root combines as contributions arrive")
         if few:
@@ -295,11 +318,12 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
         # against 2135.
         if shm and nranks > 4 and 1 * MiB <= total < (16 if collective == "reduce_scatter" else 8) * MiB:
             return Choice("shm", 1, "mid size, ranks sharing cores: one-sided reads")
-        # reduce_scatter on 5-7 ranks of one host (2026-11-28, five repeats
-        # on 6): the windows from the smallest size, 17 us at 8 B and 22 at
-        # 64 KiB against Rabenseifner's 36 and 55 (its ranks fold in pairs
-        # first) and direct's 29 and 49; on 8 ranks Rabenseifner stays (33
-        # against 48 at 8 B, even at 64 KiB).
+        # reduce_scatter on 5-7 ranks of one host (2026-11-28, 6 ranks,
+        # medians of six alternating runs): the windows from the smallest
+        # size, 28.8 us at 8 B and 36.2 at 64 KiB against Rabenseifner's
+        # 54.5 and 60.5 (its ranks fold in pairs first) and direct's 37.7
+        # and 52.3; on 8 ranks Rabenseifner stays (33 against 48 at 8 B,
+        # even at 64 KiB).
         if collective == "reduce_scatter" and shm and 4 < nranks < 8 and total < 16 * MiB:
             return Choice("shm", 1, "one host, 5-7 ranks: one-sided reads, no folding")
         if collective == "reduce_scatter" and not few and total < (256 * KiB if shm and nranks <= 4 else 1 * MiB):
