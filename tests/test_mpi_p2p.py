@@ -522,9 +522,10 @@ def _plain_arrays_body(rank, size):
     readonly.flags.writeable = False
     refused = [core_send(comm._matcher, comm._group, a, peer, 9) for a in (
         np.zeros(3, ">f8"), np.zeros(3, "i4,f8"), np.zeros((3, 2))[:, 0], np.array([None] * 3),
-        [np.zeros(3), MPI.DOUBLE], None)]
+        [np.zeros(3), MPI.DOUBLE], None, memoryview(np.zeros(6))[::2], bytearray(3))]
     refused += [core_recv(comm._matcher, comm._group, d, peer, 9) for d in (
-        readonly, np.zeros((3, 2))[:, 0], np.zeros(3, ">f8"), [np.zeros(3), MPI.DOUBLE])]
+        readonly, np.zeros((3, 2))[:, 0], np.zeros(3, ">f8"), [np.zeros(3), MPI.DOUBLE],
+        memoryview(b"abc"), memoryview(np.zeros(6))[::2], b"abc")]
     # the same kinds through the API take the full path: a buffer spec
     # arrives, a strided column is refused there as in mpi4py
     spec = np.zeros(3, dtype=np.int32)
@@ -540,11 +541,12 @@ def _plain_arrays_body(rank, size):
 def test_the_core_takes_bare_arrays_as_they_are_and_nothing_else():
     """The buffer calls hand their arrays to the core as they are: it takes
     a bare C-contiguous array of a plain native type (writable, to receive
-    into) and leaves every other buffer (swapped bytes, fields, objects,
-    strided, read-only, buffer specs) to the full path, untouched."""
+    into), or a C-contiguous memoryview, and leaves every other buffer
+    (swapped bytes, fields, objects, strided, read-only, buffer specs) to
+    the full path, untouched."""
     for rank, (refused, spec, strided) in enumerate(run(_plain_arrays_body, 2)):
         peer = 1 - rank
-        assert refused == [False] * 6 + [None] * 4
+        assert refused == [False] * 8 + [None] * 7
         assert spec == [0, peer + 1, 2 * (peer + 1)]
         assert "not contiguous" in strided
 

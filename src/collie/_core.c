@@ -2769,15 +2769,19 @@ static CoreProgram *matcher_program(PyObject *m, long long rank, int receiving) 
 }
 
 /* Whether the entries may move ``obj`` as its raw bytes (1) or leave it
- * to the full path (0): bytes (a pickle), a memoryview, or a bare NumPy
- * array as compat/mpi/buffers._bare_bytes takes one: C-contiguous (and
- * writable, to receive into), of a native plain type (no objects, no
- * swapped bytes, no fields). Any other buffer spec ([buf, MPI.INT]...) is
- * the full path's to read. So the buffer calls hand their arrays over as
- * they are, without making a byte view first (a quarter microsecond). */
+ * to the full path (0): bytes (a pickle, to send), a C-contiguous
+ * memoryview, or a bare NumPy array as compat/mpi/buffers._bare_bytes
+ * takes one: C-contiguous, of a native plain type (no objects, no swapped
+ * bytes, no fields); either writable, to receive into. Any other buffer
+ * ([buf, MPI.INT], a strided or read-only one...) is the full path's to
+ * read or refuse. So the buffer calls hand their arrays over as they are,
+ * without making a byte view first (a quarter microsecond). */
 static int plain_bytes(PyObject *obj, int writable) {
     if (PyBytes_CheckExact(obj)) return !writable;
-    if (PyMemoryView_Check(obj)) return 1;
+    if (PyMemoryView_Check(obj)) {  /* (a released one: GetBuffer says so, as the full path would) */
+        const Py_buffer *b = PyMemoryView_GET_BUFFER(obj);
+        return PyBuffer_IsContiguous(b, 'C') && !(writable && b->readonly);
+    }
     if (!ndarray_type || !Py_IS_TYPE(obj, (PyTypeObject *)ndarray_type)) return 0;
     Py_buffer v;
     if (PyObject_GetBuffer(obj, &v, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) {
