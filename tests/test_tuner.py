@@ -106,8 +106,8 @@ def test_three_or_four_ranks_take_the_windows_at_mid_sizes():
     """Broadcast and reduce: dbtree at 512 KiB-1 MiB, the shared windows at
     1-4 MiB (broadcast) and 1-8 MiB (reduce), reduce's dbtree from 8 MiB;
     all_gather and reduce_scatter: the windows at 1-8 MiB (on 2 ranks only
-    at 1-2 MiB), reduce_scatter's direct from 256 KiB. Not over TCP, nor on
-    more ranks, where nothing was re-measured."""
+    at 1-2 MiB), reduce_scatter's direct from 256 KiB. Not over TCP, nor
+    beyond 8 ranks, where nothing was re-measured (5-8: the tests below)."""
     pick = lambda collective, nbytes, n=4, transport="shm": default_choice(collective, nbytes, n, transport).algorithm
     sizes = (256 * KiB, 512 * KiB, MiB, 4 * MiB, 8 * MiB, 64 * MiB)
     assert [pick("broadcast", n) for n in sizes] == ["direct", "dbtree", "shm", "direct", "direct", "direct"]
