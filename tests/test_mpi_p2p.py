@@ -442,6 +442,44 @@ def test_a_request_waited_at_once_completes_once_with_its_status():
         assert out[-1] is None
 
 
+def _late_message_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    from collie.compat.mpi import request as request_module
+    real, calls = request_module.core_recv, []
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+    got = []
+    comm.Barrier()
+    if rank == 0:
+        request_module.core_recv = counted
+        try:
+            got.append(comm.irecv(source=1, tag=2).wait())  # the sender is 50 ms late
+            comm.Barrier()
+            got.append(MPI.Request.waitall([comm.irecv(source=1, tag=3)]))
+        finally:
+            request_module.core_recv = real
+    else:
+        import time
+        time.sleep(0.05)
+        comm.send("late", dest=0, tag=2)
+        comm.Barrier()
+        time.sleep(0.05)
+        comm.send("later", dest=0, tag=3)
+    return got, len(calls)
+
+
+def test_a_wait_asks_the_core_once_for_a_message_that_is_late():
+    """The core spins for a receive's message once per request: a message
+    later than the spin is then the general path's (wait() made three
+    tries: its own, Wait's and the pull's)."""
+    (got, calls), _ = run(_late_message_body, 2)
+    assert got == ["late", ["later"]]
+    assert calls == 2  # one per request
+
+
 def _waitall_body(rank, size):
     MPI = mpi()
     comm = MPI.COMM_WORLD

@@ -27,7 +27,7 @@ from .exceptions import ERR_OTHER, ERR_REQUEST, ERR_TRUNCATE, Exception as _MPIE
 
 
 _EMPTY = (ANY_SOURCE, ANY_TAG, 0, False)  # the status of an inactive request
-_WAIT = object()  # Request._at_once could not complete the request: the general path does
+_WAIT = object()  # Request._at_once did not complete the request: the general path does
 _handles = itertools.count(1)
 _by_handle: "weakref.WeakValueDictionary[int, Request]" = weakref.WeakValueDictionary()
 
@@ -61,6 +61,7 @@ class Request:
     _matcher = _work = _keep = _after = None
     _sync = None  # what a synchronous send waits to see matched (a local message or a _SyncSend)
     _cancelled = False
+    _pulled = False  # a wait asked the core for its receive (_at_once): the core's spin is made once
     _error: Optional[BaseException] = None
     _result = None
 
@@ -179,39 +180,38 @@ class Request:
 
     # ---- one request ----
 
-    def _pull(self) -> None:
-        """A receive still waiting for its envelope: where it is its
-        communicator's only posted receive, have the compiled core receive
-        it as a blocking receive would (p2p.core_recv; any source only on an
-        intracommunicator, whose every rank is one); else have the core take
-        its source's next envelope for the matcher (p2p.core_envelope)."""
-        op, m = self._recv, self._matcher
-        if op is None or op.msg is not None or self._done or m is None:
-            return
-        got = _core_receive(op, m)
-        if got is False:
-            core_envelope(m, op.source)
-        elif got is not None:
-            (source, tag, nbytes, _), payload = got
-            op.msg = _Message(source, tag, nbytes, payload)
-            m._matched(op.msg)  # (a standard send's, the only kind the core takes: nothing to ack)
-
     def _at_once(self, status: Optional[Status]) -> Any:
-        """Complete a plain request (the class itself, nothing to run after)
-        the short way where its operation needs no waiting: a send with
-        nothing in flight (done at once, or to PROC_NULL), or a receive the
-        compiled core takes now. A few calls where the general path makes a
-        dozen. Returns what wait() returns, or _WAIT where the general path
-        must complete it."""
-        if self.__class__ is not Request or self._done or self._after is not None:
+        """The first thing a wait does. A receive still waiting for its
+        message, the first time: where it is its communicator's only posted
+        receive, the compiled core receives it as a blocking receive would
+        (p2p.core_recv; any source only on an intracommunicator, whose every
+        rank is one), else the core takes its source's next envelope for the
+        matcher (p2p.core_envelope). Then a plain request (the class itself,
+        nothing to run after) whose operation needs no more waiting completes
+        here: a receive the core took, or a send with nothing in flight (done
+        at once, or to PROC_NULL), in a few calls where the general path
+        makes a dozen. Returns what wait() returns, or _WAIT where the
+        general path must complete the request."""
+        if self._done:
             return _WAIT
         op = self._recv
         if op is None:
-            if self._sends or self._work is not None or self._sync is not None:
+            if self._sends or self._work is not None or self._sync is not None or self.__class__ is not Request \
+                    or self._after is not None:
                 return _WAIT
-        elif op.msg is None and op.error is None and self._matcher is not None:
-            got = _core_receive(op, self._matcher)
+        elif op.msg is None and op.error is None and not op.cancelled and not self._pulled \
+                and self._matcher is not None:
+            m = self._matcher
+            got = _core_receive(op, m)
             if not got:
+                self._pulled = True
+                if got is False:
+                    core_envelope(m, op.source)
+                return _WAIT
+            if self.__class__ is not Request or self._after is not None:  # in: the general path completes it
+                (source, tag, nbytes, _), payload = got
+                op.msg = _Message(source, tag, nbytes, payload)
+                m._matched(op.msg)  # (a standard send's, the only kind the core takes: nothing to ack)
                 return _WAIT
             self._status, payload = got
             if op.dst is None:  # an object; an empty message is None, as in mpi4py
@@ -228,9 +228,7 @@ class Request:
             return True
         # An asynchronous collective blocks in its own wait (in _finish).
         if not self._done and self._work is None and not self._ready():
-            self._pull()
-            if not self._ready():
-                _wait_until(self._ready, self._network, self._timeout, self._describe, self._requests)
+            _wait_until(self._ready, self._network, self._timeout, self._describe, self._requests)
         self._complete(status)
         return True
 
@@ -377,8 +375,6 @@ class Request:
                 waiting.append((r, st))
         if waiting:
             rest = [r for r, _ in waiting]
-            for r in rest:
-                r._pull()
             Request._wait_some(rest, lambda: all(r._work is not None or r._ready() for r in rest))
             for r, st in waiting:
                 r._complete(st)  # an asynchronous collective blocks here, in its own wait
