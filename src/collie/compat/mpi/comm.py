@@ -606,7 +606,8 @@ class Comm(_Handled, _Attributed):
         return Request(m.network, sends=reqs, keep=(keep, data, head), timeout=m.group.timeout, sync=sync,
                        describe=lambda: f"{what} to rank {dest} (tag {tag}) of {self._name}")
 
-    def _recv(self, dst: Optional[memoryview], source, tag, what: str, after=None, keep=None) -> Request:
+    def _recv(self, dst: Optional[memoryview], source, tag, what: str, after=None, keep=None,
+              pulled: bool = False) -> Request:
         m, w = self._matcher, _group._world
         if not (m is not None and m.group is self._group and not m.inter and w is not None
                 and m.network is w.network and source.__class__ is int and ANY_SOURCE <= source < m.size
@@ -621,7 +622,8 @@ class Comm(_Handled, _Attributed):
         m.post(op)
         return _receive(m.network, op, m, m.group.timeout,
                         lambda: f"{what} from {'any rank' if source == ANY_SOURCE else f'rank {source}'} "
-                                f"({'any tag' if tag == ANY_TAG else f'tag {tag}'}) of {self._name}", after, keep)
+                                f"({'any tag' if tag == ANY_TAG else f'tag {tag}'}) of {self._name}", after, keep,
+                        pulled)
 
     def _envelope(self, source, tag, block: bool, what: str):
         """(matcher, source, the first message matching source and tag, or
@@ -662,7 +664,7 @@ class Comm(_Handled, _Attributed):
     def Send(self, buf, dest: int, tag: int = 0) -> None:
         """Send a buffer; returns once the buffer may be reused."""
         if not core_send(self._matcher, self._group, buf, dest, tag):  # (a bare array the core sends at once)
-            self.Isend(buf, dest, tag).Wait()
+            self._isend(buf, dest, tag).Wait()
 
     Bsend = Send
     Rsend = Send
@@ -675,13 +677,18 @@ class Comm(_Handled, _Attributed):
         # The core takes a bare array as it is (p2p.core_send): sent already, the buffer is free.
         if not _sync and core_send(self._matcher, self._group, buf, dest, tag):
             return _done_request()
+        return self._isend(buf, dest, tag, _sync)
+
+    def _isend(self, buf, dest: int, tag: int, sync: bool = False) -> Request:
+        """Isend's general path, once the core did not send it (or may not:
+        a synchronous send)."""
         if dest == PROC_NULL:
             return _done_request()
         data = _bare_bytes(buf, False)
         if data is not None:  # a bare array: no buffer spec to read
-            return self._send(data, dest, tag, "Send", sync=_sync)
+            return self._send(data, dest, tag, "Send", sync=sync)
         b = _Buf(buf, "Isend buf", writable=False, empty_ok=True)
-        return self._send(byte_view(b.section()), dest, tag, "Send", keep=b, sync=_sync)
+        return self._send(byte_view(b.section()), dest, tag, "Send", keep=b, sync=sync)
 
     Ibsend = Isend
     Irsend = Isend
@@ -694,12 +701,17 @@ class Comm(_Handled, _Attributed):
         got = None if buf is None else core_recv(self._matcher, self._group, buf, source, tag)  # (None: an object's)
         if got is not None:  # a bare array the core received into
             _fill(status, got[0])
-            return
+        else:
+            self._recv_into(buf, source, tag, status)
+
+    def _recv_into(self, buf, source, tag, status: Optional[Status]) -> None:
+        """Recv's general path, once the core did not receive it: its wait
+        does not ask the core again (it spins for a message that is late)."""
         dst = _bare_bytes(buf, True)
-        if dst is None:
+        if dst is None:  # (a buffer spec: the core was not asked)
             self.Irecv(buf, source, tag).Wait(status)
         else:
-            self._recv(dst, source, tag, "Recv").Wait(status)
+            self._recv(dst, source, tag, "Recv", pulled=True).Wait(status)
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         if source == PROC_NULL:
@@ -720,7 +732,7 @@ class Comm(_Handled, _Attributed):
             _fill(status, got[0])
             return
         if got is False or (recvbuf is None and core_send(self._matcher, self._group, sendbuf, dest, sendtag)):
-            self.Recv(recvbuf, source, recvtag, status)  # sent already: the receive may block
+            self._recv_into(recvbuf, source, recvtag, status)  # sent already: the receive may block
             return
         rreq = self.Irecv(recvbuf, source, recvtag)
         sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag))
@@ -826,7 +838,7 @@ class Comm(_Handled, _Attributed):
         if got is not None:
             _fill(status, got[0])
             return _pickle.loads(got[1]) if got[1] else None
-        return self.irecv(None, source, tag).wait(status)
+        return self._recv(None, source, tag, "recv", pulled=True).wait(status)  # (the core asked: not again)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         return self._recv(None, source, tag, "recv")
@@ -835,8 +847,8 @@ class Comm(_Handled, _Attributed):
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
         data = b"" if dest == PROC_NULL else _pickle.dumps(sendobj)
         got = core_exchange(self._matcher, self._group, data, dest, sendtag, source, recvtag)
-        if got is False:
-            return self.recv(None, source, recvtag, status)  # sent already: the receive may block
+        if got is False:  # sent already: the receive may block (the core asked for it: not again)
+            return self._recv(None, source, recvtag, "recv", pulled=True).wait(status)
         if got is not None:
             if status is not None:
                 _fill(status, got[0])
