@@ -1218,11 +1218,11 @@ static int envelope_send(CoreProgram *self, int64_t etag, int64_t tag, const voi
 /* Take the program's peer's next envelope. ENVELOPE_WANTED: a standard
  * send's envelope whose MPI tag is ``want`` (any tag >= 0 where ``want`` is
  * -1; none where ``every`` is set) with its payload in place and fitting
- * ``dst``: *tag and *size set, the payload copied into ``dst``, or made the
- * bytes *payload where ``dst`` is None. ENVELOPE_OTHER: any other envelope,
+ * ``dst``: *tag and *size set, the payload copied into ``dst``'s bytes, or
+ * made the bytes *payload where ``dst`` is NULL (an object's receive). ENVELOPE_OTHER: any other envelope,
  * copied whole into ``spill`` for the matcher. ENVELOPE_NONE: none came. */
 enum { ENVELOPE_ERROR = -1, ENVELOPE_NONE, ENVELOPE_WANTED, ENVELOPE_OTHER };
-static int envelope_recv(CoreProgram *self, int64_t etag, int every, long long want, PyObject *dst, PyObject *spill,
+static int envelope_recv(CoreProgram *self, int64_t etag, int every, long long want, Py_buffer *dst, PyObject *spill,
                          int64_t *tag, int64_t *size, PyObject **payload) {
     char *env = one_message(self) ? envelope_of(self) : NULL;
     if (!env) return ENVELOPE_ERROR;
@@ -1235,15 +1235,13 @@ static int envelope_recv(CoreProgram *self, int64_t etag, int every, long long w
     if (wanted && !head[2] && head[1] >= 0 && head[1] <= self->need[0] - ENVELOPE_HEAD) {
         *tag = head[0];
         *size = head[1];
-        if (dst == Py_None)
+        if (!dst)
             return (*payload = PyBytes_FromStringAndSize(env + ENVELOPE_HEAD, head[1])) ? ENVELOPE_WANTED
                                                                                        : ENVELOPE_ERROR;
-        Py_buffer d;
-        if (PyObject_GetBuffer(dst, &d, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return ENVELOPE_ERROR;
-        int fits = head[1] <= d.len;
-        if (fits) memcpy(d.buf, env + ENVELOPE_HEAD, head[1]);
-        PyBuffer_Release(&d);
-        if (fits) return ENVELOPE_WANTED;
+        if (head[1] <= dst->len) {
+            memcpy(dst->buf, env + ENVELOPE_HEAD, head[1]);
+            return ENVELOPE_WANTED;
+        }
     }
     Py_buffer sp;
     if (PyObject_GetBuffer(spill, &sp, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return ENVELOPE_ERROR;
@@ -2768,31 +2766,36 @@ static CoreProgram *matcher_program(PyObject *m, long long rank, int receiving) 
     return NULL;
 }
 
-/* Whether the entries may move ``obj`` as its raw bytes (1) or leave it
- * to the full path (0): bytes (a pickle, to send), a C-contiguous
- * memoryview, or a bare NumPy array as compat/mpi/buffers._bare_bytes
- * takes one: C-contiguous, of a native plain type (no objects, no swapped
- * bytes, no fields); either writable, to receive into. Any other buffer
- * ([buf, MPI.INT], a strided or read-only one...) is the full path's to
- * read or refuse. So the buffer calls hand their arrays over as they are,
- * without making a byte view first (a quarter microsecond). */
-static int plain_bytes(PyObject *obj, int writable) {
-    if (PyBytes_CheckExact(obj)) return !writable;
-    if (PyMemoryView_Check(obj)) {  /* (a released one: GetBuffer says so, as the full path would) */
-        const Py_buffer *b = PyMemoryView_GET_BUFFER(obj);
-        return PyBuffer_IsContiguous(b, 'C') && !(writable && b->readonly);
-    }
-    if (!ndarray_type || !Py_IS_TYPE(obj, (PyTypeObject *)ndarray_type)) return 0;
-    Py_buffer v;
-    if (PyObject_GetBuffer(obj, &v, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) {
-        PyErr_Clear();
+/* ``obj``'s bytes in ``view`` (1: held, the caller releases it) where the
+ * entries may move it as its raw bytes, 0 where they leave it to the full
+ * path (nothing held), -1 on error: bytes (a pickle, to send), a
+ * C-contiguous memoryview, or a bare NumPy array as
+ * compat/mpi/buffers._bare_bytes takes one: C-contiguous, of a native plain
+ * type (no objects, no swapped bytes, no fields); either writable, to
+ * receive into. Any other buffer ([buf, MPI.INT], a strided or read-only
+ * one...) is the full path's to read or refuse. So the buffer calls hand
+ * their arrays over as they are, without making a byte view first (a
+ * quarter microsecond), and each buffer is asked for once. */
+static int plain_buffer(PyObject *obj, int writable, Py_buffer *view) {
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (ndarray_type && Py_IS_TYPE(obj, (PyTypeObject *)ndarray_type)) {
+        if (PyObject_GetBuffer(obj, view, flags | PyBUF_FORMAT) < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        const char *f = view->format ? view->format : "B";
+        if (*f == 'Z') f++;  /* complex: Zf, Zd, Zg */
+        if (f[0] && !f[1] && strchr("?bBhHiIlLqQnNefdg", f[0])) return 1;
+        PyBuffer_Release(view);
         return 0;
     }
-    const char *f = v.format ? v.format : "B";
-    if (*f == 'Z') f++;  /* complex: Zf, Zd, Zg */
-    int ok = f[0] && !f[1] && strchr("?bBhHiIlLqQnNefdg", f[0]) != NULL;
-    PyBuffer_Release(&v);
-    return ok;
+    if (PyMemoryView_Check(obj)) {  /* (a released one: GetBuffer says so, as the full path would) */
+        const Py_buffer *b = PyMemoryView_GET_BUFFER(obj);
+        if (!PyBuffer_IsContiguous(b, 'C') || (writable && b->readonly)) return 0;
+    } else if (!PyBytes_CheckExact(obj) || writable) {
+        return 0;
+    }
+    return PyObject_GetBuffer(obj, view, flags) < 0 ? -1 : 1;
 }
 
 /* The send half: 1 and ``data``'s buffer in ``d`` where mpi_send may send
@@ -2804,9 +2807,8 @@ static int send_allowed(PyObject *m, PyObject *data, PyObject *dest, PyObject *t
     if (size == LLONG_MIN || rank == LLONG_MIN) return -1;
     *to = plain_int(dest, 0, size);
     *tag = plain_int(tag_obj, 0, LLONG_MAX);
-    if (*to == LLONG_MIN || *to == rank || *tag == LLONG_MIN || !plain_bytes(data, 0)) return 0;
-    if (PyObject_GetBuffer(data, d, PyBUF_C_CONTIGUOUS) < 0) return -1;
-    return 1;
+    if (*to == LLONG_MIN || *to == rank || *tag == LLONG_MIN) return 0;
+    return plain_buffer(data, 0, d);
 }
 
 /* The receive half: whether the core may take the next envelope for a
@@ -2839,7 +2841,7 @@ static CoreProgram *recv_program(PyObject *m, PyObject *source, PyObject *tag_ob
  * size, False), payload) for a receive into ``dst`` (None: an object, whose
  * pickle is the payload; else payload None), or None where the receive
  * did not complete (none came; or another envelope, now the matcher's). */
-static PyObject *matcher_take(PyObject *m, CoreProgram *p, long long from, long long want, PyObject *dst) {
+static PyObject *matcher_take(PyObject *m, CoreProgram *p, long long from, long long want, Py_buffer *dst) {
     long long etag = matcher_int(m, N_ETAG);
     PyObject *spill = slot_attr(m, matcher_at, N_ENVELOPE_IN), *payload = NULL;
     if (etag == LLONG_MIN || !spill) return NULL;
@@ -2885,7 +2887,7 @@ static PyObject *matcher_take(PyObject *m, CoreProgram *p, long long from, long 
  * any other rank, taken as matcher_take takes it, spinning at most as long
  * as a small program keeps the GIL (GIL_HOLD) for one to come. None: none
  * came, or a peer the core cannot take from (the full path receives). */
-static PyObject *any_source_take(PyObject *m, long long want, PyObject *dst) {
+static PyObject *any_source_take(PyObject *m, long long want, Py_buffer *dst) {
     long long size = matcher_int(m, N_SIZE), rank = matcher_int(m, N_RANK), etag = matcher_int(m, N_ETAG);
     if (size == LLONG_MIN || rank == LLONG_MIN || etag == LLONG_MIN) return NULL;
     CoreProgram **from = PyMem_Calloc(size > 0 ? size : 1, sizeof *from);
@@ -2988,26 +2990,33 @@ static PyObject *py_mpi_recv(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     PyObject *m = args[0], *lock, *got = NULL;
-    if (args[2] != Py_None && !plain_bytes(args[2], 1)) Py_RETURN_NONE;
+    Py_buffer d = {0}, *dst = NULL;  /* NULL: an object's receive */
+    if (args[2] != Py_None) {
+        int ok = plain_buffer(args[2], 1, &d);
+        if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
+        dst = &d;
+    }
     int usable = matcher_usable(m, args[1]);
-    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     long long from, want;
-    if (plain_int(args[3], -1, 0) == -1) {  /* MPI.ANY_SOURCE */
+    if (usable <= 0) {
+        got = usable < 0 ? NULL : Py_NewRef(Py_None);
+    } else if (plain_int(args[3], -1, 0) == -1) {  /* MPI.ANY_SOURCE */
         int allowed = recv_allowed(m, args[4], &want);
-        if (allowed <= 0) return allowed < 0 ? NULL : Py_NewRef(Py_None);
-        if ((lock = slot_attr(m, matcher_at, N_LOCK)) && lock_take(lock) == 0) {
-            got = any_source_take(m, want, args[2]);
+        if (allowed <= 0) got = allowed < 0 ? NULL : Py_NewRef(Py_None);
+        else if ((lock = slot_attr(m, matcher_at, N_LOCK)) && lock_take(lock) == 0) {
+            got = any_source_take(m, want, dst);
             if (lock_give(lock) < 0) Py_CLEAR(got);
         }
-        return got;
+    } else {
+        CoreProgram *p = recv_program(m, args[3], args[4], &from, &want);
+        if (!p) got = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        else if ((lock = slot_attr(m, matcher_at, N_LOCK)) && lock_take(lock) == 0) {
+            got = matcher_take(m, p, from, want, dst);
+            if (lock_give(lock) < 0) Py_CLEAR(got);
+        }
+        Py_XDECREF(p);
     }
-    CoreProgram *p = recv_program(m, args[3], args[4], &from, &want);
-    if (!p) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-    if ((lock = slot_attr(m, matcher_at, N_LOCK)) && lock_take(lock) == 0) {
-        got = matcher_take(m, p, from, want, args[2]);
-        if (lock_give(lock) < 0) Py_CLEAR(got);
-    }
-    Py_DECREF(p);
+    if (dst) PyBuffer_Release(dst);
     return got;
 }
 
@@ -3021,17 +3030,27 @@ static PyObject *py_mpi_exchange(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_TypeError, "mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag[, dst])");
         return NULL;
     }
-    PyObject *dst = nargs == 8 ? args[7] : Py_None;  /* as mpi_recv's: None, an object */
     PyObject *m = args[0], *lock, *result = NULL;
-    if (dst != Py_None && !plain_bytes(dst, 1)) Py_RETURN_NONE;
+    Py_buffer d = {0}, r = {0}, *dst = NULL;  /* as mpi_recv's: NULL, an object's receive */
+    if (nargs == 8 && args[7] != Py_None) {
+        int ok = plain_buffer(args[7], 1, &r);
+        if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
+        dst = &r;
+    }
+    CoreProgram *send = NULL, *recv = NULL;
     int usable = matcher_usable(m, args[1]);
-    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
+    if (usable <= 0) {
+        if (usable == 0) result = Py_NewRef(Py_None);
+        goto out;
+    }
     long long to, tag, from = 0, want = 0, etag = matcher_int(m, N_ETAG);
-    if (etag == LLONG_MIN || !(lock = slot_attr(m, matcher_at, N_LOCK))) return NULL;
-    Py_buffer d;
+    if (etag == LLONG_MIN || !(lock = slot_attr(m, matcher_at, N_LOCK))) goto out;
     int ok = send_allowed(m, args[2], args[3], args[4], &to, &tag, &d);
-    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
-    CoreProgram *send = matcher_program(m, to, 0), *recv = NULL;
+    if (ok <= 0) {
+        if (ok == 0) result = Py_NewRef(Py_None);
+        goto out;
+    }
+    send = matcher_program(m, to, 0);
     if (send && !(recv = recv_program(m, args[5], args[6], &from, &want)) && PyErr_Occurred()) goto out;
     if (!send) {
         if (!PyErr_Occurred()) result = Py_NewRef(Py_None);
@@ -3049,7 +3068,8 @@ static PyObject *py_mpi_exchange(PyObject *self, PyObject *const *args, Py_ssize
 out:
     Py_XDECREF(send);
     Py_XDECREF(recv);
-    PyBuffer_Release(&d);
+    if (d.obj) PyBuffer_Release(&d);
+    if (dst) PyBuffer_Release(dst);
     return result;
 }
 
@@ -3082,7 +3102,7 @@ static PyObject *py_mpi_envelope(PyObject *self, PyObject *const *args, Py_ssize
     if (lock_take(lock) == 0) {
         int64_t tag, n;
         PyObject *payload = NULL;
-        int got = envelope_recv(p, etag, 1, 0, Py_None, spill, &tag, &n, &payload);
+        int got = envelope_recv(p, etag, 1, 0, NULL, spill, &tag, &n, &payload);
         PyObject *kept = got == ENVELOPE_OTHER ? PyObject_CallMethodObjArgs(m, names[N_ENVELOPE], args[1], spill, NULL)
                                                : NULL;
         if (got == ENVELOPE_NONE) result = Py_NewRef(Py_False);
