@@ -1725,18 +1725,18 @@ static PyObject *py_set_context(PyObject *self, PyObject *args) {
 
 /* The live world's group ``group`` (None: its default group), a new
  * reference; NULL with no error where there is none (no world, another
- * world's group, not a ProcessGroup); ``world`` gets the world (borrowed). */
+ * world's group, not a ProcessGroup), with one for a world of a type the
+ * core does not know; ``world`` gets the world (borrowed). */
 static PyObject *live_group(PyObject *group, PyObject **world) {
     if (!group_module_dict) return NULL;
     PyObject *w = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
     if (!w || w == Py_None) return NULL;
     *world = w;
     if (group == Py_None) return PyObject_GetAttr(w, names[N_GROUP]);
-    if ((PyObject *)Py_TYPE(group) != group_type) return NULL;
-    PyObject *mine = PyObject_GetAttr(group, names[N_NETWORK]), *its = PyObject_GetAttr(w, names[N_NETWORK]);
+    if ((PyObject *)Py_TYPE(group) != group_type || !hot_known(w, world_type, "world")) return NULL;
+    PyObject *mine = PyObject_GetAttr(group, names[N_NETWORK]), *its = slot_attr(w, world_at, N_NETWORK);
     int same = mine && its && mine == its;
     Py_XDECREF(mine);
-    Py_XDECREF(its);
     return same ? Py_NewRef(group) : NULL;
 }
 
@@ -3119,14 +3119,11 @@ static PyObject *py_mpi_envelope(PyObject *self, PyObject *const *args, Py_ssize
  * once where its group is a group of the live world; else its Get_rank()
  * or Get_size(), which explain. */
 static PyObject *comm_attr(PyObject *comm, int name, int method) {
-    PyObject *g = PyObject_GetAttr(comm, names[N_COMM_GROUP]), *result = NULL;
+    PyObject *g = PyObject_GetAttr(comm, names[N_COMM_GROUP]), *result = NULL, *world;
     if (!g) return NULL;
-    PyObject *w = group_module_dict ? PyDict_GetItemWithError(group_module_dict, names[N_WORLD]) : NULL;
-    if (w && w != Py_None && (PyObject *)Py_TYPE(g) == group_type && hot_known(w, world_type, "world")) {
-        PyObject *mine = PyObject_GetAttr(g, names[N_NETWORK]), *its = slot_attr(w, world_at, N_NETWORK);
-        if (mine && its && mine == its) result = PyObject_GetAttr(g, names[name]);
-        Py_XDECREF(mine);
-    }
+    PyObject *live = g != Py_None ? live_group(g, &world) : NULL;  /* (None: COMM_NULL, whose method explains) */
+    if (live) result = PyObject_GetAttr(live, names[name]);
+    Py_XDECREF(live);
     Py_DECREF(g);
     if (result || PyErr_Occurred()) return result;
     return PyObject_CallMethodNoArgs(comm, names[method]);
