@@ -324,7 +324,7 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
         # 54.5 and 60.5 (its ranks fold in pairs first) and direct's 37.7
         # and 52.3; on 8 ranks Rabenseifner stays (33 against 48 at 8 B,
         # even at 64 KiB).
-        if collective == "reduce_scatter" and shm and 4 < nranks < 8 and total < 16 * MiB:
+        if collective == "reduce_scatter" and many and nranks < 8 and total < 16 * MiB:
             return Choice("shm", 1, "one host, 5-7 ranks: one-sided reads, no folding")
         if collective == "reduce_scatter" and not few and total < (256 * KiB if shm and nranks <= 4 else 1 * MiB):
             return Choice("rabenseifner", 1, "small message: recursive halving, log2(n) steps")
@@ -335,7 +335,7 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
         # doubling took 12-155 and Bruck 13-158 (8 ranks, 64 KiB: 27 against
         # 63 and 37; 256 KiB: 72 against ring's 183); fewer steps do not pay
         # where every step waits on ranks that share cores.
-        if collective == "all_gather" and shm and nranks <= 8 and total < 1 * MiB:
+        if collective == "all_gather" and many and total < 1 * MiB:
             return Choice("direct", 1, "one host, up to 8 ranks: one step, no forwarding")
         if total < 256 * KiB:
             return Choice("recursive_doubling" if collective == "all_gather" else "rabenseifner", 1,
