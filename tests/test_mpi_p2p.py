@@ -442,25 +442,57 @@ def test_a_request_waited_at_once_completes_once_with_its_status():
         assert out[-1] is None
 
 
+def _count_core_asks(calls: list):
+    """Count, in ``calls``, each time a call asks the compiled core for a
+    receive: by name (core_recv, core_exchange) where Python asks, and as
+    "core_recv" for each receive the core's own first look (core_complete,
+    core_complete_all) asked for (it marks one asked). Returns what puts
+    the real functions back."""
+    from collie.compat.mpi import comm as comm_module, request as request_module
+    real = {(mod, name): getattr(mod, name) for mod in (comm_module, request_module)
+            for name in ("core_recv", "core_exchange", "core_complete", "core_complete_all") if hasattr(mod, name)}
+
+    def unasked(r):  # a receive the core was not asked for yet
+        return r._recv is not None and r._recv.msg is None and not r._pulled and not r._done
+
+    def counted(name, fn):
+        if name in ("core_complete", "core_complete_all"):
+            def looked(first, *args):
+                requests = first if name == "core_complete_all" else [first]
+                fresh = [unasked(r) for r in requests]
+                out = fn(first, *args)
+                calls.extend("core_recv" for r, f in zip(requests, fresh) if f and not unasked(r))
+                return out
+            return looked
+
+        def by_name(*args):
+            calls.append(name)
+            return fn(*args)
+        return by_name
+
+    for (mod, name), fn in real.items():
+        setattr(mod, name, counted(name, fn))
+
+    def restore():
+        for (mod, name), fn in real.items():
+            setattr(mod, name, fn)
+    return restore
+
+
 def _late_message_body(rank, size):
     MPI = mpi()
     comm = MPI.COMM_WORLD
-    from collie.compat.mpi import request as request_module
-    real, calls = request_module.core_recv, []
-
-    def counted(*args):
-        calls.append(1)
-        return real(*args)
+    calls = []
     got = []
     comm.Barrier()
     if rank == 0:
-        request_module.core_recv = counted
+        restore = _count_core_asks(calls)
         try:
             got.append(comm.irecv(source=1, tag=2).wait())  # the sender is 50 ms late
             comm.Barrier()
             got.append(MPI.Request.waitall([comm.irecv(source=1, tag=3)]))
         finally:
-            request_module.core_recv = real
+            restore()
     else:
         import time
         time.sleep(0.05)
@@ -480,27 +512,50 @@ def test_a_wait_asks_the_core_once_for_a_message_that_is_late():
     assert calls == 2  # one per request
 
 
+def _asked_body(rank, size):
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    from collie.compat.mpi import p2p, request as request_module
+    import time
+    comm.Barrier()
+    if rank == 1:
+        comm.send("x", dest=0, tag=9)
+        comm.send("y", dest=0, tag=10)
+        return None
+    out = []
+    for tag in (9, 10):
+        r = comm.irecv(source=1, tag=tag)
+        if tag == 9:
+            r._pulled = True  # as if a wait had asked the core already
+        time.sleep(0.2)  # its message in the ring (no progress has taken it in)
+        looked = p2p.core_complete(r, request_module._pickle.loads)
+        out.append((looked, bool(r), r._result if looked else r.wait()))
+    return out
+
+
+def test_the_core_completes_a_receive_once():
+    """The core's first look at a receive request whose message is in
+    receives it (the request inactive, its object its result); one it was
+    asked for once is the general path's, even with its message in."""
+    from collie import core
+    out, _ = run(_asked_body, 2)
+    if core.EXECUTOR == "c":
+        assert out == [(False, True, "x"), (True, False, "y")]
+    else:  # no core to receive: its look leaves both to the general path
+        assert out == [(None if core._core is None else False, True, m) for m in "xy"]
+
+
 def _late_blocking_body(rank, size):
     MPI = mpi()
     comm = MPI.COMM_WORLD
     peer = 1 - rank
-    from collie.compat.mpi import comm as comm_module, request as request_module
-    real = {(mod, name): getattr(mod, name) for mod in (comm_module, request_module)
-            for name in ("core_recv", "core_exchange") if hasattr(mod, name)}
     calls = []
-
-    def counting(name, fn):
-        def counted(*args):
-            calls.append(name)
-            return fn(*args)
-        return counted
     got = []
     a, b = np.zeros(2), np.zeros(2)
     comm.Barrier()
+    restore = _count_core_asks(calls) if rank == 0 else None
     try:
         if rank == 0:
-            for (mod, name), fn in real.items():
-                setattr(mod, name, counting(name, fn))
             got.append(comm.recv(source=1, tag=4))
             comm.Recv(a, 1, 5)
             got.append(comm.sendrecv("x", 1, 6, source=1, recvtag=6))
@@ -519,8 +574,8 @@ def _late_blocking_body(rank, size):
                 else:
                     comm.Sendrecv(np.full(2, 7.0), 0, 7, b, 0, 7)
     finally:
-        for (mod, name), fn in real.items():
-            setattr(mod, name, fn)
+        if restore is not None:
+            restore()
     return got, sorted(calls)
 
 

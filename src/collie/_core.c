@@ -678,7 +678,9 @@ enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_C
        N_DRAIN, N_RANK, N_RANKS, N_INDEX, N_DTYPE, N_SIZE, N_CODE, N_SUM, N_P2P, N_PROGRAMS, N_DEFERRED,
        N_CONTEXT, N_P2P_OPS, N_RESULT, N_SHAPE, N_ACQUIRE, N_RELEASE, N_MINE, N_EVERY, N_OUTGOING,
        N_ETAG, N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN,
-       N_ENVELOPE, N_CORE_PROGRAM, N_COMM_GROUP, N_GET_RANK, N_GET_SIZE, NNAMES };
+       N_ENVELOPE, N_CORE_PROGRAM, N_COMM_GROUP, N_GET_RANK, N_GET_SIZE, N_SOURCE, N_TAG, N_DST, N_MSG,
+       N_CANCELLED, N_TIMEOUT, N_CAST, N_R_NETWORK, N_R_RECV, N_R_MATCHER, N_R_TIMEOUT, N_R_DONE, N_R_STATUS,
+       N_INTER, N_R_SENDS, N_R_WORK, N_R_SYNC, N_R_AFTER, N_R_KEEP, N_R_PULLED, N_R_RESULT, N_POST, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
@@ -688,7 +690,10 @@ static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "curren
                                            "acquire", "release", "mine", "every", "outgoing",
                                            "etag", "posted", "unmatched", "envelopes", "probes", "lost",
                                            "core_sends", "core_recvs", "envelope_in", "_envelope", "_core_program",
-                                           "_group", "Get_rank", "Get_size"};
+                                           "_group", "Get_rank", "Get_size", "source", "tag", "dst", "msg",
+                                           "cancelled", "timeout", "cast", "_network", "_recv", "_matcher",
+                                           "_timeout", "_done", "_status", "inter", "_sends", "_work", "_sync",
+                                           "_after", "_keep", "_pulled", "_result", "post"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -2700,7 +2705,8 @@ out:
 static Py_ssize_t matcher_at[NNAMES];
 static PyTypeObject *matcher_type;
 static const int matcher_names[] = {N_GROUP, N_NETWORK, N_LOCK, N_RANK, N_SIZE, N_ETAG, N_POSTED, N_UNMATCHED,
-                                    N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN, -1};
+                                    N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN, N_INTER,
+                                    -1};
 
 /* set_matcher(_Matcher): where its books are (compat/mpi/p2p.py, at import). */
 static PyObject *py_set_matcher(PyObject *self, PyObject *type) {
@@ -3073,6 +3079,122 @@ out:
     return result;
 }
 
+/* The MPI layer's requests, made here for the plain nonblocking calls
+ * (mpi_isend, mpi_irecv): a Request as request.py's _done_request and
+ * _receive make one (object.__new__, then its attributes), and the posted
+ * receive (_Recv, whose slots are at recv_at). Python's frames for an
+ * irecv (its checks, the _Recv, the post, the Request) were two thirds
+ * of its time. set_request_types(_Recv, Request, empty status), at
+ * request.py's import; before it the calls take the full path. */
+static PyTypeObject *recv_type, *request_type;
+static PyObject *empty_status, *byte_format;
+static Py_ssize_t recv_at[NNAMES];
+static const int recv_names[] = {N_SOURCE, N_TAG, N_DST, N_MSG, N_CANCELLED, N_ERROR, -1};
+
+static PyObject *py_set_request_types(PyObject *self, PyObject *args) {
+    PyObject *recv, *request, *empty;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &recv, &PyType_Type, &request, &PyTuple_Type, &empty))
+        return NULL;
+    if (slot_offsets(recv, recv_names, recv_at) < 0) return NULL;
+    if (!byte_format && !(byte_format = PyUnicode_InternFromString("B"))) return NULL;
+    Py_XSETREF(recv_type, (PyTypeObject *)Py_NewRef(recv));
+    Py_XSETREF(request_type, (PyTypeObject *)Py_NewRef(request));
+    Py_XSETREF(empty_status, Py_NewRef(empty));
+    Py_RETURN_NONE;
+}
+
+/* A new instance of ``type`` as object.__new__(type) makes it. */
+static PyObject *bare_instance(PyTypeObject *type) {
+    return PyBaseObject_Type.tp_new(type, no_requests, NULL);
+}
+
+/* A new Request whose attributes names[which[i]] are values[i] (borrowed). */
+static PyObject *request_with(const int *which, PyObject *const *values, int n) {
+    PyObject *r = bare_instance(request_type);
+    for (int i = 0; r && i < n; i++)
+        if (PyObject_SetAttr(r, names[which[i]], values[i]) < 0) Py_CLEAR(r);
+    return r;
+}
+
+/* mpi_isend(matcher, group, data, dest, tag) -> where mpi_send sent
+ * ``data``, its Request (nothing left to do: active until a Wait or Test
+ * completes it, as request._done_request's); else None: the full path
+ * sends it. */
+static PyObject *py_mpi_isend(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!request_type) Py_RETURN_NONE;
+    PyObject *sent = py_mpi_send(self, args, nargs);
+    if (sent != Py_True) {
+        if (!sent) return NULL;
+        Py_DECREF(sent);
+        Py_RETURN_NONE;
+    }
+    Py_DECREF(sent);
+    static const int fields[] = {N_R_DONE, N_R_STATUS};
+    PyObject *values[] = {Py_False, empty_status};
+    return request_with(fields, values, 2);
+}
+
+/* ``buf``'s bytes as a flat byte memoryview (arrays.byte_view's), where
+ * plain_buffer takes it writable; None where it does not (the full path
+ * reads or refuses it). A new reference, NULL on error. */
+static PyObject *receive_bytes(PyObject *buf) {
+    Py_buffer view;
+    int ok = plain_buffer(buf, 1, &view);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
+    PyBuffer_Release(&view);
+    PyObject *mv = PyMemoryView_FromObject(buf);
+    if (!mv) return NULL;
+    const Py_buffer *b = PyMemoryView_GET_BUFFER(mv);
+    if (b->ndim == 1 && b->itemsize == 1 && b->format && strcmp(b->format, "B") == 0) return mv;
+    Py_SETREF(mv, PyObject_CallMethodOneArg(mv, names[N_CAST], byte_format));
+    return mv;
+}
+
+/* mpi_irecv(matcher, group, buf, source, tag) -> the Request of a receive
+ * posted to the matcher as Comm._recv posts it, into ``buf``'s bytes (a
+ * bare array or memoryview, as plain_buffer takes one; None: an object),
+ * where the call is plain: a live matcher for that group (matcher_usable),
+ * ``source`` a rank of it or MPI.ANY_SOURCE, ``tag`` >= 0 or MPI.ANY_TAG,
+ * and no message unmatched that the receive might take at once (the post
+ * is then an append). Else None: the full path posts it, or explains
+ * what is wrong. */
+static PyObject *py_mpi_irecv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "mpi_irecv(matcher, group, buf, source, tag)");
+        return NULL;
+    }
+    PyObject *m = args[0], *group = args[1], *source = args[3], *tag = args[4];
+    if (!request_type) Py_RETURN_NONE;
+    int usable = matcher_usable(m, group);
+    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
+    long long size = matcher_int(m, N_SIZE);
+    if (size == LLONG_MIN) return NULL;
+    if (plain_int(source, -1, size) == LLONG_MIN || plain_int(tag, -1, LLONG_MAX) == LLONG_MIN) Py_RETURN_NONE;
+    int quiet = slot_empty(m, matcher_at, N_UNMATCHED);
+    PyObject *posted = slot_attr(m, matcher_at, N_POSTED), *network = slot_attr(m, matcher_at, N_NETWORK);
+    if (quiet < 0 || !posted || !network) return NULL;
+    if (!quiet || !PyList_CheckExact(posted)) Py_RETURN_NONE;
+    PyObject *dst = Py_None;  /* an object's receive */
+    if (args[2] != Py_None && (!(dst = receive_bytes(args[2])) || dst == Py_None))
+        return dst;  /* an error, or a buffer the full path reads */
+    if (dst == Py_None) Py_INCREF(dst);
+    PyObject *op = bare_instance(recv_type), *timeout = NULL, *r = NULL;
+    if (!op || slot_set(op, recv_at, N_SOURCE, Py_NewRef(source)) < 0 || slot_set(op, recv_at, N_TAG, Py_NewRef(tag)) < 0
+        || slot_set(op, recv_at, N_DST, Py_NewRef(dst)) < 0 || slot_set(op, recv_at, N_MSG, Py_NewRef(Py_None)) < 0
+        || slot_set(op, recv_at, N_CANCELLED, Py_NewRef(Py_False)) < 0
+        || slot_set(op, recv_at, N_ERROR, Py_NewRef(Py_None)) < 0 || !(timeout = PyObject_GetAttr(group, names[N_TIMEOUT])))
+        goto out;
+    static const int fields[] = {N_R_NETWORK, N_R_RECV, N_R_MATCHER, N_R_TIMEOUT, N_R_DONE, N_R_STATUS};
+    PyObject *values[] = {network, op, m, timeout, Py_False, Py_None};
+    r = request_with(fields, values, 6);
+    if (r && PyList_Append(posted, op) < 0) Py_CLEAR(r);
+out:
+    Py_XDECREF(op);
+    Py_XDECREF(timeout);
+    Py_XDECREF(dst);
+    return r;
+}
+
 /* mpi_envelope(matcher, source) -> whether the core took group rank
  * ``source``'s next envelope (waiting for it as long as a wait spins) and
  * gave it to the matcher, as progress would: how a waited receive request
@@ -3114,6 +3236,160 @@ static PyObject *py_mpi_envelope(PyObject *self, PyObject *const *args, Py_ssize
     return result;
 }
 
+/* Attribute ``name`` of request ``r`` is ``value``: 1 yes, 0 no, -1 on error. */
+static int request_is(PyObject *r, int name, PyObject *value) {
+    PyObject *v = PyObject_GetAttr(r, names[name]);
+    if (!v) return -1;
+    Py_DECREF(v);
+    return v == value;
+}
+
+/* Complete request ``r``: inactive from now, nothing kept for it. */
+static PyObject *request_completed(PyObject *r) {
+    if (PyObject_SetAttr(r, names[N_R_DONE], Py_True) < 0 || PyObject_SetAttr(r, names[N_R_KEEP], Py_None) < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+/* The receive half of mpi_complete, for a receive ``op`` still waiting
+ * for its message (request._core_receive, then _at_once's use of it). */
+static PyObject *complete_receive(PyObject *self, PyObject *r, PyObject *op, PyObject *m, PyObject *loads) {
+    PyObject *posted = slot_attr(m, matcher_at, N_POSTED), *inter = slot_attr(m, matcher_at, N_INTER);
+    PyObject *group = slot_attr(m, matcher_at, N_GROUP), *source = slot_attr(op, recv_at, N_SOURCE);
+    if (!posted || !inter || !group || !source) return NULL;
+    long long from = plain_int(source, -1, LLONG_MAX);
+    int alone = PyList_CheckExact(posted) && PyList_GET_SIZE(posted) == 1 && PyList_GET_ITEM(posted, 0) == op
+                && !(from < 0 && inter == Py_True);
+    if (PyObject_SetAttr(r, names[N_R_PULLED], Py_True) < 0) return NULL;  /* asked once, whatever comes */
+    if (!alone) {  /* others posted: the core takes the source's next envelope for the matcher */
+        PyObject *args[] = {m, source};
+        PyObject *took = py_mpi_envelope(self, args, 2);
+        if (!took) return NULL;
+        Py_DECREF(took);
+        Py_RETURN_FALSE;
+    }
+    /* its communicator's only posted receive: the core receives it as a blocking receive would */
+    if (PyList_SetSlice(posted, 0, 1, NULL) < 0) return NULL;
+    PyObject *args[] = {m, group, slot_attr(op, recv_at, N_DST), source, slot_attr(op, recv_at, N_TAG)};
+    PyObject *got = args[2] && args[4] ? py_mpi_recv(self, args, 5) : NULL;
+    if (!got || got == Py_None) {  /* posted again (an error too, as _core_receive's finally does) */
+        PyObject *exc_type, *exc, *tb;
+        PyErr_Fetch(&exc_type, &exc, &tb);
+        PyObject *again = PyObject_CallMethodOneArg(m, names[N_POST], op);
+        if (!again) {
+            Py_XDECREF(got);
+            Py_XDECREF(exc_type);
+            Py_XDECREF(exc);
+            Py_XDECREF(tb);
+            return NULL;
+        }
+        Py_DECREF(again);
+        PyErr_Restore(exc_type, exc, tb);
+        if (!got) return NULL;
+        Py_DECREF(got);
+        Py_RETURN_FALSE;
+    }
+    PyObject *payload = PyTuple_GET_ITEM(got, 1), *result = NULL;
+    int ok = PyObject_SetAttr(r, names[N_R_STATUS], PyTuple_GET_ITEM(got, 0)) == 0;
+    if (ok && args[2] == Py_None) {  /* an object; an empty message is None, as in mpi4py */
+        int some = PyObject_IsTrue(payload);
+        PyObject *obj = some > 0 ? PyObject_CallOneArg(loads, payload) : some == 0 ? Py_NewRef(Py_None) : NULL;
+        ok = obj && PyObject_SetAttr(r, names[N_R_RESULT], obj) == 0;
+        Py_XDECREF(obj);
+    }
+    if (ok) result = request_completed(r);
+    Py_DECREF(got);
+    return result;
+}
+
+/* mpi_complete(request, loads) -> a wait's first look at a Request of the
+ * class itself with nothing to run after it (Request._at_once's, in C):
+ * True where it completed it here (a send with nothing in flight; a
+ * receive the core took, an object's through ``loads``), False where the
+ * general path waits for it (a receive the core was asked for once, as
+ * _at_once asks), None where _at_once looks itself (a subclass's request,
+ * one with something to run after it, no types set). */
+static PyObject *py_mpi_complete(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "mpi_complete(request, loads)");
+        return NULL;
+    }
+    PyObject *r = args[0], *loads = args[1];
+    if (!request_type || !Py_IS_TYPE(r, request_type)) Py_RETURN_NONE;
+    int plain = request_is(r, N_R_AFTER, Py_None);
+    if (plain <= 0) return plain < 0 ? NULL : Py_NewRef(Py_None);
+    int active = request_is(r, N_R_DONE, Py_False);
+    if (active <= 0) return active < 0 ? NULL : Py_NewRef(Py_False);
+    PyObject *op = PyObject_GetAttr(r, names[N_R_RECV]), *result = NULL;
+    if (!op) return NULL;
+    if (op == Py_None) {  /* a send (or nothing): complete if nothing is in flight or waited for */
+        PyObject *sends = PyObject_GetAttr(r, names[N_R_SENDS]);
+        int idle = !sends ? -1 : PyTuple_CheckExact(sends) && PyTuple_GET_SIZE(sends) == 0;
+        Py_XDECREF(sends);
+        if (idle > 0) idle = request_is(r, N_R_WORK, Py_None);
+        if (idle > 0) idle = request_is(r, N_R_SYNC, Py_None);
+        result = idle < 0 ? NULL : idle ? request_completed(r) : Py_NewRef(Py_False);
+    } else if (Py_IS_TYPE(op, recv_type)) {
+        PyObject *msg = slot_attr(op, recv_at, N_MSG), *error = slot_attr(op, recv_at, N_ERROR);
+        PyObject *cancelled = slot_attr(op, recv_at, N_CANCELLED), *m = NULL;
+        int fresh = msg && error && cancelled && msg == Py_None && error == Py_None && cancelled == Py_False;
+        if (fresh) fresh = request_is(r, N_R_PULLED, Py_False);
+        if (fresh > 0 && (m = PyObject_GetAttr(r, names[N_R_MATCHER])) && m != Py_None && matcher_type
+            && Py_IS_TYPE(m, matcher_type))
+            result = complete_receive(self, r, op, m, loads);
+        else if (!PyErr_Occurred())
+            result = Py_NewRef(Py_False);
+        Py_XDECREF(m);
+    } else {
+        result = Py_NewRef(Py_None);
+    }
+    Py_DECREF(op);
+    return result;
+}
+
+/* mpi_complete_all(requests, loads, results, statuses, fill) -> the
+ * indices of the requests (a list) that mpi_complete did not complete,
+ * in order: Waitall's first look at every request in one call (its loop
+ * in Python cost more than the looks). For each one completed, its wait()
+ * result goes to ``results`` (a list, or None) at its index, and
+ * fill(statuses[i], its status fields) runs where statuses[i] is not None. */
+static PyObject *py_mpi_complete_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyList_CheckExact(args[0]) || (args[2] != Py_None && !PyList_CheckExact(args[2]))
+        || !PyList_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "mpi_complete_all(requests: list, loads, results: list or None, "
+                                         "statuses: list, fill)");
+        return NULL;
+    }
+    PyObject *requests = args[0], *results = args[2], *statuses = args[3], *fill = args[4];
+    PyObject *left = PyList_New(0);
+    for (Py_ssize_t i = 0; left && i < PyList_GET_SIZE(requests); i++) {
+        PyObject *r = Py_NewRef(PyList_GET_ITEM(requests, i)), *look[] = {r, args[1]};
+        PyObject *done = py_mpi_complete(self, look, 2), *got = NULL;
+        int ok = done != NULL;
+        if (ok && done != Py_True) {
+            PyObject *at = PyLong_FromSsize_t(i);
+            ok = at && PyList_Append(left, at) == 0;
+            Py_XDECREF(at);
+        } else if (ok) {
+            if (results != Py_None && i < PyList_GET_SIZE(results))
+                ok = (got = PyObject_GetAttr(r, names[N_R_RESULT])) && PyList_SetItem(results, i, got) == 0;
+            PyObject *st = i < PyList_GET_SIZE(statuses) ? PyList_GET_ITEM(statuses, i) : Py_None, *fields, *filled;
+            if (ok && st != Py_None) {
+                ok = (fields = PyObject_GetAttr(r, names[N_R_STATUS])) != NULL;
+                filled = ok ? PyObject_CallFunctionObjArgs(fill, st, fields, NULL) : NULL;
+                ok = filled != NULL;
+                Py_XDECREF(fields);
+                Py_XDECREF(filled);
+            }
+        }
+        Py_XDECREF(done);
+        Py_DECREF(r);
+        if (!ok) Py_CLEAR(left);
+    }
+    return left;
+}
+
+
 /* comm_rank(comm), comm_size(comm): an MPI communicator's rank and size
  * (collie.MPI's Comm.rank and .size, which programs read all the time), at
  * once where its group is a group of the live world; else its Get_rank()
@@ -3148,6 +3424,16 @@ static PyMethodDef methods[] = {
      "mpi_recv(matcher, group, dst, source, tag) -> ((source, tag, size, False), payload) or None."},
     {"mpi_exchange", (PyCFunction)(void (*)(void))py_mpi_exchange, METH_FASTCALL,
      "mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag[, dst]) -> None, False or mpi_recv's."},
+    {"set_request_types", py_set_request_types, METH_VARARGS,
+     "set_request_types(_Recv, Request, empty status): the types mpi_isend and mpi_irecv make (request.py)."},
+    {"mpi_isend", (PyCFunction)(void (*)(void))py_mpi_isend, METH_FASTCALL,
+     "mpi_isend(matcher, group, data, dest, tag) -> the Request of a send mpi_send made, or None."},
+    {"mpi_irecv", (PyCFunction)(void (*)(void))py_mpi_irecv, METH_FASTCALL,
+     "mpi_irecv(matcher, group, buf, source, tag) -> the Request of a receive posted at once, or None."},
+    {"mpi_complete", (PyCFunction)(void (*)(void))py_mpi_complete, METH_FASTCALL,
+     "mpi_complete(request, loads) -> True (completed), False (the general path waits) or None (see _core.c)."},
+    {"mpi_complete_all", (PyCFunction)(void (*)(void))py_mpi_complete_all, METH_FASTCALL,
+     "mpi_complete_all(requests, loads, results, statuses, fill) -> the indices mpi_complete did not complete."},
     {"mpi_envelope", (PyCFunction)(void (*)(void))py_mpi_envelope, METH_FASTCALL,
      "mpi_envelope(matcher, source) -> whether the core took source's next envelope for the matcher."},
     {"rooted_round", (PyCFunction)(void (*)(void))py_rooted_round, METH_FASTCALL,

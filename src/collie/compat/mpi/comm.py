@@ -30,7 +30,8 @@ from .buffers import (_bare_bytes, _Buf, _check_same, _count, _only_root, _pack,
 from .constants import (ANY_SOURCE, ANY_TAG, APPNUM, CART, DIST_GRAPH, GRAPH, IN_PLACE, IO, KEYVAL_INVALID,
                         LASTUSEDCODE, PROC_NULL, TAG_UB, UNDEFINED, UNIVERSE_SIZE, WTIME_IS_GLOBAL, _TAG_UB)
 from .op import SUM, Op, _buffer_op, _py_op
-from .p2p import _Matcher, _Recv, _SyncSend, _progress, _unregister, _wait_until, core_exchange, core_recv, core_send
+from .p2p import (_Matcher, _Recv, _SyncSend, _progress, _unregister, _wait_until, core_exchange, core_irecv,
+                  core_isend, core_recv, core_send)
 from .request import Prequest, Request, _done_request, _fill, _Partitioned, _receive
 from .commctx import _comm_lock
 from .message import _mprobe
@@ -235,6 +236,8 @@ class Comm(_Handled, _Attributed):
 
     def Set_name(self, name: str) -> None:
         self._name = name
+        if self._matcher is not None:  # (its requests' errors name the communicator: Request._describe)
+            self._matcher.name = name
 
     name = property(Get_name, Set_name)
 
@@ -620,10 +623,7 @@ class Comm(_Handled, _Attributed):
                 return _done_request((PROC_NULL, ANY_TAG, 0, False))
         op = _Recv(source, tag, dst)
         m.post(op)
-        return _receive(m.network, op, m, m.group.timeout,
-                        lambda: f"{what} from {'any rank' if source == ANY_SOURCE else f'rank {source}'} "
-                                f"({'any tag' if tag == ANY_TAG else f'tag {tag}'}) of {self._name}", after, keep,
-                        pulled)
+        return _receive(m.network, op, m, m.group.timeout, after, keep, pulled)  # (Request._describe says what)
 
     def _envelope(self, source, tag, block: bool, what: str):
         """(matcher, source, the first message matching source and tag, or
@@ -674,10 +674,9 @@ class Comm(_Handled, _Attributed):
         self.Issend(buf, dest, tag).Wait()
 
     def Isend(self, buf, dest: int, tag: int = 0, *, _sync: bool = False) -> Request:
-        # The core takes a bare array as it is (p2p.core_send): sent already, the buffer is free.
-        if not _sync and core_send(self._matcher, self._group, buf, dest, tag):
-            return _done_request()
-        return self._isend(buf, dest, tag, _sync)
+        # The core takes a bare array as it is (p2p.core_isend): sent already, the buffer is free.
+        r = None if _sync else core_isend(self._matcher, self._group, buf, dest, tag)
+        return self._isend(buf, dest, tag, _sync) if r is None else r
 
     def _isend(self, buf, dest: int, tag: int, sync: bool = False) -> Request:
         """Isend's general path, once the core did not send it (or may not:
@@ -714,6 +713,9 @@ class Comm(_Handled, _Attributed):
             self._recv(dst, source, tag, "Recv", pulled=True).Wait(status)
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        r = None if buf is None else core_irecv(self._matcher, self._group, buf, source, tag)  # (None: an object's)
+        if r is not None:  # a bare array, posted by the core
+            return r
         if source == PROC_NULL:
             return self._recv(None, source, tag, "Recv")
         dst = _bare_bytes(buf, True)
@@ -820,9 +822,8 @@ class Comm(_Handled, _Attributed):
     def isend(self, obj, dest: int, tag: int = 0, *, _sync: bool = False) -> Request:
         """Send an object, pickled with MPI.pickle."""
         data = b"" if dest == PROC_NULL else _pickle.dumps(obj)
-        if not _sync and core_send(self._matcher, self._group, data, dest, tag):
-            return _done_request()  # sent already: nothing left to do
-        return self._send(memoryview(data), dest, tag, "send", sync=_sync)
+        r = None if _sync else core_isend(self._matcher, self._group, data, dest, tag)
+        return self._send(memoryview(data), dest, tag, "send", sync=_sync) if r is None else r  # (r: sent already)
 
     ibsend = isend
 
@@ -841,7 +842,8 @@ class Comm(_Handled, _Attributed):
         return self._recv(None, source, tag, "recv", pulled=True).wait(status)  # (the core asked: not again)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        return self._recv(None, source, tag, "recv")
+        r = core_irecv(self._matcher, self._group, None, source, tag)  # posted by the core where plain
+        return self._recv(None, source, tag, "recv") if r is None else r
 
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:

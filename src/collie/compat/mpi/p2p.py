@@ -302,6 +302,9 @@ if core._core is not None:
     core._core.set_matcher(_Matcher)
     core_send, core_recv = core._core.mpi_send, core._core.mpi_recv
     core_exchange, core_envelope = core._core.mpi_exchange, core._core.mpi_envelope
+    # (their Requests, and the ones mpi_complete completes: request.py sets the types)
+    core_isend, core_irecv = core._core.mpi_isend, core._core.mpi_irecv
+    core_complete, core_complete_all = core._core.mpi_complete, core._core.mpi_complete_all
 else:  # no compiled core: every call takes the full path
     def core_send(m: Optional[_Matcher], group, data, dest, tag) -> bool:
         return False
@@ -314,6 +317,18 @@ else:  # no compiled core: every call takes the full path
 
     def core_envelope(m: _Matcher, source) -> bool:
         return False
+
+    def core_isend(m: Optional[_Matcher], group, data, dest, tag) -> None:
+        return None
+
+    def core_irecv(m: Optional[_Matcher], group, buf, source, tag) -> None:
+        return None
+
+    def core_complete(request, loads) -> None:
+        return None
+
+    def core_complete_all(requests: list, loads, results, statuses: list, fill) -> range:
+        return range(len(requests))
 
 
 # Weak references to every communicator's _Matcher: a plain list, since

@@ -15,13 +15,15 @@ import traceback
 import weakref
 from typing import Any, Callable, Optional, Sequence
 from .constants import ANY_SOURCE, ANY_TAG, SUCCESS, UNDEFINED
-from .p2p import _Message, _Recv, _progress, _wait_until, core_envelope, core_recv
+from .p2p import (_Message, _Recv, _progress, _wait_until, core_complete, core_complete_all, core_envelope,
+                  core_recv)
 from .pickling import pickle as _pickle
 from .status import Status
 
 __all__ = ["Request", "REQUEST_NULL", "Prequest", "Grequest"]
 
 
+from ... import core
 from ...errors import CollieError
 from .exceptions import ERR_OTHER, ERR_REQUEST, ERR_TRUNCATE, Exception as _MPIException, _as_mpi_error, _error
 
@@ -65,20 +67,29 @@ class Request:
     _error: Optional[BaseException] = None
     _result = None
 
-    @staticmethod
-    def _describe() -> str:
-        return "MPI request"
+    def _describe(self) -> str:
+        """What the request waits for, for its errors: a receive's, from its
+        books (so that making one needs no description); a request made
+        with ``describe`` says it instead."""
+        op, m = self._recv, self._matcher
+        if op is None or m is None:
+            return "MPI request"
+        source = "any rank" if op.source == ANY_SOURCE else f"rank {op.source}"
+        tag = "any tag" if op.tag == ANY_TAG else f"tag {op.tag}"
+        return f"{'recv' if op.dst is None else 'Recv'} from {source} ({tag}) of {m.name}"
 
     def __init__(self, network=None, *, sends=(), recv: Optional[_Recv] = None, matcher=None, work=None,
                  keep=None, after=None, timeout: float = 300.0,
-                 describe: Callable[[], str] = _describe, status=None, sync=None):
+                 describe: Optional[Callable[[], str]] = None, status=None, sync=None):
         if network is not None:
             if isinstance(network, Request):  # the copy constructor: the same request
                 _share(self, network)
                 return
             if not hasattr(network, "progress"):
                 raise TypeError(f"{type(self).__name__}() takes a Request to copy, got {type(network).__name__}")
-        self._network, self._timeout, self._describe = network, timeout, describe
+        self._network, self._timeout = network, timeout
+        if describe is not None:
+            self._describe = describe
         if sends:
             self._sends = tuple(sends)
         if recv is not None:
@@ -191,7 +202,15 @@ class Request:
         here: a receive the core took, or a send with nothing in flight (done
         at once, or to PROC_NULL), in a few calls where the general path
         makes a dozen. Returns what wait() returns, or _WAIT where the
-        general path must complete the request."""
+        general path must complete the request. The compiled core does all
+        of it for a request of the class itself (p2p.core_complete)."""
+        done = core_complete(self, _pickle.loads)
+        if done is not None:
+            if not done:
+                return _WAIT
+            if status is not None:
+                _fill(status, self._status)
+            return self._result
         if self._done:
             return _WAIT
         op = self._recv
@@ -367,25 +386,39 @@ class Request:
         return [statuses[i] if i < len(statuses) else None for i in range(n)]
 
     @staticmethod
-    def Waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
-        requests = list(requests)
-        waiting = []  # (request, its status): those the short way could not complete
-        for r, st in zip(requests, Request._statuses(statuses, len(requests))):
-            if r._at_once(st) is _WAIT:
-                waiting.append((r, st))
+    def _all(requests: list, statuses: Optional[list], results: Optional[list] = None) -> None:
+        """Waitall's body: each request the short way (_at_once), then the
+        rest together. With ``results``, each active request's wait() result
+        goes to its place there (waitall's list)."""
+        n = len(requests)
+        sts = [None] * n if statuses is None else Request._statuses(statuses, n)
+        waiting = []  # the indices of those the short way could not complete
+        for i in core_complete_all(requests, _pickle.loads, results, sts, _fill):  # (the core's first: the rest)
+            got = requests[i]._at_once(sts[i])
+            if got is _WAIT:
+                waiting.append(i)
+            elif results is not None:
+                results[i] = got
         if waiting:
-            rest = [r for r, _ in waiting]
+            rest = [requests[i] for i in waiting]
+            active = [r._active() for r in rest]
             Request._wait_some(rest, lambda: all(r._work is not None or r._ready() for r in rest))
-            for r, st in waiting:
-                r._complete(st)  # an asynchronous collective blocks here, in its own wait
+            for i, r, was_active in zip(waiting, rest, active):
+                r._complete(sts[i])  # an asynchronous collective blocks here, in its own wait
+                if results is not None:
+                    results[i] = r._take_result(was_active)
+
+    @staticmethod
+    def Waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
+        Request._all(list(requests), statuses)
         return True
 
     @staticmethod
     def waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> list:
         requests = list(requests)
-        active = [r._active() for r in requests]
-        Request.Waitall(requests, statuses)
-        return [r._result if a else None for r, a in zip(requests, active)]  # (_take_result's, written out)
+        results = [None] * len(requests)
+        Request._all(requests, statuses, results)
+        return results
 
     @staticmethod
     def Testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
@@ -684,14 +717,14 @@ class Grequest(Request):
             self._call(2, self._completed)
 
 
-def _receive(network, op: _Recv, matcher, timeout: float, describe: Callable[[], str], after=None,
-             keep=None, pulled: bool = False) -> Request:
+def _receive(network, op: _Recv, matcher, timeout: float, after=None, keep=None, pulled: bool = False) -> Request:
     """A receive's request (Comm._recv): as Request(network, recv=op, ...)
     makes it, without binding __init__'s keywords, which cost a small
-    irecv a fifth of its time. ``pulled``: the core was asked for this
-    receive already (a blocking call's own try): its wait does not ask again."""
+    irecv a fifth of its time (the compiled core's p2p.core_irecv makes the
+    same). ``pulled``: the core was asked for this receive already (a
+    blocking call's own try): its wait does not ask again."""
     r = object.__new__(Request)
-    r._network, r._recv, r._matcher, r._timeout, r._describe = network, op, matcher, timeout, describe
+    r._network, r._recv, r._matcher, r._timeout = network, op, matcher, timeout
     if after is not None or keep is not None:
         r._after, r._keep = after, keep
     if pulled:
@@ -708,6 +741,10 @@ def _done_request(status=None) -> Request:
     r = object.__new__(Request)
     r._done, r._status = False, status or _EMPTY
     return r
+
+
+if core._core is not None:  # p2p.core_isend and core_irecv make their Requests as the two above do
+    core._core.set_request_types(_Recv, Request, _EMPTY)
 
 
 def _core_receive(op: _Recv, m) -> Any:
