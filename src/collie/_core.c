@@ -1777,12 +1777,12 @@ static PyObject *lane_of(PyObject *group, PyObject *key, PyObject *tensor) {
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
     }
     Py_buffer view;  /* a lane writes its arrays in place: C-contiguous and writable, or no lane */
-    if (PyObject_GetBuffer(tensor, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+    if (tensor && PyObject_GetBuffer(tensor, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear();
         Py_DECREF(lane);
         Py_RETURN_NONE;
     }
-    PyBuffer_Release(&view);
+    if (tensor) PyBuffer_Release(&view);
     if (drain_background(world) == 0) result = lane;
     else Py_DECREF(lane);
     return result;
@@ -2624,6 +2624,76 @@ static PyObject *py_unpack_slots(PyObject *self, PyObject *args) {
  * None). ``fits``: whether the payloads fit their slots. A gather's or a
  * scatter's root spends a third of its time in the Python between those
  * steps when they are separate calls. */
+/* The _Slots object (objects.py) of the last rooted round, its arrays'
+ * buffers held (they are made once and never change) and the lane key
+ * of its last gather and last scatter: asking NumPy for three buffers and
+ * making the key cost a small gather a quarter of its time. */
+static struct {
+    PyObject *slots;              /* a strong reference (so no other object takes its place), or NULL */
+    PyObject *mine, *every, *outgoing;
+    Py_buffer bm, be, bo;
+    PyObject *keys[2];            /* [scatter, gather]: (name, dtype, size, root), or NULL */
+} rooted;
+
+static void rooted_forget(void) {
+    if (!rooted.slots) return;
+    PyBuffer_Release(&rooted.bm);
+    PyBuffer_Release(&rooted.be);
+    PyBuffer_Release(&rooted.bo);
+    Py_CLEAR(rooted.mine);
+    Py_CLEAR(rooted.every);
+    Py_CLEAR(rooted.outgoing);
+    Py_CLEAR(rooted.keys[0]);
+    Py_CLEAR(rooted.keys[1]);
+    Py_CLEAR(rooted.slots);
+}
+
+/* Make ``slots`` the one held (0), -1 on error (none held). */
+static int rooted_hold(PyObject *slots) {
+    if (rooted.slots == slots) return 0;
+    rooted_forget();
+    const int flags = PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS;
+    int held = 0;
+    if ((rooted.mine = PyObject_GetAttr(slots, names[N_MINE])) && PyObject_GetBuffer(rooted.mine, &rooted.bm, flags) == 0) {
+        held = 1;
+        if ((rooted.every = PyObject_GetAttr(slots, names[N_EVERY]))
+            && PyObject_GetBuffer(rooted.every, &rooted.be, flags) == 0) {
+            held = 2;
+            if ((rooted.outgoing = PyObject_GetAttr(slots, names[N_OUTGOING]))
+                && PyObject_GetBuffer(rooted.outgoing, &rooted.bo, flags) == 0)
+                held = 3;
+        }
+    }
+    if (held == 3) {
+        rooted.slots = Py_NewRef(slots);
+        return 0;
+    }
+    if (held > 0) PyBuffer_Release(&rooted.bm);
+    if (held > 1) PyBuffer_Release(&rooted.be);
+    Py_CLEAR(rooted.mine);
+    Py_CLEAR(rooted.every);
+    Py_CLEAR(rooted.outgoing);
+    return -1;
+}
+
+/* The lane key of a rooted round (as collectives.rooted_blocks makes it),
+ * borrowed from the held slots' last one of that kind where its root is
+ * ``root``; NULL on error. */
+static PyObject *rooted_key(PyObject *name, int gather, PyObject *root) {
+    PyObject *key = rooted.keys[gather];
+    if (key) {
+        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(key, 3), root, Py_EQ);
+        if (same) return same < 0 ? NULL : key;
+    }
+    PyObject *dtype = PyObject_GetAttr(rooted.mine, names[N_DTYPE]), *size = NULL;
+    if (dtype && (size = PyObject_GetAttr(rooted.mine, names[N_SIZE]))) key = PyTuple_Pack(4, name, dtype, size, root);
+    else key = NULL;
+    Py_XDECREF(dtype);
+    Py_XDECREF(size);
+    if (key) Py_XSETREF(rooted.keys[gather], key);
+    return key;
+}
+
 static PyObject *py_rooted_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "rooted_round(name, group, root, slots, payloads, loads)");
@@ -2636,23 +2706,22 @@ static PyObject *py_rooted_round(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_Format(PyExc_ValueError, "rooted_round: name must be \"gather\" or \"scatter\", not %R", name);
         return NULL;
     }
-    PyObject *mine = NULL, *every = NULL, *dtype = NULL, *size = NULL, *key = NULL, *lane = NULL, *rank = NULL;
-    PyObject *arrays = NULL, *ran = NULL, *got = NULL, *result = NULL;
-    Py_buffer bm = {0}, be = {0};
-    if (!(mine = PyObject_GetAttr(slots, names[N_MINE]))
-        || !(every = PyObject_GetAttr(slots, names[gather ? N_EVERY : N_OUTGOING]))
-        || !(dtype = PyObject_GetAttr(mine, names[N_DTYPE])) || !(size = PyObject_GetAttr(mine, names[N_SIZE]))
-        || !(key = PyTuple_Pack(4, name, dtype, size, root)) || !(lane = lane_of(group, key, mine)))
+    PyObject *key, *lane = NULL, *rank = NULL, *arrays = NULL, *ran = NULL, *got = NULL, *result = NULL;
+    PyObject *mine = NULL, *every = NULL;
+    if (rooted_hold(slots) < 0 || !(key = rooted_key(name, gather, root))
+        || !(lane = lane_of(group, key, NULL)))  /* (the slots' arrays: writable and C-contiguous, as held) */
         goto out;
     if (lane == Py_None) {
         result = Py_NewRef(Py_None);
         goto out;
     }
+    /* (our own references: another thread's round may hold other slots by the time the lane returns) */
+    mine = Py_NewRef(rooted.mine);
+    every = Py_NewRef(gather ? rooted.every : rooted.outgoing);
+    Py_buffer bm = rooted.bm, be = gather ? rooted.be : rooted.bo;  /* (copies of the held views: not released) */
     if (!(rank = PyObject_GetAttr(group, names[N_RANK]))) goto out;
     int is_root = PyObject_RichCompareBool(rank, root, Py_EQ);
-    if (is_root < 0 || PyObject_GetBuffer(mine, &bm, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0
-        || PyObject_GetBuffer(every, &be, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
-        goto out;
+    if (is_root < 0) goto out;
     int fits = 1;
     if (payloads != Py_None) {  /* a gather's own slot, or a scatter root's one per rank */
         fits = gather ? pack_into(bm.buf, bm.len, payloads, bm.len) : pack_into(be.buf, be.len, payloads, bm.len);
@@ -2668,13 +2737,8 @@ static PyObject *py_rooted_round(PyObject *self, PyObject *const *args, Py_ssize
     else got = PyTuple_Pack(2, Py_None, Py_None);
     if (got) result = PyTuple_Pack(3, fits ? Py_True : Py_False, PyTuple_GET_ITEM(got, 0), PyTuple_GET_ITEM(got, 1));
 out:
-    if (bm.obj) PyBuffer_Release(&bm);
-    if (be.obj) PyBuffer_Release(&be);
     Py_XDECREF(mine);
     Py_XDECREF(every);
-    Py_XDECREF(dtype);
-    Py_XDECREF(size);
-    Py_XDECREF(key);
     Py_XDECREF(lane);
     Py_XDECREF(rank);
     Py_XDECREF(arrays);

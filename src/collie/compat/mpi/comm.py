@@ -1502,8 +1502,11 @@ class Intracomm(Comm):
             root = self._root(g, root, "scatter")  # raises, or makes it an int
         payloads = None
         if g.rank == root:
-            payloads = list(map(_pickle.dumps, _scatter_items(sendobj, g.size, "scatter")))
-        return _Refused.check(_objects.scatter_loads(g, payloads, root, _pickle.loads))
+            items = sendobj if sendobj.__class__ in (list, tuple) and len(sendobj) == g.size else \
+                _scatter_items(sendobj, g.size, "scatter")  # (the common case as it is, written out)
+            payloads = list(map(_pickle.dumps, items))
+        got = _objects.scatter_loads(g, payloads, root, _pickle.loads)
+        return _Refused.check(got) if got.__class__ is _Refused else got
 
     def gather(self, sendobj, root: int = 0) -> Optional[list]:
         """Every rank's object, in a list at root (None elsewhere)."""
@@ -1511,6 +1514,16 @@ class Intracomm(Comm):
         if root.__class__ is not int or not 0 <= root < g.size:
             root = self._root(g, root, "gather")  # raises, or makes it an int
         return _objects.gather_loads(g, _pickle.dumps(sendobj), root, _pickle.loads)
+
+    def reduce(self, sendobj, op=SUM, root: int = 0) -> Any:
+        """op folded over the objects in rank order, at root (None elsewhere):
+        gather's round, folded (Comm.reduce's, without a call to gather)."""
+        fn = op._py if op.__class__ is Op else _py_op(op)  # MPI.SUM and the like, at once
+        g = self._g("reduce")
+        if root.__class__ is not int or not 0 <= root < g.size:
+            root = self._root(g, root, "reduce")  # raises, or makes it an int
+        items = _objects.gather_loads(g, _pickle.dumps(sendobj), root, _pickle.loads)
+        return None if items is None else functools.reduce(fn, items)
 
     def allgather(self, sendobj) -> list:
         """Every rank's object, in rank order (MPI.pickle turns them into bytes)."""
