@@ -110,7 +110,7 @@ def test_object_collectives_over_tcp():
 def _python_slots_body(rank, size):
     from collie import objects
     objects.pack_slots, objects.unpack_slots = objects._pack_slots, objects._unpack_slots
-    objects._core_round = lambda *args: None  # no compiled rooted_round either
+    objects._core_round = lambda *args: None  # no compiled slots_round either
     return _every_shape_body(rank, size)
 
 
@@ -119,33 +119,43 @@ def test_object_collectives_with_the_python_slot_codec():
     assert run_ranks(_python_slots_body, 3, timeout=110) == [True] * 3
 
 
-def _rooted_rounds_body(rank, size):
+def _rounds_body(rank, size):
     from collie import MPI, core, objects
     comm = MPI.COMM_WORLD
     python_rounds = []
-    full_path = objects._rooted_round
+    full_paths = {name: getattr(objects, name) for name in ("_rooted_round", "all_gather_into_tensor",
+                                                             "all_to_all_single")}
 
-    def counted(*args):
-        python_rounds.append(args[0])
-        return full_path(*args)
+    def counted(name, fn):
+        def run(*args, **kwargs):
+            python_rounds.append(args[0] if name == "_rooted_round" else name)
+            return fn(*args, **kwargs)
+        return run
     for call in range(6):
         if call == 2:  # each shape has run once: its lane is made
-            objects._rooted_round = counted
+            for name, fn in full_paths.items():
+                setattr(objects, name, counted(name, fn))
         for root in range(size):
             assert comm.gather(rank * call, root=root) == ([r * call for r in range(size)] if rank == root else None)
             assert comm.scatter([(r, call) for r in range(size)] if rank == root else None, root=root) == (rank, call)
             assert comm.reduce(rank + call, root=root) == (sum(range(size)) + size * call if rank == root else None)
-    objects._rooted_round = full_path
-    return core.EXECUTOR, python_rounds
+        assert comm.allgather((rank, call)) == [(r, call) for r in range(size)]
+        assert comm.alltoall([(rank, q, call) for q in range(size)]) == [(r, rank, call) for r in range(size)]
+    for name, fn in full_paths.items():
+        setattr(objects, name, fn)
+    return core.EXECUTOR, sorted(python_rounds)
 
 
 @pytest.mark.parametrize("size", [2, 3])
-def test_a_repeated_object_gather_or_scatter_is_one_call_into_the_core(size):
-    """Once a rooted object call's shape has a lane, its first round (pack,
-    the lane, unpack) is the core's rooted_round, one call; the Python
-    rounds are for the first calls and the Python executor."""
-    for executor, python_rounds in run_ranks(_rooted_rounds_body, size):
-        assert python_rounds == ([] if executor == "c" else ["gather", "scatter", "gather"] * size * 4)
+def test_a_repeated_object_collective_is_one_call_into_the_core(size):
+    """Once an object call's shape has a lane, its first round (pack, the
+    lane, unpack) is the core's slots_round, one call, for gather, scatter,
+    reduce, allgather and alltoall; the Python rounds are for the first
+    calls and the Python executor."""
+    for executor, python_rounds in run_ranks(_rounds_body, size):
+        assert python_rounds == ([] if executor == "c" else
+                                 sorted(["gather", "scatter", "gather"] * size * 4
+                                        + ["all_gather_into_tensor", "all_to_all_single"] * 4))
 
 
 def test_the_slot_codecs_agree():

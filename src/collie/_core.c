@@ -2611,104 +2611,121 @@ static PyObject *py_unpack_slots(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* rooted_round(name, group, root, slots, payloads, loads) -> (fits, items,
+/* slots_round(name, group, root, slots, payloads, loads) -> (fits, items,
  * large), or None where the call has no lane yet (nothing done: the
- * caller's full path runs it, objects._rooted_round, whose contract this
- * is). The first round of an object gather (``name`` "gather") or scatter
- * ("scatter") on group rank ``root``, in one call: ``payloads`` (pickles:
- * this rank's one for a gather, the root's one per rank for a scatter,
- * None on a scatter's other ranks) packed into ``slots`` (objects._Slots),
- * the call's lane (rooted_blocks'), then what came in unpacked through
- * ``loads``: every rank's slot at a gather's root, its own slot on a
- * scatter's other ranks (items and large as unpack_slots gives them, else
- * None). ``fits``: whether the payloads fit their slots. A gather's or a
- * scatter's root spends a third of its time in the Python between those
- * steps when they are separate calls. */
-/* The _Slots object (objects.py) of the last rooted round, its arrays'
- * buffers held (they are made once and never change) and the lane key
- * of its last gather and last scatter: asking NumPy for three buffers and
- * making the key cost a small gather a quarter of its time. */
+ * caller's full path runs it, objects.py's, whose contract this is). The
+ * first round of an object collective through a group's slots
+ * (objects._Slots), in one call: ``payloads`` (pickles) packed into the
+ * slots, the call's lane, then what came in unpacked through ``loads``
+ * (items and large as unpack_slots gives them, else None). ``name``:
+ * - "gather" on group rank ``root``: this rank's one payload into
+ *   ``mine``; at the root, every rank's slot comes in (``every``);
+ * - "scatter" from ``root``: the root's one payload per rank into
+ *   ``outgoing`` (None on the other ranks, which get their own slot);
+ * - "all_gather": this rank's payload; every rank's comes in (``root``
+ *   None);
+ * - "all_to_all": one payload per rank; every rank's for this one comes in.
+ * ``fits``: whether the payloads fit their slots. A small object call
+ * spent a third of its time in the Python between those steps when they
+ * were separate calls. */
+enum { ROUND_SCATTER, ROUND_GATHER, ROUND_ALL_GATHER, ROUND_ALL_TO_ALL, NROUNDS };
+static const char *round_names[NROUNDS] = {"scatter", "gather", "all_gather", "all_to_all"};
+
+/* The _Slots object of the last round, its arrays' buffers held (they are
+ * made once and never change) and the lane key of its last call of each
+ * kind: asking NumPy for three buffers and making the key cost a small
+ * gather a quarter of its time. */
 static struct {
     PyObject *slots;              /* a strong reference (so no other object takes its place), or NULL */
     PyObject *mine, *every, *outgoing;
     Py_buffer bm, be, bo;
-    PyObject *keys[2];            /* [scatter, gather]: (name, dtype, size, root), or NULL */
-} rooted;
+    PyObject *keys[NROUNDS];      /* as collectives.py makes its lane's key, or NULL */
+} rounds;
 
-static void rooted_forget(void) {
-    if (!rooted.slots) return;
-    PyBuffer_Release(&rooted.bm);
-    PyBuffer_Release(&rooted.be);
-    PyBuffer_Release(&rooted.bo);
-    Py_CLEAR(rooted.mine);
-    Py_CLEAR(rooted.every);
-    Py_CLEAR(rooted.outgoing);
-    Py_CLEAR(rooted.keys[0]);
-    Py_CLEAR(rooted.keys[1]);
-    Py_CLEAR(rooted.slots);
+static void rounds_forget(void) {
+    if (!rounds.slots) return;
+    PyBuffer_Release(&rounds.bm);
+    PyBuffer_Release(&rounds.be);
+    PyBuffer_Release(&rounds.bo);
+    Py_CLEAR(rounds.mine);
+    Py_CLEAR(rounds.every);
+    Py_CLEAR(rounds.outgoing);
+    for (int k = 0; k < NROUNDS; k++) Py_CLEAR(rounds.keys[k]);
+    Py_CLEAR(rounds.slots);
 }
 
 /* Make ``slots`` the one held (0), -1 on error (none held). */
-static int rooted_hold(PyObject *slots) {
-    if (rooted.slots == slots) return 0;
-    rooted_forget();
+static int rounds_hold(PyObject *slots) {
+    if (rounds.slots == slots) return 0;
+    rounds_forget();
     const int flags = PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS;
     int held = 0;
-    if ((rooted.mine = PyObject_GetAttr(slots, names[N_MINE])) && PyObject_GetBuffer(rooted.mine, &rooted.bm, flags) == 0) {
+    if ((rounds.mine = PyObject_GetAttr(slots, names[N_MINE])) && PyObject_GetBuffer(rounds.mine, &rounds.bm, flags) == 0) {
         held = 1;
-        if ((rooted.every = PyObject_GetAttr(slots, names[N_EVERY]))
-            && PyObject_GetBuffer(rooted.every, &rooted.be, flags) == 0) {
+        if ((rounds.every = PyObject_GetAttr(slots, names[N_EVERY]))
+            && PyObject_GetBuffer(rounds.every, &rounds.be, flags) == 0) {
             held = 2;
-            if ((rooted.outgoing = PyObject_GetAttr(slots, names[N_OUTGOING]))
-                && PyObject_GetBuffer(rooted.outgoing, &rooted.bo, flags) == 0)
+            if ((rounds.outgoing = PyObject_GetAttr(slots, names[N_OUTGOING]))
+                && PyObject_GetBuffer(rounds.outgoing, &rounds.bo, flags) == 0)
                 held = 3;
         }
     }
     if (held == 3) {
-        rooted.slots = Py_NewRef(slots);
+        rounds.slots = Py_NewRef(slots);
         return 0;
     }
-    if (held > 0) PyBuffer_Release(&rooted.bm);
-    if (held > 1) PyBuffer_Release(&rooted.be);
-    Py_CLEAR(rooted.mine);
-    Py_CLEAR(rooted.every);
-    Py_CLEAR(rooted.outgoing);
+    if (held > 0) PyBuffer_Release(&rounds.bm);
+    if (held > 1) PyBuffer_Release(&rounds.be);
+    Py_CLEAR(rounds.mine);
+    Py_CLEAR(rounds.every);
+    Py_CLEAR(rounds.outgoing);
     return -1;
 }
 
-/* The lane key of a rooted round (as collectives.rooted_blocks makes it),
- * borrowed from the held slots' last one of that kind where its root is
- * ``root``; NULL on error. */
-static PyObject *rooted_key(PyObject *name, int gather, PyObject *root) {
-    PyObject *key = rooted.keys[gather];
+/* The lane key of a round of kind ``kind`` on the held slots, as
+ * collectives.py makes it (rooted_blocks': name, dtype, size, root;
+ * _two_array_key's: name, dtype, the input's shape, the output's, no
+ * algorithm), borrowed: the held one where it is for ``root``. NULL on error. */
+static PyObject *rounds_key(PyObject *name, int kind, PyObject *root) {
+    PyObject *key = rounds.keys[kind];
     if (key) {
+        if (kind >= ROUND_ALL_GATHER) return key;
         int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(key, 3), root, Py_EQ);
         if (same) return same < 0 ? NULL : key;
     }
-    PyObject *dtype = PyObject_GetAttr(rooted.mine, names[N_DTYPE]), *size = NULL;
-    if (dtype && (size = PyObject_GetAttr(rooted.mine, names[N_SIZE]))) key = PyTuple_Pack(4, name, dtype, size, root);
-    else key = NULL;
+    PyObject *in = kind == ROUND_ALL_TO_ALL ? rounds.outgoing : rounds.mine;
+    PyObject *dtype = PyObject_GetAttr(rounds.mine, names[N_DTYPE]), *a = NULL, *b = NULL;
+    key = NULL;
+    if (dtype && kind < ROUND_ALL_GATHER) {
+        if ((a = PyObject_GetAttr(rounds.mine, names[N_SIZE]))) key = PyTuple_Pack(4, name, dtype, a, root);
+    } else if (dtype && (a = PyObject_GetAttr(in, names[N_SHAPE])) && (b = PyObject_GetAttr(rounds.every, names[N_SHAPE]))) {
+        key = PyTuple_Pack(5, name, dtype, a, b, Py_None);
+    }
     Py_XDECREF(dtype);
-    Py_XDECREF(size);
-    if (key) Py_XSETREF(rooted.keys[gather], key);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    if (key) Py_XSETREF(rounds.keys[kind], key);
     return key;
 }
 
-static PyObject *py_rooted_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *py_slots_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "rooted_round(name, group, root, slots, payloads, loads)");
+        PyErr_SetString(PyExc_TypeError, "slots_round(name, group, root, slots, payloads, loads)");
         return NULL;
     }
     PyObject *name = args[0], *group = args[1], *root = args[2], *slots = args[3], *payloads = args[4];
     PyObject *loads = args[5];
-    int gather = PyUnicode_Check(name) ? PyUnicode_CompareWithASCIIString(name, "gather") == 0 : 0;
-    if (!gather && !(PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "scatter") == 0)) {
-        PyErr_Format(PyExc_ValueError, "rooted_round: name must be \"gather\" or \"scatter\", not %R", name);
+    int kind = 0;
+    while (kind < NROUNDS && !(PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, round_names[kind]) == 0))
+        kind++;
+    if (kind == NROUNDS) {
+        PyErr_Format(PyExc_ValueError, "slots_round: name must be \"gather\", \"scatter\", \"all_gather\" or "
+                                       "\"all_to_all\", not %R", name);
         return NULL;
     }
     PyObject *key, *lane = NULL, *rank = NULL, *arrays = NULL, *ran = NULL, *got = NULL, *result = NULL;
-    PyObject *mine = NULL, *every = NULL;
-    if (rooted_hold(slots) < 0 || !(key = rooted_key(name, gather, root))
+    PyObject *mine = NULL, *every = NULL, *outgoing = NULL;
+    if (rounds_hold(slots) < 0 || !(key = rounds_key(name, kind, root))
         || !(lane = lane_of(group, key, NULL)))  /* (the slots' arrays: writable and C-contiguous, as held) */
         goto out;
     if (lane == Py_None) {
@@ -2716,29 +2733,40 @@ static PyObject *py_rooted_round(PyObject *self, PyObject *const *args, Py_ssize
         goto out;
     }
     /* (our own references: another thread's round may hold other slots by the time the lane returns) */
-    mine = Py_NewRef(rooted.mine);
-    every = Py_NewRef(gather ? rooted.every : rooted.outgoing);
-    Py_buffer bm = rooted.bm, be = gather ? rooted.be : rooted.bo;  /* (copies of the held views: not released) */
-    if (!(rank = PyObject_GetAttr(group, names[N_RANK]))) goto out;
-    int is_root = PyObject_RichCompareBool(rank, root, Py_EQ);
-    if (is_root < 0) goto out;
-    int fits = 1;
-    if (payloads != Py_None) {  /* a gather's own slot, or a scatter root's one per rank */
-        fits = gather ? pack_into(bm.buf, bm.len, payloads, bm.len) : pack_into(be.buf, be.len, payloads, bm.len);
+    mine = Py_NewRef(rounds.mine);
+    every = Py_NewRef(rounds.every);
+    outgoing = Py_NewRef(rounds.outgoing);
+    Py_buffer bm = rounds.bm, be = rounds.be, bo = rounds.bo;  /* (copies of the held views: not released) */
+    int is_root = 0;
+    if (kind < ROUND_ALL_GATHER) {
+        if (!(rank = PyObject_GetAttr(group, names[N_RANK]))) goto out;
+        if ((is_root = PyObject_RichCompareBool(rank, root, Py_EQ)) < 0) goto out;
+    }
+    int fits = 1, one = kind == ROUND_GATHER || kind == ROUND_ALL_GATHER;  /* this rank's one payload, or one per rank */
+    if (payloads != Py_None) {
+        fits = one ? pack_into(bm.buf, bm.len, payloads, bm.len) : pack_into(bo.buf, bo.len, payloads, bm.len);
         if (fits < 0) goto out;
     }
-    /* rooted_blocks' lane: its arrays in sorted order, "in" then "out" */
-    arrays = !is_root ? PyTuple_Pack(1, mine) : gather ? PyTuple_Pack(2, mine, every) : PyTuple_Pack(2, every, mine);
+    /* the lane's arrays in sorted order, "in" then "out" */
+    switch (kind) {
+    case ROUND_GATHER: arrays = is_root ? PyTuple_Pack(2, mine, every) : PyTuple_Pack(1, mine); break;
+    case ROUND_SCATTER: arrays = is_root ? PyTuple_Pack(2, outgoing, mine) : PyTuple_Pack(1, mine); break;
+    case ROUND_ALL_GATHER: arrays = PyTuple_Pack(2, mine, every); break;
+    default: arrays = PyTuple_Pack(2, outgoing, every);
+    }
     if (!arrays) goto out;
     ran = Py_IS_TYPE(lane, &LaneType) ? lane_call((Lane *)lane, arrays, NULL) : PyObject_Call(lane, arrays, NULL);
     if (!ran) goto out;
-    if (gather && is_root) got = unpack_from(be.buf, be.len, be.len / bm.len, bm.len, loads);
-    else if (!gather && !is_root) got = unpack_from(bm.buf, bm.len, 1, bm.len, loads);
-    else got = PyTuple_Pack(2, Py_None, Py_None);
+    if (kind == ROUND_SCATTER ? !is_root : kind != ROUND_GATHER || is_root)  /* what came in: every slot, or its own */
+        got = kind == ROUND_SCATTER ? unpack_from(bm.buf, bm.len, 1, bm.len, loads)
+                                    : unpack_from(be.buf, be.len, be.len / bm.len, bm.len, loads);
+    else
+        got = PyTuple_Pack(2, Py_None, Py_None);
     if (got) result = PyTuple_Pack(3, fits ? Py_True : Py_False, PyTuple_GET_ITEM(got, 0), PyTuple_GET_ITEM(got, 1));
 out:
     Py_XDECREF(mine);
     Py_XDECREF(every);
+    Py_XDECREF(outgoing);
     Py_XDECREF(lane);
     Py_XDECREF(rank);
     Py_XDECREF(arrays);
@@ -3500,8 +3528,8 @@ static PyMethodDef methods[] = {
      "mpi_complete_all(requests, loads, results, statuses, fill) -> the indices mpi_complete did not complete."},
     {"mpi_envelope", (PyCFunction)(void (*)(void))py_mpi_envelope, METH_FASTCALL,
      "mpi_envelope(matcher, source) -> whether the core took source's next envelope for the matcher."},
-    {"rooted_round", (PyCFunction)(void (*)(void))py_rooted_round, METH_FASTCALL,
-     "rooted_round(name, group, root, slots, payloads, loads) -> (fits, items, large), or None (objects.py)."},
+    {"slots_round", (PyCFunction)(void (*)(void))py_slots_round, METH_FASTCALL,
+     "slots_round(name, group, root, slots, payloads, loads) -> (fits, items, large), or None (objects.py)."},
     {"combine", py_combine, METH_VARARGS, "combine(dst, src, dtype, op): dst = dst op src in place."},
     {"find_lane", (PyCFunction)(void (*)(void))py_find_lane, METH_FASTCALL,
      "find_lane(group, key, tensor) -> the lane of a repeated call, or None (collectives._find_lane)."},

@@ -39,13 +39,13 @@ from .work import CompletedWork
 try:
     from . import _core
     Lane, find_lane, p2p_target, set_context = _core.Lane, _core.find_lane, _core.p2p_target, _core.set_context
-    pack_slots, unpack_slots, rooted_round = _core.pack_slots, _core.unpack_slots, _core.rooted_round  # objects.py's
+    pack_slots, unpack_slots, slots_round = _core.pack_slots, _core.unpack_slots, _core.slots_round  # objects.py's
     Entry, forget_world = _core.Entry, _core.forget_world
     _core.set_ring_ends(ring.Out, ring.In)
     _core.set_hot_slots(ProcessGroup, network_module.Network, ShmTransport, _World)
     _WHY_NOT = ""
 except ImportError:  # not built: no C compiler (or Python headers) at install time
-    _core = Lane = find_lane = p2p_target = set_context = pack_slots = unpack_slots = rooted_round = Entry = None
+    _core = Lane = find_lane = p2p_target = set_context = pack_slots = unpack_slots = slots_round = Entry = None
 
     def forget_world() -> None:
         """(What the compiled core's entries keep of a world: there are none.)"""

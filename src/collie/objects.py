@@ -156,11 +156,14 @@ def all_gather_loads(g: ProcessGroup, payload: bytes, loads: Callable) -> list:
     """Every rank's ``payload`` (a pickle), in rank order, each through
     ``loads``: from the first round's slots, and those that did not fit
     from a second round."""
-    s = _slots(g)
-    mine, every = s.mine, s.every
-    pack_slots(mine, (payload,), SLOT)
-    all_gather_into_tensor(every, mine, g)  # repeated: from its C entry to its lane
-    items, large = unpack_slots(every, g.size, SLOT, loads)
+    s = g.object_slots or _slots(g)
+    got = _core_round("all_gather", g, None, s, (payload,), loads)
+    if got is None:
+        pack_slots(s.mine, (payload,), SLOT)
+        all_gather_into_tensor(s.every, s.mine, g)  # its first run makes the lane the core's round takes
+        items, large = unpack_slots(s.every, g.size, SLOT, loads)
+    else:
+        _, items, large = got
     if large is None:
         return items
     # Every rank needs every pickle: one all_gather of those that did not fit (the others, 0 bytes).
@@ -180,7 +183,7 @@ def _rooted_round(name: str, g: ProcessGroup, root: int, s: _Slots, payloads: Op
     came in through ``loads``. Returns (fits, items, large): whether the
     payloads fit their slots, and, at a gather's root every rank's slot and
     on a scatter's other ranks their own, as unpack_slots gives them (else
-    None, None). The compiled core's rooted_round does all of it in one
+    None, None). The compiled core's slots_round does all of it in one
     call where the call has a lane."""
     gather, mine_root = name == "gather", g.rank == root
     packed = s.mine if gather else s.outgoing
@@ -191,7 +194,7 @@ def _rooted_round(name: str, g: ProcessGroup, root: int, s: _Slots, payloads: Op
     return fits, None, None
 
 
-_core_round = core.rooted_round or (lambda *args: None)  # None: no lane (or no core), the full path runs
+_core_round = core.slots_round or (lambda *args: None)  # None: no lane (or no core), the full path runs
 
 
 def gather_loads(g: ProcessGroup, payload: bytes, root: int, loads: Callable) -> Optional[list]:
@@ -230,10 +233,14 @@ def scatter_loads(g: ProcessGroup, payloads: Optional[Sequence[bytes]], root: in
 def all_to_all_loads(g: ProcessGroup, payloads: Sequence[bytes], loads: Callable) -> list:
     """``payloads[q]`` of every rank r (pickles, one per rank) becomes item
     r of rank q's list, through ``loads``."""
-    s = _slots(g)
-    fits = pack_slots(s.outgoing, payloads, SLOT)
-    all_to_all_single(s.every, s.outgoing, group=g)
-    items, large = unpack_slots(s.every, g.size, SLOT, loads)
+    s = g.object_slots or _slots(g)
+    got = _core_round("all_to_all", g, None, s, payloads, loads)
+    if got is None:
+        fits = pack_slots(s.outgoing, payloads, SLOT)
+        all_to_all_single(s.every, s.outgoing, group=g)  # its first run makes the lane the core's round takes
+        items, large = unpack_slots(s.every, g.size, SLOT, loads)
+    else:
+        fits, items, large = got
     if fits and large is None:
         return items
     me = g.rank
