@@ -2715,9 +2715,15 @@ static PyObject *py_slots_round(PyObject *self, PyObject *const *args, Py_ssize_
     }
     PyObject *name = args[0], *group = args[1], *root = args[2], *slots = args[3], *payloads = args[4];
     PyObject *loads = args[5];
+    static PyObject *interned[NROUNDS];  /* the names as Python's literals are: found by identity first */
     int kind = 0;
-    while (kind < NROUNDS && !(PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, round_names[kind]) == 0))
-        kind++;
+    for (; kind < NROUNDS; kind++) {
+        if (!interned[kind] && !(interned[kind] = PyUnicode_InternFromString(round_names[kind]))) return NULL;
+        if (name == interned[kind]) break;
+    }
+    if (kind == NROUNDS)
+        for (kind = 0; kind < NROUNDS && !(PyUnicode_Check(name) && PyUnicode_Compare(name, interned[kind]) == 0);)
+            kind++;
     if (kind == NROUNDS) {
         PyErr_Format(PyExc_ValueError, "slots_round: name must be \"gather\", \"scatter\", \"all_gather\" or "
                                        "\"all_to_all\", not %R", name);
