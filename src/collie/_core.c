@@ -3251,11 +3251,11 @@ static PyObject *receive_bytes(PyObject *buf) {
 /* mpi_irecv(matcher, group, buf, source, tag) -> the Request of a receive
  * posted to the matcher as Comm._recv posts it, into ``buf``'s bytes (a
  * bare array or memoryview, as plain_buffer takes one; None: an object),
- * where the call is plain: a live matcher for that group (matcher_usable),
- * ``source`` a rank of it or MPI.ANY_SOURCE, ``tag`` >= 0 or MPI.ANY_TAG,
- * and no message unmatched that the receive might take at once (the post
- * is then an append). Else None: the full path posts it, or explains
- * what is wrong. */
+ * where the call is plain: a live matcher for that group (matcher_usable)
+ * of an intracommunicator, ``source`` a rank of it or MPI.ANY_SOURCE,
+ * ``tag`` >= 0 or MPI.ANY_TAG, and no message unmatched that the receive
+ * might take at once (the post is then an append). Else None: the full
+ * path posts it, or explains what is wrong. */
 static PyObject *py_mpi_irecv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "mpi_irecv(matcher, group, buf, source, tag)");
@@ -3270,8 +3270,9 @@ static PyObject *py_mpi_irecv(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (plain_int(source, -1, size) == LLONG_MIN || plain_int(tag, -1, LLONG_MAX) == LLONG_MIN) Py_RETURN_NONE;
     int quiet = slot_empty(m, matcher_at, N_UNMATCHED);
     PyObject *posted = slot_attr(m, matcher_at, N_POSTED), *network = slot_attr(m, matcher_at, N_NETWORK);
-    if (quiet < 0 || !posted || !network) return NULL;
-    if (!quiet || !PyList_CheckExact(posted)) Py_RETURN_NONE;
+    PyObject *inter = slot_attr(m, matcher_at, N_INTER);  /* (an intercommunicator's ranks are the remote group's) */
+    if (quiet < 0 || !posted || !network || !inter) return NULL;
+    if (!quiet || !PyList_CheckExact(posted) || inter != Py_False) Py_RETURN_NONE;
     PyObject *dst = Py_None;  /* an object's receive */
     if (args[2] != Py_None && (!(dst = receive_bytes(args[2])) || dst == Py_None))
         return dst;  /* an error, or a buffer the full path reads */
