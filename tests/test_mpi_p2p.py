@@ -269,6 +269,47 @@ def test_payloads_in_and_after_the_envelope(n):
     assert run(_inline_body, n) == [True] * n
 
 
+def _typed_arrays_body(rank, size):
+    MPI = mpi()
+    from collie.compat.mpi.p2p import INLINE_BYTES
+    comm = MPI.COMM_WORLD
+    peer = 1 - rank
+    out = []
+    for n in (3, INLINE_BYTES // 8 + 5):  # float64s: in the envelope, then after it
+        small, whole, other = np.zeros(n - 1), np.zeros(n), np.zeros(2, np.float32)
+        # two receives posted: the messages go Python's way (the matcher's), into the arrays as posted
+        reqs = [comm.Irecv(whole, peer, 1), comm.Irecv(other, peer, 2)]
+        comm.Barrier()
+        sends = [comm.Isend(np.arange(n, dtype=np.float64) + rank, peer, 1),
+                 comm.Isend(np.array([rank, -rank], np.float32), peer, 2)]
+        MPI.Request.Waitall(reqs + sends)
+        out.append((whole.tolist(), other.tolist()))
+        req = comm.Irecv(small, peer, 3)  # n - 1 float64s for n of them
+        comm.Irecv(np.zeros(1), peer, 4).Cancel()  # (another posted receive first: Python's way again)
+        comm.Barrier()
+        sreq = comm.Isend(np.arange(n, dtype=np.float64), peer, 3)
+        try:
+            req.Wait()
+        except MPI.Exception as exc:
+            out.append((exc.Get_error_class() == MPI.ERR_TRUNCATE, f"holds {8 * (n - 1)}" in str(exc)))
+        sreq.Wait()
+        comm.Barrier()
+    return out
+
+
+def test_typed_arrays_posted_by_the_core_take_bytes_on_pythons_way():
+    """An Irecv of a bare array (which the core posts as it is) whose
+    message the matcher's Python moves gets it whole, counted in bytes:
+    into float64 and float32 arrays, in and after the envelope, and a
+    buffer a float64 short is ERR_TRUNCATE naming its size in bytes."""
+    from collie.compat.mpi.p2p import INLINE_BYTES
+    for rank, out in enumerate(run(_typed_arrays_body, 2)):
+        peer = 1 - rank
+        for i, n in enumerate((3, INLINE_BYTES // 8 + 5)):
+            assert out[2 * i] == ([float(peer + k) for k in range(n)], [float(peer), float(-peer)])
+            assert out[2 * i + 1] == (True, True)
+
+
 def _core_body(rank, size):
     MPI = mpi()
     from collie.compat.mpi import comm as comm_module

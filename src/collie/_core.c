@@ -3227,19 +3227,24 @@ static PyObject *py_mpi_isend(PyObject *self, PyObject *const *args, Py_ssize_t 
         Py_RETURN_NONE;
     }
     Py_DECREF(sent);
-    static const int fields[] = {N_R_DONE, N_R_STATUS};
-    PyObject *values[] = {Py_False, empty_status};
-    return request_with(fields, values, 2);
+    static const int fields[] = {N_R_STATUS};  /* (active: the class's _done) */
+    PyObject *values[] = {empty_status};
+    return request_with(fields, values, 1);
 }
 
-/* ``buf``'s bytes as a flat byte memoryview (arrays.byte_view's), where
- * plain_buffer takes it writable; None where it does not (the full path
- * reads or refuses it). A new reference, NULL on error. */
+/* What a posted receive keeps of ``buf`` (its _Recv.dst), where
+ * plain_buffer takes it writable: a bare array as it is (the core receives
+ * into it; _Recv.bytes() makes its byte view where Python moves the
+ * message: a byte view cost an irecv a sixth of its time), a memoryview
+ * as a flat byte view (arrays.byte_view's); None where plain_buffer does
+ * not take it (the full path reads or refuses it). A new reference, NULL
+ * on error. */
 static PyObject *receive_bytes(PyObject *buf) {
     Py_buffer view;
     int ok = plain_buffer(buf, 1, &view);
     if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
     PyBuffer_Release(&view);
+    if (!PyMemoryView_Check(buf)) return Py_NewRef(buf);
     PyObject *mv = PyMemoryView_FromObject(buf);
     if (!mv) return NULL;
     const Py_buffer *b = PyMemoryView_GET_BUFFER(mv);
@@ -3283,9 +3288,9 @@ static PyObject *py_mpi_irecv(PyObject *self, PyObject *const *args, Py_ssize_t 
         || slot_set(op, recv_at, N_CANCELLED, Py_NewRef(Py_False)) < 0
         || slot_set(op, recv_at, N_ERROR, Py_NewRef(Py_None)) < 0 || !(timeout = PyObject_GetAttr(group, names[N_TIMEOUT])))
         goto out;
-    static const int fields[] = {N_R_NETWORK, N_R_RECV, N_R_MATCHER, N_R_TIMEOUT, N_R_DONE, N_R_STATUS};
-    PyObject *values[] = {network, op, m, timeout, Py_False, Py_None};
-    r = request_with(fields, values, 6);
+    static const int fields[] = {N_R_NETWORK, N_R_RECV, N_R_MATCHER, N_R_TIMEOUT};  /* (the rest: the class's) */
+    PyObject *values[] = {network, op, m, timeout};
+    r = request_with(fields, values, 4);
     if (r && PyList_Append(posted, op) < 0) Py_CLEAR(r);
 out:
     Py_XDECREF(op);

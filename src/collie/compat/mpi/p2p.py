@@ -49,7 +49,8 @@ class _SyncSend:
 
 
 class _Recv:
-    """A posted receive: ``dst`` is the bytes of the caller's buffer, or None
+    """A posted receive: ``dst`` is the caller's buffer (its bytes, or a
+    bare array the compiled core posted as it is: see bytes()), or None
     for a pickled object. ``msg`` is the message it matched; ``error`` says
     why it never will (its peer is gone)."""
 
@@ -60,6 +61,12 @@ class _Recv:
         self.msg: Optional[_Message] = None
         self.cancelled = False
         self.error: Optional[BaseException] = None
+
+    def bytes(self) -> memoryview:
+        """dst's bytes, for Python's moves of the message (the core posts a
+        bare array as it is, and receives into it without them)."""
+        dst = self.dst
+        return dst if dst.__class__ is memoryview else byte_view(dst)
 
     def matches(self, source: int, tag: int) -> bool:
         # ANY_TAG takes user tags only: negative tags are the layer's own (neighbour collectives)
@@ -207,14 +214,15 @@ class _Matcher:
         tag, nbytes, sync = head[:3].tolist()
         op = next((o for o in self.posted if o.matches(source, tag)), None)
         msg = _Message(source, tag, nbytes, sync=sync)
+        dst = None if op is None or op.dst is None else op.bytes()
         if nbytes <= INLINE_BYTES:  # here already: copied out of the envelope
             payload = byte_view(head)[_HEAD_BYTES:_HEAD_BYTES + nbytes]
-            if op is not None and op.dst is not None and nbytes <= len(op.dst):
-                op.dst[:nbytes] = payload
+            if dst is not None and nbytes <= len(dst):
+                dst[:nbytes] = payload
             else:
                 msg.data = bytearray(payload)
-        elif op is not None and op.dst is not None and nbytes <= len(op.dst):
-            msg.req = self.network.irecv(self.group.ranks[source], self.ptag, op.dst[:nbytes])
+        elif dst is not None and nbytes <= len(dst):
+            msg.req = self.network.irecv(self.group.ranks[source], self.ptag, dst[:nbytes])
         else:  # an object, a message nobody wants yet, or one too big (an error on completion)
             msg.data = bytearray(nbytes)
             msg.req = self.network.irecv(self.group.ranks[source], self.ptag, memoryview(msg.data))

@@ -66,6 +66,8 @@ class Request:
     _pulled = False  # a wait asked the core for its receive (_at_once): the core's spin is made once
     _error: Optional[BaseException] = None
     _result = None
+    _done = False  # (__init__ sets it: an inactive request is one made with nothing to do)
+    _status = None  # (source, tag, nbytes, cancelled) once known
 
     def _describe(self) -> str:
         """What the request waits for, for its errors: a receive's, from its
@@ -178,11 +180,12 @@ class Request:
             if op.dst is None:  # an object; an empty message is None, as in mpi4py
                 self._result = _pickle.loads(msg.data) if msg.nbytes else None
             elif msg.data is not None:
-                if msg.nbytes > len(op.dst):
+                dst = op.bytes()
+                if msg.nbytes > len(dst):
                     raise _error(ERR_TRUNCATE, f"rank {self._network.rank}: {self._describe()}: message truncated: "
                                       f"rank {msg.source} sent {msg.nbytes} bytes (tag {msg.tag}) but the "
-                                      f"receive buffer holds {len(op.dst)}")
-                op.dst[:msg.nbytes] = msg.data
+                                      f"receive buffer holds {len(dst)}")
+                dst[:msg.nbytes] = msg.data
         if self._after is not None:
             self._after()
 
@@ -729,7 +732,6 @@ def _receive(network, op: _Recv, matcher, timeout: float, after=None, keep=None,
         r._after, r._keep = after, keep
     if pulled:
         r._pulled = True
-    r._done, r._status = False, None
     return r
 
 
@@ -739,7 +741,7 @@ def _done_request(status=None) -> Request:
     completes it, as in MPI. (Request(status=...) without __init__'s
     keywords: a small isend makes one per call.)"""
     r = object.__new__(Request)
-    r._done, r._status = False, status or _EMPTY
+    r._status = status or _EMPTY
     return r
 
 
