@@ -3182,22 +3182,20 @@ out:
  * _receive make one (object.__new__, then its attributes), and the posted
  * receive (_Recv, whose slots are at recv_at). Python's frames for an
  * irecv (its checks, the _Recv, the post, the Request) were two thirds
- * of its time. set_request_types(_Recv, Request, empty status), at
- * request.py's import; before it the calls take the full path. */
+ * of its time. set_request_types(_Recv, Request), at request.py's
+ * import; before it the calls take the full path. */
 static PyTypeObject *recv_type, *request_type;
-static PyObject *empty_status, *byte_format;
+static PyObject *byte_format;
 static Py_ssize_t recv_at[NNAMES];
 static const int recv_names[] = {N_SOURCE, N_TAG, N_DST, N_MSG, N_CANCELLED, N_ERROR, -1};
 
 static PyObject *py_set_request_types(PyObject *self, PyObject *args) {
-    PyObject *recv, *request, *empty;
-    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &recv, &PyType_Type, &request, &PyTuple_Type, &empty))
-        return NULL;
+    PyObject *recv, *request;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &recv, &PyType_Type, &request)) return NULL;
     if (slot_offsets(recv, recv_names, recv_at) < 0) return NULL;
     if (!byte_format && !(byte_format = PyUnicode_InternFromString("B"))) return NULL;
     Py_XSETREF(recv_type, (PyTypeObject *)Py_NewRef(recv));
     Py_XSETREF(request_type, (PyTypeObject *)Py_NewRef(request));
-    Py_XSETREF(empty_status, Py_NewRef(empty));
     Py_RETURN_NONE;
 }
 
@@ -3227,9 +3225,7 @@ static PyObject *py_mpi_isend(PyObject *self, PyObject *const *args, Py_ssize_t 
         Py_RETURN_NONE;
     }
     Py_DECREF(sent);
-    static const int fields[] = {N_R_STATUS};  /* (active: the class's _done) */
-    PyObject *values[] = {empty_status};
-    return request_with(fields, values, 1);
+    return bare_instance(request_type);  /* (active, no status yet: the class's _done and _status) */
 }
 
 /* What a posted receive keeps of ``buf`` (its _Recv.dst), where
@@ -3529,7 +3525,7 @@ static PyMethodDef methods[] = {
     {"mpi_exchange", (PyCFunction)(void (*)(void))py_mpi_exchange, METH_FASTCALL,
      "mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag[, dst]) -> None, False or mpi_recv's."},
     {"set_request_types", py_set_request_types, METH_VARARGS,
-     "set_request_types(_Recv, Request, empty status): the types mpi_isend and mpi_irecv make (request.py)."},
+     "set_request_types(_Recv, Request): the types mpi_isend and mpi_irecv make (request.py)."},
     {"mpi_isend", (PyCFunction)(void (*)(void))py_mpi_isend, METH_FASTCALL,
      "mpi_isend(matcher, group, data, dest, tag) -> the Request of a send mpi_send made, or None."},
     {"mpi_irecv", (PyCFunction)(void (*)(void))py_mpi_irecv, METH_FASTCALL,

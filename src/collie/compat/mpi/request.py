@@ -741,12 +741,13 @@ def _done_request(status=None) -> Request:
     completes it, as in MPI. (Request(status=...) without __init__'s
     keywords: a small isend makes one per call.)"""
     r = object.__new__(Request)
-    r._status = status or _EMPTY
+    if status is not None:  # (None, the class's: an empty one)
+        r._status = status
     return r
 
 
 if core._core is not None:  # p2p.core_isend and core_irecv make their Requests as the two above do
-    core._core.set_request_types(_Recv, Request, _EMPTY)
+    core._core.set_request_types(_Recv, Request)
 
 
 def _core_receive(op: _Recv, m) -> Any:
