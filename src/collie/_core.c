@@ -3447,11 +3447,13 @@ static PyObject *py_mpi_complete(PyObject *self, PyObject *const *args, Py_ssize
     return result;
 }
 
-/* mpi_complete_all(requests, loads, results, statuses, fill) -> the
- * indices of the requests (a list) that mpi_complete did not complete,
- * in order: Waitall's first look at every request in one call (its loop
- * in Python cost more than the looks). For each one completed, its wait()
- * result goes to ``results`` (a list, or None) at its index, and
+/* mpi_complete_all(requests, loads, results, statuses, fill) -> (looks,
+ * waits): Waitall's first look at every request, in one call (its loop
+ * in Python cost more than the looks), mpi_complete's for each. ``looks``:
+ * the indices of the requests it left to _at_once (a subclass's, one with
+ * something to run after it); ``waits``: those it looked at and the
+ * general path must wait for; both in order. For each one completed, its
+ * wait() result goes to ``results`` (a list, or None) at its index, and
  * fill(statuses[i], its status fields) runs where statuses[i] is not None. */
 static PyObject *py_mpi_complete_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyList_CheckExact(args[0]) || (args[2] != Py_None && !PyList_CheckExact(args[2]))
@@ -3461,14 +3463,15 @@ static PyObject *py_mpi_complete_all(PyObject *self, PyObject *const *args, Py_s
         return NULL;
     }
     PyObject *requests = args[0], *results = args[2], *statuses = args[3], *fill = args[4];
-    PyObject *left = PyList_New(0);
-    for (Py_ssize_t i = 0; left && i < PyList_GET_SIZE(requests); i++) {
+    PyObject *looks = PyList_New(0), *waits = PyList_New(0);
+    int ok = looks && waits;
+    for (Py_ssize_t i = 0; ok && i < PyList_GET_SIZE(requests); i++) {
         PyObject *r = Py_NewRef(PyList_GET_ITEM(requests, i)), *look[] = {r, args[1]};
         PyObject *done = py_mpi_complete(self, look, 2), *got = NULL;
-        int ok = done != NULL;
+        ok = done != NULL;
         if (ok && done != Py_True) {
             PyObject *at = PyLong_FromSsize_t(i);
-            ok = at && PyList_Append(left, at) == 0;
+            ok = at && PyList_Append(done == Py_None ? looks : waits, at) == 0;
             Py_XDECREF(at);
         } else if (ok) {
             if (results != Py_None && i < PyList_GET_SIZE(results))
@@ -3484,9 +3487,11 @@ static PyObject *py_mpi_complete_all(PyObject *self, PyObject *const *args, Py_s
         }
         Py_XDECREF(done);
         Py_DECREF(r);
-        if (!ok) Py_CLEAR(left);
     }
-    return left;
+    PyObject *result = ok ? PyTuple_Pack(2, looks, waits) : NULL;
+    Py_XDECREF(looks);
+    Py_XDECREF(waits);
+    return result;
 }
 
 
@@ -3533,7 +3538,7 @@ static PyMethodDef methods[] = {
     {"mpi_complete", (PyCFunction)(void (*)(void))py_mpi_complete, METH_FASTCALL,
      "mpi_complete(request, loads) -> True (completed), False (the general path waits) or None (see _core.c)."},
     {"mpi_complete_all", (PyCFunction)(void (*)(void))py_mpi_complete_all, METH_FASTCALL,
-     "mpi_complete_all(requests, loads, results, statuses, fill) -> the indices mpi_complete did not complete."},
+     "mpi_complete_all(requests, loads, results, statuses, fill) -> (looks, waits): the indices left (_core.c)."},
     {"mpi_envelope", (PyCFunction)(void (*)(void))py_mpi_envelope, METH_FASTCALL,
      "mpi_envelope(matcher, source) -> whether the core took source's next envelope for the matcher."},
     {"slots_round", (PyCFunction)(void (*)(void))py_slots_round, METH_FASTCALL,

@@ -335,8 +335,8 @@ else:  # no compiled core: every call takes the full path
     def core_complete(request, loads) -> None:
         return None
 
-    def core_complete_all(requests: list, loads, results, statuses: list, fill) -> range:
-        return range(len(requests))
+    def core_complete_all(requests: list, loads, results, statuses: list, fill) -> tuple:
+        return range(len(requests)), []
 
 
 # Weak references to every communicator's _Matcher: a plain list, since

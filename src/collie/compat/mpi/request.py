@@ -395,14 +395,17 @@ class Request:
         goes to its place there (waitall's list)."""
         n = len(requests)
         sts = [None] * n if statuses is None else Request._statuses(statuses, n)
-        waiting = []  # the indices of those the short way could not complete
-        for i in core_complete_all(requests, _pickle.loads, results, sts, _fill):  # (the core's first: the rest)
+        # The core looks first (p2p.core_complete_all): those it left, _at_once looks at;
+        # waiting: the indices of those the short way could not complete.
+        looks, waiting = core_complete_all(requests, _pickle.loads, results, sts, _fill)
+        for i in looks:
             got = requests[i]._at_once(sts[i])
             if got is _WAIT:
                 waiting.append(i)
             elif results is not None:
                 results[i] = got
         if waiting:
+            waiting.sort()  # (completed in the list's order, as a loop over it would)
             rest = [requests[i] for i in waiting]
             active = [r._active() for r in rest]
             Request._wait_some(rest, lambda: all(r._work is not None or r._ready() for r in rest))
