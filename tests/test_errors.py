@@ -73,6 +73,41 @@ def test_missing_peer_times_out_naming_it():
         assert 0.9 <= elapsed < 2.5
 
 
+def _stuck_behind_p2p_body(rank, size):
+    from datetime import timedelta
+
+    import collie
+    group = collie.new_group(timeout=timedelta(seconds=1))
+    pair = collie.new_group([0, 1], timeout=timedelta(seconds=1))
+    if rank == 2:  # alive, but it never sends what rank 0 waits for
+        time.sleep(6)
+        return None
+    if rank == 0:
+        try:
+            collie.recv(np.zeros(4), src=2, group=group)
+        except collie.CollieTimeout as exc:
+            stuck = list(exc.peers)
+        time.sleep(4)  # failed: it never comes to rank 1's call (as a program that ends on the error)
+        return stuck
+    time.sleep(2)  # rank 1 comes to its call after rank 0's wait failed
+    try:
+        collie.all_reduce(np.zeros(4), group=pair)
+    except collie.CollieTimeout as exc:
+        return str(exc), list(exc.peers)
+    return "no error"
+
+
+def test_a_timeout_behind_a_failed_point_to_point_wait_names_its_cause():
+    """A rank whose point-to-point wait timed out (which breaks no group)
+    answers later queries with the rank it waited on: a peer that then
+    times out waiting for it in a collective is led to that rank, not
+    stopped at the rank that failed first."""
+    res = run_ranks(_stuck_behind_p2p_body, 3, backend="tcp", expect_errors=True)
+    assert res[0] == [2], res
+    text, peers = res[1]
+    assert peers == [2] and "timed out" in text, text
+
+
 def _mismatch_body(rank, size, kind):
     import collie
     x = np.ones(8, np.float32)

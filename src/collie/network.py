@@ -146,6 +146,9 @@ class Network:
         # said so, error kind, culprit ranks, message). From then on every call raises it.
         self._abort: Optional[tuple[int, str, tuple, str]] = None
         self._told = False  # whether this rank has told its groups of _abort
+        # The ranks this rank's last wait timed out on, until a wait ends well
+        # (a point-to-point timeout tells no one: see the answer to a query).
+        self._stuck_on: tuple = ()
         self._states: dict[int, tuple[int, int, int]] = {}   # peer -> (tag, meta, parts) it is stuck in
         self._leaving: set[int] = set()                       # peers that said they are leaving
         self._answers: dict[int, tuple] = {}  # peer -> (context, done seq, current tag, ranks it waits for)
@@ -258,9 +261,10 @@ class Network:
             (context,) = _QUERY.unpack(body)
             seq = self.done.get(context, (-1, 0))[0]
             # A rank whose call already failed waits, in effect, on whom it
-            # blamed; never on itself (it may be told it is the one blamed).
+            # blamed (a timed-out point-to-point wait too, which breaks no
+            # group); never on itself (it may be told it is the one blamed).
             blocked = _peers_of([r for r in self._waiting if not r.finished]) or (
-                self._abort[2] if self._abort is not None else ())
+                self._abort[2] if self._abort is not None else self._stuck_on)
             waiting = np.array([r for r in blocked if r != self.rank], np.int32).tobytes()
             self.send_control(peer, b"answer:" + _ANSWER.pack(context, seq, self.current) + waiting)
         elif kind == b"answer":
@@ -558,6 +562,7 @@ class Network:
         self._waiting = until[2]() if until is not None else requests  # for the queries of a rank that times out
         try:
             self._wait_loop(requests, timeout, describe, call, until)
+            self._stuck_on = ()
         finally:
             self._waiting = []
 
@@ -700,6 +705,7 @@ class Network:
                 why.append(f"rank {p} has called no collective on this group yet")
             else:
                 why.append(f"rank {p} has not called it (its last on this group is call #{answer[1]})")
+        self._stuck_on = tuple(culprits or waiting)
         if not culprits:
             return CollieTimeout(text + "; every rank it waits on, directly or not, is waiting too",
                                  tuple(waiting))
