@@ -679,7 +679,7 @@ enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_C
        N_CONTEXT, N_P2P_OPS, N_RESULT, N_SHAPE, N_ACQUIRE, N_RELEASE, N_MINE, N_EVERY, N_OUTGOING,
        N_ETAG, N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN,
        N_ENVELOPE, N_CORE_PROGRAM, N_COMM_GROUP, N_GET_RANK, N_GET_SIZE, N_SOURCE, N_TAG, N_DST, N_MSG,
-       N_CANCELLED, N_TIMEOUT, N_CAST, N_R_NETWORK, N_R_RECV, N_R_MATCHER, N_R_TIMEOUT, N_R_DONE, N_R_STATUS,
+       N_CANCELLED, N_TIMEOUT, N_R_NETWORK, N_R_RECV, N_R_MATCHER, N_R_TIMEOUT, N_R_DONE, N_R_STATUS,
        N_INTER, N_R_SENDS, N_R_WORK, N_R_SYNC, N_R_AFTER, N_R_KEEP, N_R_PULLED, N_R_RESULT, N_POST, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
@@ -691,7 +691,7 @@ static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "curren
                                            "etag", "posted", "unmatched", "envelopes", "probes", "lost",
                                            "core_sends", "core_recvs", "envelope_in", "_envelope", "_core_program",
                                            "_group", "Get_rank", "Get_size", "source", "tag", "dst", "msg",
-                                           "cancelled", "timeout", "cast", "_network", "_recv", "_matcher",
+                                           "cancelled", "timeout", "_network", "_recv", "_matcher",
                                            "_timeout", "_done", "_status", "inter", "_sends", "_work", "_sync",
                                            "_after", "_keep", "_pulled", "_result", "post"};
 static PyObject *names[NNAMES];
@@ -2715,15 +2715,12 @@ static PyObject *py_slots_round(PyObject *self, PyObject *const *args, Py_ssize_
     }
     PyObject *name = args[0], *group = args[1], *root = args[2], *slots = args[3], *payloads = args[4];
     PyObject *loads = args[5];
-    static PyObject *interned[NROUNDS];  /* the names as Python's literals are: found by identity first */
+    static PyObject *interned[NROUNDS];  /* the names, as Python's literals are: most often the same object */
     int kind = 0;
     for (; kind < NROUNDS; kind++) {
         if (!interned[kind] && !(interned[kind] = PyUnicode_InternFromString(round_names[kind]))) return NULL;
-        if (name == interned[kind]) break;
+        if (name == interned[kind] || (PyUnicode_Check(name) && PyUnicode_Compare(name, interned[kind]) == 0)) break;
     }
-    if (kind == NROUNDS)
-        for (kind = 0; kind < NROUNDS && !(PyUnicode_Check(name) && PyUnicode_Compare(name, interned[kind]) == 0);)
-            kind++;
     if (kind == NROUNDS) {
         PyErr_Format(PyExc_ValueError, "slots_round: name must be \"gather\", \"scatter\", \"all_gather\" or "
                                        "\"all_to_all\", not %R", name);
@@ -3185,7 +3182,6 @@ out:
  * of its time. set_request_types(_Recv, Request), at request.py's
  * import; before it the calls take the full path. */
 static PyTypeObject *recv_type, *request_type;
-static PyObject *byte_format;
 static Py_ssize_t recv_at[NNAMES];
 static const int recv_names[] = {N_SOURCE, N_TAG, N_DST, N_MSG, N_CANCELLED, N_ERROR, -1};
 
@@ -3193,7 +3189,6 @@ static PyObject *py_set_request_types(PyObject *self, PyObject *args) {
     PyObject *recv, *request;
     if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &recv, &PyType_Type, &request)) return NULL;
     if (slot_offsets(recv, recv_names, recv_at) < 0) return NULL;
-    if (!byte_format && !(byte_format = PyUnicode_InternFromString("B"))) return NULL;
     Py_XSETREF(recv_type, (PyTypeObject *)Py_NewRef(recv));
     Py_XSETREF(request_type, (PyTypeObject *)Py_NewRef(request));
     Py_RETURN_NONE;
@@ -3228,30 +3223,24 @@ static PyObject *py_mpi_isend(PyObject *self, PyObject *const *args, Py_ssize_t 
     return bare_instance(request_type);  /* (active, no status yet: the class's _done and _status) */
 }
 
-/* What a posted receive keeps of ``buf`` (its _Recv.dst), where
- * plain_buffer takes it writable: a bare array as it is (the core receives
- * into it; _Recv.bytes() makes its byte view where Python moves the
- * message: a byte view cost an irecv a sixth of its time), a memoryview
- * as a flat byte view (arrays.byte_view's); None where plain_buffer does
- * not take it (the full path reads or refuses it). A new reference, NULL
- * on error. */
-static PyObject *receive_bytes(PyObject *buf) {
+/* What a posted receive keeps of ``buf`` (its _Recv.dst): a bare array
+ * as plain_buffer takes one writable, as it is (the core receives into it;
+ * _Recv.bytes() makes its byte view where Python moves the message: a
+ * byte view cost an irecv a sixth of its time); None for anything else (a
+ * memoryview, a buffer spec...: the full path reads or refuses it). A new
+ * reference, NULL on error. */
+static PyObject *receive_buffer(PyObject *buf) {
+    if (!ndarray_type || !Py_IS_TYPE(buf, (PyTypeObject *)ndarray_type)) Py_RETURN_NONE;
     Py_buffer view;
     int ok = plain_buffer(buf, 1, &view);
     if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
     PyBuffer_Release(&view);
-    if (!PyMemoryView_Check(buf)) return Py_NewRef(buf);
-    PyObject *mv = PyMemoryView_FromObject(buf);
-    if (!mv) return NULL;
-    const Py_buffer *b = PyMemoryView_GET_BUFFER(mv);
-    if (b->ndim == 1 && b->itemsize == 1 && b->format && strcmp(b->format, "B") == 0) return mv;
-    Py_SETREF(mv, PyObject_CallMethodOneArg(mv, names[N_CAST], byte_format));
-    return mv;
+    return Py_NewRef(buf);
 }
 
 /* mpi_irecv(matcher, group, buf, source, tag) -> the Request of a receive
- * posted to the matcher as Comm._recv posts it, into ``buf``'s bytes (a
- * bare array or memoryview, as plain_buffer takes one; None: an object),
+ * posted to the matcher as Comm._recv posts it, into ``buf`` (a bare
+ * array, as receive_buffer keeps one; None: an object),
  * where the call is plain: a live matcher for that group (matcher_usable)
  * of an intracommunicator, ``source`` a rank of it or MPI.ANY_SOURCE,
  * ``tag`` >= 0 or MPI.ANY_TAG, and no message unmatched that the receive
@@ -3275,7 +3264,7 @@ static PyObject *py_mpi_irecv(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (quiet < 0 || !posted || !network || !inter) return NULL;
     if (!quiet || !PyList_CheckExact(posted) || inter != Py_False) Py_RETURN_NONE;
     PyObject *dst = Py_None;  /* an object's receive */
-    if (args[2] != Py_None && (!(dst = receive_bytes(args[2])) || dst == Py_None))
+    if (args[2] != Py_None && (!(dst = receive_buffer(args[2])) || dst == Py_None))
         return dst;  /* an error, or a buffer the full path reads */
     if (dst == Py_None) Py_INCREF(dst);
     PyObject *op = bare_instance(recv_type), *timeout = NULL, *r = NULL;
