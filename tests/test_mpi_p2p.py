@@ -776,6 +776,85 @@ def test_a_send_takes_the_core_beside_a_receive_from_the_same_peer_waiting_in_py
         assert sent_by_core == [core.EXECUTOR == "c"] * 20
 
 
+def _oneself_body(rank, size):
+    MPI = mpi()
+    from collie.compat.mpi import p2p
+    comm = MPI.COMM_WORLD
+    comm.send(None, rank, 99)  # the first call makes the matcher (the full path)
+    assert comm.recv(source=rank, tag=99) is None
+    python, got, st = [], [], MPI.Status()
+    deliver, post = p2p._Matcher.deliver_local, p2p._Matcher.post
+    p2p._Matcher.deliver_local = lambda m, *args: python.append("deliver_local") or deliver(m, *args)
+    p2p._Matcher.post = lambda m, *args: python.append("post") or post(m, *args)
+    try:
+        # held messages: matched by source and tag, in the order they were sent
+        for tag, value in ((1, 10.0), (2, 20.0), (1, 11.0)):
+            comm.Send(np.array([value]), rank, tag)
+        b = np.zeros(1)
+        comm.Recv(b, rank, 2, st)
+        got.append((b[0], st.Get_source(), st.Get_tag(), st.Get_count(MPI.DOUBLE)))
+        comm.Recv(b, MPI.ANY_SOURCE, MPI.ANY_TAG, st)
+        got.append((b[0], st.Get_tag()))
+        comm.Recv(b, rank, 1)
+        got.append(b[0])
+        # posted receives: a send goes to the first one it matches
+        three = np.zeros(3)
+        r3, r_any = comm.Irecv(three, rank, 4), comm.irecv(source=rank, tag=MPI.ANY_TAG)
+        comm.send({"k": rank}, rank, 5)
+        comm.Send(np.arange(3.0) + rank, rank, 4)
+        statuses = [MPI.Status(), MPI.Status()]
+        got.append((MPI.Request.waitall([r3, r_any], statuses), three.tolist(),
+                    [(s.Get_source(), s.Get_tag()) for s in statuses]))
+        # both halves of an exchange with oneself
+        got.append(comm.sendrecv(("x", rank), rank, 6, source=rank, recvtag=6))
+        two = np.zeros(2)
+        comm.Sendrecv(np.array([1.0, rank]), rank, 7, two, rank, 7, st)
+        got.append((two.tolist(), st.Get_tag()))
+        # a receive posted after its message takes it at once; an empty one; one longer than an envelope
+        comm.isend([1, 2], rank, 8).wait()
+        got.append(comm.irecv(source=rank, tag=8).wait())
+        comm.Isend(np.zeros(0), rank, 9).Wait()
+        comm.Irecv(np.zeros(0), rank, 9).Wait(st)
+        got.append(st.Get_count(MPI.BYTE))
+        comm.Send(np.arange(1000.0), rank, 10)
+        big = np.zeros(1000)
+        comm.Recv(big, rank, 10)
+        got.append(bool((big == np.arange(1000.0)).all()))
+    finally:
+        p2p._Matcher.deliver_local, p2p._Matcher.post = deliver, post
+    # a message longer than the receive: ERR_TRUNCATE, and the message is gone
+    comm.Send(np.arange(4.0), rank, 11)
+    try:
+        comm.Recv(np.zeros(2), rank, 11)
+    except MPI.Exception as exc:
+        got.append(exc.Get_error_class() == MPI.ERR_TRUNCATE)
+    got.append(comm.Iprobe(rank, 11))
+    # every rank with every rank, itself included
+    bufs = [np.zeros(3) for _ in range(size)]
+    MPI.Request.Waitall([comm.Irecv(bufs[p], p, 12) for p in range(size)]
+                        + [comm.Isend(np.full(3, 10.0 * rank + p), p, 12) for p in range(size)])
+    got.append(all((bufs[p] == 10.0 * p + rank).all() for p in range(size)))
+    objs = MPI.Request.waitall([comm.irecv(source=p, tag=13) for p in range(size)]
+                               + [comm.isend((rank, p), p, 13) for p in range(size)])
+    got.append(objs == [(p, rank) for p in range(size)] + [None] * size)
+    return got, python
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_messages_to_oneself_take_the_core_and_keep_mpi_matching(n):
+    """A message a rank sends itself is delivered by the compiled core (the
+    first posted receive it matches takes it, or the matcher holds it), and
+    a receive takes a held message there, as the matcher's Python does
+    (source, tag, order, status, truncation); the exchanges programs write
+    over every rank, themselves included, stay right."""
+    from collie import core
+    for rank, (got, python) in enumerate(run(_oneself_body, n)):
+        assert got == [(20.0, rank, 2, 1), (10.0, 1), 11.0,
+                       ([None, {"k": rank}], [rank, rank + 1.0, rank + 2.0], [(rank, 4), (rank, 5)]),
+                       ("x", rank), ([1.0, rank], 7), [1, 2], 0, True, True, False, True, True]
+        assert (python == []) == (core.EXECUTOR == "c"), python
+
+
 def _pickle_body(rank, size):
     MPI = mpi()
     comm = MPI.COMM_WORLD

@@ -680,7 +680,8 @@ enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_C
        N_ETAG, N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN,
        N_ENVELOPE, N_CORE_PROGRAM, N_COMM_GROUP, N_GET_RANK, N_GET_SIZE, N_SOURCE, N_TAG, N_DST, N_MSG,
        N_CANCELLED, N_TIMEOUT, N_R_NETWORK, N_R_RECV, N_R_MATCHER, N_R_TIMEOUT, N_R_DONE, N_R_STATUS,
-       N_INTER, N_R_SENDS, N_R_WORK, N_R_SYNC, N_R_AFTER, N_R_KEEP, N_R_PULLED, N_R_RESULT, N_POST, NNAMES };
+       N_INTER, N_R_SENDS, N_R_WORK, N_R_SYNC, N_R_AFTER, N_R_KEEP, N_R_PULLED, N_R_RESULT, N_POST, N_NBYTES, N_DATA, N_REQ, N_MATCHED,
+       N_SYNC_ID, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
@@ -693,7 +694,8 @@ static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "curren
                                            "_group", "Get_rank", "Get_size", "source", "tag", "dst", "msg",
                                            "cancelled", "timeout", "_network", "_recv", "_matcher",
                                            "_timeout", "_done", "_status", "inter", "_sends", "_work", "_sync",
-                                           "_after", "_keep", "_pulled", "_result", "post"};
+                                           "_after", "_keep", "_pulled", "_result", "post", "nbytes",
+                                           "data", "req", "matched", "sync"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -2814,6 +2816,43 @@ static PyObject *py_set_matcher(PyObject *self, PyObject *type) {
     Py_RETURN_NONE;
 }
 
+/* The MPI layer's requests, made here for the plain nonblocking calls
+ * (mpi_isend, mpi_irecv): a Request as request.py's _done_request and
+ * _receive make one (object.__new__, then its attributes), and the posted
+ * receive (_Recv, whose slots are at recv_at). Python's frames for an
+ * irecv (its checks, the _Recv, the post, the Request) were two thirds
+ * of its time. set_request_types(_Recv, Request, _Message), at
+ * request.py's import; before it the calls take the full path. */
+static PyTypeObject *recv_type, *request_type, *message_type;
+static Py_ssize_t recv_at[NNAMES], message_at[NNAMES];
+static const int recv_names[] = {N_SOURCE, N_TAG, N_DST, N_MSG, N_CANCELLED, N_ERROR, -1};
+static const int message_names[] = {N_SOURCE, N_TAG, N_NBYTES, N_DATA, N_REQ, N_MATCHED, N_SYNC_ID, -1};
+
+static PyObject *py_set_request_types(PyObject *self, PyObject *args) {
+    PyObject *recv, *request, *message;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &recv, &PyType_Type, &request, &PyType_Type, &message))
+        return NULL;
+    if (slot_offsets(recv, recv_names, recv_at) < 0 || slot_offsets(message, message_names, message_at) < 0)
+        return NULL;
+    Py_XSETREF(recv_type, (PyTypeObject *)Py_NewRef(recv));
+    Py_XSETREF(request_type, (PyTypeObject *)Py_NewRef(request));
+    Py_XSETREF(message_type, (PyTypeObject *)Py_NewRef(message));
+    Py_RETURN_NONE;
+}
+
+/* A new instance of ``type`` as object.__new__(type) makes it. */
+static PyObject *bare_instance(PyTypeObject *type) {
+    return PyBaseObject_Type.tp_new(type, no_requests, NULL);
+}
+
+/* A new Request whose attributes names[which[i]] are values[i] (borrowed). */
+static PyObject *request_with(const int *which, PyObject *const *values, int n) {
+    PyObject *r = bare_instance(request_type);
+    for (int i = 0; r && i < n; i++)
+        if (PyObject_SetAttr(r, names[which[i]], values[i]) < 0) Py_CLEAR(r);
+    return r;
+}
+
 /* ``o`` as a long long in [lo, hi), or LLONG_MIN where it is not a plain
  * int there (the full path checks it and explains). */
 static long long plain_int(PyObject *o, long long lo, long long hi) {
@@ -2899,16 +2938,158 @@ static int plain_buffer(PyObject *obj, int writable, Py_buffer *view) {
     return PyObject_GetBuffer(obj, view, flags) < 0 ? -1 : 1;
 }
 
+/* Messages a rank sends itself, and messages the matcher already holds.
+ * A message to oneself crosses no ring: _Matcher.deliver_local copies it
+ * into a _Message that the first posted receive it matches takes, or that
+ * the matcher keeps unmatched, and a receive looks there before any ring
+ * (_Matcher.post). The core does both as the matcher does: a message to
+ * oneself took the full path, about fifty Python calls (5 us, against 0.5
+ * for MPICH's), in the exchanges programs write over every rank,
+ * themselves included. */
+
+/* Whether a receive of (``source``, ``tag``) (-1: any) matches a message
+ * from ``from`` with tag ``with`` (_Recv.matches). */
+static int receive_matches(long long source, long long tag, long long from, long long with) {
+    return (source == -1 || source == from) && (tag == with || (tag == -1 && with >= 0));
+}
+
+/* An int slot (source, tag) of a _Recv or _Message: LLONG_MIN where it is
+ * not a plain int (with an error where it is unset). */
+static long long int_slot(PyObject *obj, const Py_ssize_t *at, int name) {
+    PyObject *v = slot_attr(obj, at, name);
+    return v ? plain_int(v, LLONG_MIN + 1, LLONG_MAX) : LLONG_MIN;
+}
+
+/* A standard send of ``d`` to this rank (``rank``) itself, on an
+ * intracommunicator (_Matcher.deliver_local, then _deliver): 1 delivered,
+ * 0 left to the full path (books the core does not know), -1 on error. */
+static int self_send(PyObject *m, long long rank, long long tag, const Py_buffer *d) {
+    PyObject *posted = slot_attr(m, matcher_at, N_POSTED), *unmatched = slot_attr(m, matcher_at, N_UNMATCHED);
+    PyObject *inter = slot_attr(m, matcher_at, N_INTER);
+    if (!posted || !unmatched || !inter) return -1;
+    if (!message_type || inter != Py_False || !PyList_CheckExact(posted) || !PyList_CheckExact(unmatched)) return 0;
+    Py_ssize_t at = -1;  /* the posted receive that takes it */
+    for (Py_ssize_t i = 0; at < 0 && i < PyList_GET_SIZE(posted); i++) {
+        PyObject *op = PyList_GET_ITEM(posted, i);
+        if (!Py_IS_TYPE(op, recv_type)) return 0;
+        long long source = int_slot(op, recv_at, N_SOURCE), want = int_slot(op, recv_at, N_TAG);
+        if (source == LLONG_MIN || want == LLONG_MIN) return PyErr_Occurred() ? -1 : 0;
+        if (receive_matches(source, want, rank, tag)) at = i;
+    }
+    PyObject *msg = bare_instance(message_type);
+    int ok = msg && slot_set(msg, message_at, N_SOURCE, PyLong_FromLongLong(rank)) == 0
+             && slot_set(msg, message_at, N_TAG, PyLong_FromLongLong(tag)) == 0
+             && slot_set(msg, message_at, N_NBYTES, PyLong_FromSsize_t(d->len)) == 0
+             && slot_set(msg, message_at, N_DATA, PyByteArray_FromStringAndSize(d->buf, d->len)) == 0
+             && slot_set(msg, message_at, N_REQ, Py_NewRef(Py_None)) == 0
+             && slot_set(msg, message_at, N_MATCHED, Py_NewRef(at >= 0 ? Py_True : Py_False)) == 0
+             && slot_set(msg, message_at, N_SYNC_ID, Py_NewRef(zero)) == 0;
+    if (ok && at >= 0) {
+        PyObject *op = Py_NewRef(PyList_GET_ITEM(posted, at));
+        ok = PyList_SetSlice(posted, at, at + 1, NULL) == 0 && slot_set(op, recv_at, N_MSG, Py_NewRef(msg)) == 0;
+        Py_DECREF(op);
+    } else if (ok) {
+        ok = PyList_Append(unmatched, msg) == 0;
+    }
+    Py_XDECREF(msg);
+    return ok ? 1 : -1;
+}
+
+/* The first message matcher ``m`` holds unmatched that a receive of
+ * (``from``, ``want``) (-1: any) matches, as _Matcher.post looks: 1 and its
+ * index in ``*at``, 0 none, 2 where the core cannot tell (the full path
+ * looks), -1 on error. */
+static int held_find(PyObject *m, long long from, long long want, Py_ssize_t *at) {
+    PyObject *unmatched = slot_attr(m, matcher_at, N_UNMATCHED);
+    if (!unmatched) return -1;
+    if (!message_type || !PyList_CheckExact(unmatched)) return 2;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(unmatched); i++) {
+        PyObject *msg = PyList_GET_ITEM(unmatched, i);
+        if (!Py_IS_TYPE(msg, message_type)) return 2;
+        long long source = int_slot(msg, message_at, N_SOURCE), tag = int_slot(msg, message_at, N_TAG);
+        if (source == LLONG_MIN || tag == LLONG_MIN) return PyErr_Occurred() ? -1 : 2;
+        if (receive_matches(from, want, source, tag)) {
+            *at = i;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Take message ``at`` of the matcher's unmatched ones for a receive
+ * (_Matcher.post's take and _matched, for a standard send's: nothing to
+ * ack): a new reference to it, None where it is a synchronous send's
+ * (the full path acks it), NULL on error. */
+static PyObject *held_take(PyObject *m, Py_ssize_t at) {
+    PyObject *unmatched = slot_attr(m, matcher_at, N_UNMATCHED);
+    if (!unmatched) return NULL;
+    PyObject *msg = PyList_GET_ITEM(unmatched, at), *sync = slot_attr(msg, message_at, N_SYNC_ID);
+    if (!sync) return NULL;
+    if (plain_int(sync, 0, 1) != 0) Py_RETURN_NONE;
+    Py_INCREF(msg);
+    if (PyList_SetSlice(unmatched, at, at + 1, NULL) < 0 || slot_set(msg, message_at, N_MATCHED, Py_NewRef(Py_True)) < 0)
+        Py_CLEAR(msg);
+    return msg;
+}
+
+/* A held message's payload where it is all here (no receive of it in
+ * flight): its bytearray (borrowed), Py_None where it went straight into
+ * the receive's buffer, NULL (no error) where it is not here or not plain;
+ * its size in ``*n``. */
+static PyObject *held_payload(PyObject *msg, long long *n) {
+    PyObject *data = slot_attr(msg, message_at, N_DATA), *req = slot_attr(msg, message_at, N_REQ);
+    PyObject *nbytes = slot_attr(msg, message_at, N_NBYTES);
+    if (!data || !req || !nbytes) return NULL;
+    *n = plain_int(nbytes, 0, LLONG_MAX);
+    if (req != Py_None || *n == LLONG_MIN) return NULL;
+    if (data == Py_None || (PyByteArray_CheckExact(data) && PyByteArray_GET_SIZE(data) == *n)) return data;
+    return NULL;
+}
+
+/* A blocking receive of (``source``, ``tag_obj``) from the messages the
+ * matcher holds, first (Comm.Recv's post, then Request._finish): mpi_recv's
+ * result where the core took the first one it matches (copied into
+ * ``dst``; NULL: an object's, whose pickle is the payload), None where that
+ * one is the full path's (its payload still coming, a synchronous send's,
+ * too long for ``dst``), False where none matches (the rings are next),
+ * NULL on error. */
+static PyObject *held_recv(PyObject *m, PyObject *source, PyObject *tag_obj, Py_buffer *dst) {
+    int empty = slot_empty(m, matcher_at, N_UNMATCHED);
+    if (empty) return empty < 0 ? NULL : Py_NewRef(Py_False);
+    long long size = matcher_int(m, N_SIZE);
+    if (size == LLONG_MIN) return NULL;
+    long long from = plain_int(source, -1, size), want = plain_int(tag_obj, -1, LLONG_MAX), n;
+    Py_ssize_t at;
+    int found = from == LLONG_MIN || want == LLONG_MIN ? 2 : held_find(m, from, want, &at);
+    if (found != 1) return found < 0 ? NULL : Py_NewRef(found ? Py_None : Py_False);
+    PyObject *msg = PyList_GET_ITEM(slot_attr(m, matcher_at, N_UNMATCHED), at);
+    PyObject *data = held_payload(msg, &n);
+    if (!data || data == Py_None || (dst && n > dst->len)) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    PyObject *fields = PyTuple_Pack(4, slot_attr(msg, message_at, N_SOURCE), slot_attr(msg, message_at, N_TAG),
+                                    slot_attr(msg, message_at, N_NBYTES), Py_False);
+    PyObject *taken = fields ? held_take(m, at) : NULL, *result = NULL;
+    if (taken == Py_None) {
+        result = Py_NewRef(Py_None);
+    } else if (taken) {
+        if (dst) memcpy(dst->buf, PyByteArray_AS_STRING(data), n);
+        result = PyTuple_Pack(2, fields, dst ? Py_None : data);
+    }
+    Py_XDECREF(taken);
+    Py_XDECREF(fields);
+    return result;
+}
+
 /* The send half: 1 and ``data``'s buffer in ``d`` where mpi_send may send
- * ``data`` to ``dest`` with tag ``tag_obj`` (the payload fits an envelope,
- * another rank, a tag >= 0); 0 not, -1 on error. */
+ * ``data`` to ``dest`` with tag ``tag_obj`` (a rank of the communicator,
+ * this one too: self_send; a tag >= 0); 0 not, -1 on error. Whether the
+ * payload fits an envelope is envelope_send's to say. */
 static int send_allowed(PyObject *m, PyObject *data, PyObject *dest, PyObject *tag_obj, long long *to,
                         long long *tag, Py_buffer *d) {
     long long size = matcher_int(m, N_SIZE), rank = matcher_int(m, N_RANK);
     if (size == LLONG_MIN || rank == LLONG_MIN) return -1;
     *to = plain_int(dest, 0, size);
     *tag = plain_int(tag_obj, 0, LLONG_MAX);
-    if (*to == LLONG_MIN || *to == rank || *tag == LLONG_MIN) return 0;
+    if (*to == LLONG_MIN || *tag == LLONG_MIN) return 0;
     return plain_buffer(data, 0, d);
 }
 
@@ -2916,12 +3097,14 @@ static int send_allowed(PyObject *m, PyObject *data, PyObject *dest, PyObject *t
  * receive with tag ``tag_obj`` (``want``: it as a long long): a tag >= 0 or
  * ANY_TAG, and nothing else of the communicator that could match first
  * (posted receives, messages not yet matched, envelope receives in flight,
- * probes, lost peers). 1 yes, 0 no, -1 on error. */
-static int recv_allowed(PyObject *m, PyObject *tag_obj, long long *want) {
+ * probes, lost peers); ``held_seen``: the messages not yet matched were
+ * looked at, and none is this receive's (held_recv). 1 yes, 0 no, -1 on
+ * error. */
+static int recv_allowed(PyObject *m, PyObject *tag_obj, long long *want, int held_seen) {
     *want = plain_int(tag_obj, -1, LLONG_MAX);  /* -1: MPI.ANY_TAG */
     if (*want == LLONG_MIN) return 0;
-    static const int books[] = {N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST};
-    for (size_t i = 0; i < sizeof books / sizeof books[0]; i++) {
+    static const int books[] = {N_POSTED, N_ENVELOPES, N_PROBES, N_M_LOST, N_UNMATCHED};
+    for (size_t i = 0; i < sizeof books / sizeof books[0] - (held_seen != 0); i++) {
         int empty = slot_empty(m, matcher_at, books[i]);
         if (empty != 1) return empty;
     }
@@ -2930,11 +3113,12 @@ static int recv_allowed(PyObject *m, PyObject *tag_obj, long long *want) {
 
 /* The program for a receive from ``source`` (another rank) with tag
  * ``tag_obj`` where recv_allowed: NULL, with an error or without, otherwise. */
-static CoreProgram *recv_program(PyObject *m, PyObject *source, PyObject *tag_obj, long long *from, long long *want) {
+static CoreProgram *recv_program(PyObject *m, PyObject *source, PyObject *tag_obj, long long *from, long long *want,
+                                 int held_seen) {
     long long size = matcher_int(m, N_SIZE), rank = matcher_int(m, N_RANK);
     if (size == LLONG_MIN || rank == LLONG_MIN) return NULL;
     *from = plain_int(source, 0, size);
-    if (*from == LLONG_MIN || *from == rank || recv_allowed(m, tag_obj, want) != 1) return NULL;
+    if (*from == LLONG_MIN || *from == rank || recv_allowed(m, tag_obj, want, held_seen) != 1) return NULL;
     return matcher_program(m, *from, 1);
 }
 
@@ -3051,8 +3235,9 @@ static int matcher_usable(PyObject *m, PyObject *group) {
 
 /* mpi_send(matcher, group, data, dest, tag) -> whether the core sent
  * ``data`` (bytes, a blocking standard send's payload) to rank ``dest`` of
- * the communicator whose matcher and group these are: then the send is
- * complete. False: the full path sends it. */
+ * the communicator whose matcher and group these are (this rank itself
+ * too: self_send): then the send is complete. False: the full path sends
+ * it. */
 static PyObject *py_mpi_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "mpi_send(matcher, group, data, dest, tag)");
@@ -3066,8 +3251,14 @@ static PyObject *py_mpi_send(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_buffer d;
     int ok = send_allowed(m, args[2], args[3], args[4], &to, &tag, &d);
     if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
+    long long rank = matcher_int(m, N_RANK);
+    if (rank == to) {  /* to this rank itself */
+        int sent = self_send(m, rank, tag, &d);
+        PyBuffer_Release(&d);
+        return sent < 0 ? NULL : PyBool_FromLong(sent);
+    }
     int sent = -1;
-    CoreProgram *p = matcher_program(m, to, 0);
+    CoreProgram *p = rank == LLONG_MIN ? NULL : matcher_program(m, to, 0);
     if (p && lock_take(lock) == 0) {
         sent = envelope_send(p, etag, tag, d.buf, d.len);
         if (lock_give(lock) < 0) sent = -1;
@@ -3084,7 +3275,8 @@ static PyObject *py_mpi_send(PyObject *self, PyObject *const *args, Py_ssize_t n
  * MPI.ANY_SOURCE, -1: any_source_take) that the core completed (into
  * ``dst``, bytes; or, ``dst`` None, an object: payload is its pickle), or
  * None: the full path receives (an envelope the core took that this
- * receive cannot have is the matcher's). */
+ * receive cannot have is the matcher's). A message the matcher holds
+ * unmatched comes first (held_recv), as the full path's post takes it. */
 static PyObject *py_mpi_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "mpi_recv(matcher, group, dst, source, tag)");
@@ -3101,15 +3293,19 @@ static PyObject *py_mpi_recv(PyObject *self, PyObject *const *args, Py_ssize_t n
     long long from, want;
     if (usable <= 0) {
         got = usable < 0 ? NULL : Py_NewRef(Py_None);
-    } else if (plain_int(args[3], -1, 0) == -1) {  /* MPI.ANY_SOURCE */
-        int allowed = recv_allowed(m, args[4], &want);
+    } else if (!(got = held_recv(m, args[3], args[4], dst)) || got != Py_False) {
+        /* a message the matcher held: taken, or the full path's */
+    } else if (Py_DECREF(got), plain_int(args[3], -1, 0) == -1) {  /* MPI.ANY_SOURCE, from the rings */
+        got = NULL;
+        int allowed = recv_allowed(m, args[4], &want, 1);
         if (allowed <= 0) got = allowed < 0 ? NULL : Py_NewRef(Py_None);
         else if ((lock = slot_attr(m, matcher_at, N_LOCK)) && lock_take(lock) == 0) {
             got = any_source_take(m, want, dst);
             if (lock_give(lock) < 0) Py_CLEAR(got);
         }
     } else {
-        CoreProgram *p = recv_program(m, args[3], args[4], &from, &want);
+        got = NULL;
+        CoreProgram *p = recv_program(m, args[3], args[4], &from, &want, 1);
         if (!p) got = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
         else if ((lock = slot_attr(m, matcher_at, N_LOCK)) && lock_take(lock) == 0) {
             got = matcher_take(m, p, from, want, dst);
@@ -3124,8 +3320,9 @@ static PyObject *py_mpi_recv(PyObject *self, PyObject *const *args, Py_ssize_t n
 /* mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag) -> a
  * sendrecv of an object by the core: mpi_send's send, then, where the
  * core may take it, mpi_recv's receive (dst None), under one hold of the
- * lock. None: nothing went (the full path does both); False: sent, and
- * the full path receives; else mpi_recv's result. */
+ * lock (to this rank itself: self_send, then held_recv). None: nothing
+ * went (the full path does both); False: sent, and the full path
+ * receives; else mpi_recv's result. */
 static PyObject *py_mpi_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7 && nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag[, dst])");
@@ -3151,8 +3348,17 @@ static PyObject *py_mpi_exchange(PyObject *self, PyObject *const *args, Py_ssize
         if (ok == 0) result = Py_NewRef(Py_None);
         goto out;
     }
+    long long rank = matcher_int(m, N_RANK);
+    if (rank == LLONG_MIN) goto out;
+    if (to == rank) {  /* to this rank itself; then the receive, from the messages held (or the full path's) */
+        int sent = self_send(m, rank, tag, &d);
+        PyObject *got = sent > 0 ? held_recv(m, args[5], args[6], dst) : NULL;
+        if (sent == 0) result = Py_NewRef(Py_None);
+        else if (got) result = got == Py_None || got == Py_False ? (Py_DECREF(got), Py_NewRef(Py_False)) : got;
+        goto out;
+    }
     send = matcher_program(m, to, 0);
-    if (send && !(recv = recv_program(m, args[5], args[6], &from, &want)) && PyErr_Occurred()) goto out;
+    if (send && !(recv = recv_program(m, args[5], args[6], &from, &want, 0)) && PyErr_Occurred()) goto out;
     if (!send) {
         if (!PyErr_Occurred()) result = Py_NewRef(Py_None);
         goto out;
@@ -3172,39 +3378,6 @@ out:
     if (d.obj) PyBuffer_Release(&d);
     if (dst) PyBuffer_Release(dst);
     return result;
-}
-
-/* The MPI layer's requests, made here for the plain nonblocking calls
- * (mpi_isend, mpi_irecv): a Request as request.py's _done_request and
- * _receive make one (object.__new__, then its attributes), and the posted
- * receive (_Recv, whose slots are at recv_at). Python's frames for an
- * irecv (its checks, the _Recv, the post, the Request) were two thirds
- * of its time. set_request_types(_Recv, Request), at request.py's
- * import; before it the calls take the full path. */
-static PyTypeObject *recv_type, *request_type;
-static Py_ssize_t recv_at[NNAMES];
-static const int recv_names[] = {N_SOURCE, N_TAG, N_DST, N_MSG, N_CANCELLED, N_ERROR, -1};
-
-static PyObject *py_set_request_types(PyObject *self, PyObject *args) {
-    PyObject *recv, *request;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &recv, &PyType_Type, &request)) return NULL;
-    if (slot_offsets(recv, recv_names, recv_at) < 0) return NULL;
-    Py_XSETREF(recv_type, (PyTypeObject *)Py_NewRef(recv));
-    Py_XSETREF(request_type, (PyTypeObject *)Py_NewRef(request));
-    Py_RETURN_NONE;
-}
-
-/* A new instance of ``type`` as object.__new__(type) makes it. */
-static PyObject *bare_instance(PyTypeObject *type) {
-    return PyBaseObject_Type.tp_new(type, no_requests, NULL);
-}
-
-/* A new Request whose attributes names[which[i]] are values[i] (borrowed). */
-static PyObject *request_with(const int *which, PyObject *const *values, int n) {
-    PyObject *r = bare_instance(request_type);
-    for (int i = 0; r && i < n; i++)
-        if (PyObject_SetAttr(r, names[which[i]], values[i]) < 0) Py_CLEAR(r);
-    return r;
 }
 
 /* mpi_isend(matcher, group, data, dest, tag) -> where mpi_send sent
@@ -3243,9 +3416,11 @@ static PyObject *receive_buffer(PyObject *buf) {
  * array, as receive_buffer keeps one; None: an object),
  * where the call is plain: a live matcher for that group (matcher_usable)
  * of an intracommunicator, ``source`` a rank of it or MPI.ANY_SOURCE,
- * ``tag`` >= 0 or MPI.ANY_TAG, and no message unmatched that the receive
- * might take at once (the post is then an append). Else None: the full
- * path posts it, or explains what is wrong. */
+ * ``tag`` >= 0 or MPI.ANY_TAG. The first message held unmatched that it
+ * matches (held_find) it takes at once, as the post does; else it is
+ * appended to the posted receives. Else None: the full path posts it
+ * (also where the message it takes is a synchronous send's, which the
+ * full path acks), or explains what is wrong. */
 static PyObject *py_mpi_irecv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "mpi_irecv(matcher, group, buf, source, tag)");
@@ -3257,12 +3432,15 @@ static PyObject *py_mpi_irecv(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     long long size = matcher_int(m, N_SIZE);
     if (size == LLONG_MIN) return NULL;
-    if (plain_int(source, -1, size) == LLONG_MIN || plain_int(tag, -1, LLONG_MAX) == LLONG_MIN) Py_RETURN_NONE;
-    int quiet = slot_empty(m, matcher_at, N_UNMATCHED);
+    long long from = plain_int(source, -1, size), want = plain_int(tag, -1, LLONG_MAX);
+    if (from == LLONG_MIN || want == LLONG_MIN) Py_RETURN_NONE;
     PyObject *posted = slot_attr(m, matcher_at, N_POSTED), *network = slot_attr(m, matcher_at, N_NETWORK);
     PyObject *inter = slot_attr(m, matcher_at, N_INTER);  /* (an intercommunicator's ranks are the remote group's) */
-    if (quiet < 0 || !posted || !network || !inter) return NULL;
-    if (!quiet || !PyList_CheckExact(posted) || inter != Py_False) Py_RETURN_NONE;
+    if (!posted || !network || !inter) return NULL;
+    if (!PyList_CheckExact(posted) || inter != Py_False) Py_RETURN_NONE;
+    Py_ssize_t at;
+    int held = held_find(m, from, want, &at);  /* 1: a message it takes at once */
+    if (held < 0 || held > 1) return held < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *dst = Py_None;  /* an object's receive */
     if (args[2] != Py_None && (!(dst = receive_buffer(args[2])) || dst == Py_None))
         return dst;  /* an error, or a buffer the full path reads */
@@ -3276,7 +3454,13 @@ static PyObject *py_mpi_irecv(PyObject *self, PyObject *const *args, Py_ssize_t 
     static const int fields[] = {N_R_NETWORK, N_R_RECV, N_R_MATCHER, N_R_TIMEOUT};  /* (the rest: the class's) */
     PyObject *values[] = {network, op, m, timeout};
     r = request_with(fields, values, 4);
-    if (r && PyList_Append(posted, op) < 0) Py_CLEAR(r);
+    if (r && held) {  /* the post takes it (a synchronous send's: the full path, which acks it) */
+        PyObject *msg = held_take(m, at);
+        if (!msg || msg == Py_None) Py_SETREF(r, msg);
+        else if (slot_set(op, recv_at, N_MSG, msg) < 0) Py_CLEAR(r);
+    } else if (r && PyList_Append(posted, op) < 0) {
+        Py_CLEAR(r);
+    }
 out:
     Py_XDECREF(op);
     Py_XDECREF(timeout);
@@ -3391,10 +3575,42 @@ static PyObject *complete_receive(PyObject *self, PyObject *r, PyObject *op, PyO
     return result;
 }
 
+/* The rest of mpi_complete for a receive whose message has come (taken
+ * at its post, or since): Request._finish's where the payload is all
+ * here (copied into the receive's buffer, or unpickled through
+ * ``loads``), True; False where the general path waits or explains (a
+ * payload still coming, one too long, a buffer the core does not take). */
+static PyObject *complete_arrived(PyObject *r, PyObject *op, PyObject *msg, PyObject *loads) {
+    PyObject *dst = slot_attr(op, recv_at, N_DST), *obj = NULL, *fields, *result = NULL;
+    long long n;
+    PyObject *data = dst && message_type && Py_IS_TYPE(msg, message_type) ? held_payload(msg, &n) : NULL;
+    if (!data) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+    if (dst == Py_None) {  /* an object; an empty message is None, as in mpi4py */
+        if (data == Py_None) Py_RETURN_FALSE;
+        if (!(obj = n ? PyObject_CallOneArg(loads, data) : Py_NewRef(Py_None))) return NULL;
+    } else if (data != Py_None) {  /* (None: it went straight into dst) */
+        Py_buffer view;
+        int ok = plain_buffer(dst, 1, &view);
+        if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
+        if (n <= view.len) memcpy(view.buf, PyByteArray_AS_STRING(data), n);
+        PyBuffer_Release(&view);
+        if (n > view.len) Py_RETURN_FALSE;  /* truncated: the general path says so */
+    }
+    fields = PyTuple_Pack(4, slot_attr(msg, message_at, N_SOURCE), slot_attr(msg, message_at, N_TAG),
+                          slot_attr(msg, message_at, N_NBYTES), Py_False);
+    if (fields && PyObject_SetAttr(r, names[N_R_STATUS], fields) == 0
+        && (!obj || PyObject_SetAttr(r, names[N_R_RESULT], obj) == 0))
+        result = request_completed(r);
+    Py_XDECREF(fields);
+    Py_XDECREF(obj);
+    return result;
+}
+
 /* mpi_complete(request, loads) -> a wait's first look at a Request of the
  * class itself with nothing to run after it (Request._at_once's, in C):
  * True where it completed it here (a send with nothing in flight; a
- * receive the core took, an object's through ``loads``), False where the
+ * receive the core took, or whose message is all here: complete_arrived;
+ * an object's through ``loads``), False where the
  * general path waits for it (a receive the core was asked for once, as
  * _at_once asks), None where _at_once looks itself (a subclass's request,
  * one with something to run after it, no types set). */
@@ -3426,6 +3642,8 @@ static PyObject *py_mpi_complete(PyObject *self, PyObject *const *args, Py_ssize
         if (fresh > 0 && (m = PyObject_GetAttr(r, names[N_R_MATCHER])) && m != Py_None && matcher_type
             && Py_IS_TYPE(m, matcher_type))
             result = complete_receive(self, r, op, m, loads);
+        else if (core_chosen && msg && msg != Py_None && error == Py_None && cancelled == Py_False)
+            result = complete_arrived(r, op, msg, loads);  /* (the reference executor: Python's way) */
         else if (!PyErr_Occurred())
             result = Py_NewRef(Py_False);
         Py_XDECREF(m);
@@ -3519,7 +3737,7 @@ static PyMethodDef methods[] = {
     {"mpi_exchange", (PyCFunction)(void (*)(void))py_mpi_exchange, METH_FASTCALL,
      "mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag[, dst]) -> None, False or mpi_recv's."},
     {"set_request_types", py_set_request_types, METH_VARARGS,
-     "set_request_types(_Recv, Request): the types mpi_isend and mpi_irecv make (request.py)."},
+     "set_request_types(_Recv, Request, _Message): the types the MPI entries make (request.py)."},
     {"mpi_isend", (PyCFunction)(void (*)(void))py_mpi_isend, METH_FASTCALL,
      "mpi_isend(matcher, group, data, dest, tag) -> the Request of a send mpi_send made, or None."},
     {"mpi_irecv", (PyCFunction)(void (*)(void))py_mpi_irecv, METH_FASTCALL,

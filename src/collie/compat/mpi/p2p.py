@@ -121,6 +121,9 @@ class _Matcher:
     # match, takes the next envelope from the ring in C, and a waited
     # receive request is received that way where it is the only one posted,
     # or has the core take its source's next envelope for the matcher.
+    # A message to this rank itself the core delivers as deliver_local
+    # does, and a receive takes a message held unmatched there first, as
+    # post does (_core.c, "Messages a rank sends itself").
     # Anything else (an envelope that is not the one wanted, a full ring, a
     # peer slower than the spin) goes the full path, which the envelope
     # joins as if progress had taken it in (_envelope, which the core calls).

@@ -750,7 +750,7 @@ def _done_request(status=None) -> Request:
 
 
 if core._core is not None:  # p2p.core_isend and core_irecv make their Requests as the two above do
-    core._core.set_request_types(_Recv, Request)
+    core._core.set_request_types(_Recv, Request, _Message)
 
 
 def _core_receive(op: _Recv, m) -> Any:
