@@ -195,7 +195,9 @@ class Request:
     # ---- one request ----
 
     def _at_once(self, status: Optional[Status]) -> Any:
-        """The first thing a wait does. A receive still waiting for its
+        """The first thing a wait does, where the compiled core's first look
+        (p2p.core_complete, which the waits call themselves: a frame less)
+        left the request to Python. A receive still waiting for its
         message, the first time: where it is its communicator's only posted
         receive, the compiled core receives it as a blocking receive would
         (p2p.core_recv; any source only on an intracommunicator, whose every
@@ -205,15 +207,8 @@ class Request:
         here: a receive the core took, or a send with nothing in flight (done
         at once, or to PROC_NULL), in a few calls where the general path
         makes a dozen. Returns what wait() returns, or _WAIT where the
-        general path must complete the request. The compiled core does all
-        of it for a request of the class itself (p2p.core_complete)."""
-        done = core_complete(self, _pickle.loads)
-        if done is not None:
-            if not done:
-                return _WAIT
-            if status is not None:
-                _fill(status, self._status)
-            return self._result
+        general path must complete the request. The core does all of it for
+        a request of the class itself."""
         if self._done:
             return _WAIT
         op = self._recv
@@ -246,7 +241,10 @@ class Request:
         return self._result
 
     def Wait(self, status: Optional[Status] = None) -> bool:
-        if self._at_once(status) is not _WAIT:
+        done = core_complete(self, _pickle.loads)  # (True: completed; None: Python's first look)
+        if done or (done is None and self._at_once(status) is not _WAIT):
+            if done and status is not None:
+                _fill(status, self._status)
             return True
         # An asynchronous collective blocks in its own wait (in _finish).
         if not self._done and self._work is None and not self._ready():
@@ -263,7 +261,12 @@ class Request:
         return True
 
     def wait(self, status: Optional[Status] = None) -> Any:
-        got = self._at_once(status)
+        done = core_complete(self, _pickle.loads)  # as in Wait
+        if done:
+            if status is not None:
+                _fill(status, self._status)
+            return self._result
+        got = _WAIT if done is False else self._at_once(status)
         if got is not _WAIT:
             return got
         was_active = self._active()
