@@ -494,27 +494,39 @@ def _count_core_asks(calls: list):
     """Count, in ``calls``, each time a call asks the compiled core for a
     receive: by name (core_recv, core_exchange) where Python asks, and as
     "core_recv" for each receive the core's own first look (core_complete,
-    core_complete_all) asked for (it marks one asked). Returns what puts
-    the real functions back."""
+    core_complete_all, and Request.Waitall and waitall, which are the
+    core's: within one of those, every request asked counts once) asked
+    for (it marks one asked). Returns what puts the real functions back."""
     from collie.compat.mpi import comm as comm_module, request as request_module
+    Request = request_module.Request
     real = {(mod, name): getattr(mod, name) for mod in (comm_module, request_module)
             for name in ("core_recv", "core_exchange", "core_complete", "core_complete_all") if hasattr(mod, name)}
+    real.update({(Request, name): Request.__dict__[name] for name in ("Waitall", "waitall")})
+    muted = []  # inside a look that counts its requests itself
 
     def unasked(r):  # a receive the core was not asked for yet
         return r._recv is not None and r._recv.msg is None and not r._pulled and not r._done
 
     def counted(name, fn):
-        if name in ("core_complete", "core_complete_all"):
-            def looked(first, *args):
-                requests = first if name == "core_complete_all" else [first]
+        if name in ("core_complete", "core_complete_all", "Waitall", "waitall"):
+            fn = fn.__func__ if isinstance(fn, staticmethod) else fn
+
+            def looked(first, *args, **kwargs):
+                requests = list(first) if name in ("core_complete_all", "Waitall", "waitall") else [first]
                 fresh = [unasked(r) for r in requests]
-                out = fn(first, *args)
-                calls.extend("core_recv" for r, f in zip(requests, fresh) if f and not unasked(r))
+                muted.append(name)
+                try:
+                    out = fn(requests if name != "core_complete" else first, *args, **kwargs)
+                finally:
+                    muted.pop()
+                if not muted:
+                    calls.extend("core_recv" for r, f in zip(requests, fresh) if f and not unasked(r))
                 return out
-            return looked
+            return staticmethod(looked) if name in ("Waitall", "waitall") else looked
 
         def by_name(*args):
-            calls.append(name)
+            if not muted:
+                calls.append(name)
             return fn(*args)
         return by_name
 

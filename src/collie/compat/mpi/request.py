@@ -401,6 +401,14 @@ class Request:
         # The core looks first (p2p.core_complete_all): those it left, _at_once looks at;
         # waiting: the indices of those the short way could not complete.
         looks, waiting = core_complete_all(requests, _pickle.loads, results, sts, _fill)
+        Request._rest(requests, sts, looks, waiting, results)
+
+    @staticmethod
+    def _rest(requests: list, sts: list, looks: list, waiting: list, results: Optional[list]) -> None:
+        """What _all does after the core's look (and the core's Waitall
+        and waitall, where the look left requests): those at ``looks`` the
+        short way, then those at ``waiting`` (and those the short way left)
+        in the general path's wait."""
         for i in looks:
             got = requests[i]._at_once(sts[i])
             if got is _WAIT:
@@ -754,6 +762,11 @@ def _done_request(status=None) -> Request:
 
 if core._core is not None:  # p2p.core_isend and core_irecv make their Requests as the two above do
     core._core.set_request_types(_Recv, Request, _Message)
+    # Waitall and waitall in C: the core's look at every request without
+    # their two Python frames; what it leaves is _rest's, with statuses _all's.
+    core._core.set_waitall(Request._all, Request._rest, _pickle)
+    Request.Waitall = staticmethod(core._core.Waitall)
+    Request.waitall = staticmethod(core._core.waitall)
 
 
 def _core_receive(op: _Recv, m) -> Any:
