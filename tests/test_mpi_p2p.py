@@ -911,6 +911,32 @@ def test_grequest_status_and_callbacks():
         MPI.Prequest(MPI.Grequest.Start())
 
 
+def test_waitall_takes_mpi4pys_arguments_and_leaves_the_rest_to_python():
+    """Request.Waitall and waitall (the core's own functions where it is
+    built) take mpi4py's arguments, by position or name, say what is wrong
+    with others, and complete requests the core does not know (inactive,
+    generalized) the Python way, with their statuses and results."""
+    import inspect
+    MPI = mpi()
+    for wait in (MPI.Request.Waitall, MPI.Request.waitall):
+        params = inspect.signature(wait).parameters
+        assert list(params) == ["requests", "statuses"] and params["statuses"].default is None
+    greq = MPI.Grequest.Start(lambda st: (st.Set_source(3), st.Set_tag(7)))
+    greq.complete("done")
+    statuses = []
+    assert MPI.Request.waitall((MPI.REQUEST_NULL, greq), statuses=statuses) == [None, "done"]
+    assert [(st.source, st.tag) for st in statuses] == [(MPI.ANY_SOURCE, MPI.ANY_TAG), (3, 7)] and not greq
+    greq = MPI.Grequest.Start()
+    greq.Complete()
+    assert MPI.Request.Waitall(requests=[greq]) is True and not greq
+    with pytest.raises(TypeError, match="requests"):
+        MPI.Request.Waitall()
+    with pytest.raises(TypeError, match="at most 2"):
+        MPI.Request.waitall([], None, 3)
+    with pytest.raises(TypeError, match="bogus"):
+        MPI.Request.Waitall([], bogus=1)
+
+
 def test_status_fields_and_memory():
     MPI = mpi()
     st = MPI.Status()

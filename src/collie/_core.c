@@ -3728,15 +3728,20 @@ static PyObject *py_set_waitall(PyObject *self, PyObject *args) {
 static PyObject *wait_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int objects) {
     PyObject *requests = nargs > 0 ? args[0] : NULL, *statuses = nargs > 1 ? args[1] : NULL;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    int ok = nargs <= 2;
-    for (Py_ssize_t k = 0; ok && k < nkw; k++) {
+    const char *name = objects ? "waitall" : "Waitall";
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most 2 arguments (requests, statuses), got %zd", name, nargs);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < nkw; k++) {
         PyObject *key = PyTuple_GET_ITEM(kwnames, k);
         if (!requests && PyUnicode_CompareWithASCIIString(key, "requests") == 0) requests = args[nargs + k];
         else if (!statuses && PyUnicode_CompareWithASCIIString(key, "statuses") == 0) statuses = args[nargs + k];
-        else ok = 0;
+        else return PyErr_Format(PyExc_TypeError, "%s() got an unexpected or repeated argument %R", name, key);
     }
-    if (!ok || !requests || !waitall_all) {
-        PyErr_Format(PyExc_TypeError, "%s(requests, statuses=None)", objects ? "waitall" : "Waitall");
+    if (!requests || !waitall_all) {
+        PyErr_Format(PyExc_TypeError, "%s() missing its argument 'requests'%s", name,
+                     waitall_all ? "" : " (and set_waitall was not called)");
         return NULL;
     }
     if (!statuses) statuses = Py_None;
@@ -3757,7 +3762,7 @@ static PyObject *wait_all(PyObject *self, PyObject *const *args, Py_ssize_t narg
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
         PyObject *r = Py_NewRef(PyList_GET_ITEM(list, i)), *look[] = {r, loads};
         PyObject *done = py_mpi_complete(self, look, 2);
-        ok = done != NULL;
+        int ok = done != NULL;
         if (ok && done == Py_True) {
             PyObject *got = objects ? PyObject_GetAttr(r, names[N_R_RESULT]) : NULL;
             ok = !objects || (got && PyList_SetItem(results, i, got) == 0);
@@ -3845,9 +3850,11 @@ static PyMethodDef methods[] = {
     {"set_waitall", py_set_waitall, METH_VARARGS,
      "set_waitall(Request._all, Request._rest, MPI.pickle): what Waitall and waitall leave (request.py)."},
     {"Waitall", (PyCFunction)(void (*)(void))py_mpi_Waitall, METH_FASTCALL | METH_KEYWORDS,
-     "Waitall(requests, statuses=None) -> True: wait for every request (collie.MPI's Request.Waitall)."},
+     "Waitall($module, /, requests, statuses=None)\n--\n\n"
+     "Wait for every request; True (collie.MPI's Request.Waitall)."},
     {"waitall", (PyCFunction)(void (*)(void))py_mpi_waitall, METH_FASTCALL | METH_KEYWORDS,
-     "waitall(requests, statuses=None) -> list: wait for every request, each one's wait() result."},
+     "waitall($module, /, requests, statuses=None)\n--\n\n"
+     "Wait for every request; each one's wait() result (collie.MPI's Request.waitall)."},
     {"mpi_envelope", (PyCFunction)(void (*)(void))py_mpi_envelope, METH_FASTCALL,
      "mpi_envelope(matcher, source) -> whether the core took source's next envelope for the matcher."},
     {"slots_round", (PyCFunction)(void (*)(void))py_slots_round, METH_FASTCALL,
