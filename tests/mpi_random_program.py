@@ -140,7 +140,7 @@ def call(c, kind: str, dt: str, opname: str, n: int, in_place: bool, s: int, roo
         got = np.zeros(n, dt)
         c.Sendrecv(x, dest=(r + 1) % p, sendtag=tag, recvbuf=got, source=(r - 1) % p, recvtag=tag)
         return got
-    if kind == "p2p":  # two tagged messages to the right, received in the other order
+    if kind == "p2p":  # two tagged messages to the right, received in the other order, then exchanges
         second = values(s, r + 100, n + 1, dt)
         sends = [c.Isend(x, dest=(r + 1) % p, tag=tag), c.Isend(second, dest=(r + 1) % p, tag=tag + 1)]
         got1, got2, status = np.zeros(n, dt), np.zeros(n + 1, dt), MPI.Status()
@@ -148,7 +148,15 @@ def call(c, kind: str, dt: str, opname: str, n: int, in_place: bool, s: int, roo
         first_source = status.Get_source()
         c.Irecv(got1, source=(r - 1) % p, tag=MPI.ANY_TAG).Wait(status)
         MPI.Request.Waitall(sends)
-        return got1, got2, first_source, status.Get_tag(), status.Get_count(mt)
+        # every rank with every rank, itself included; then a message to oneself, both halves at once
+        outs = [values(s, r * p + q + 200, n, dt) for q in range(p)]
+        ins = [np.zeros(n, dt) for _ in range(p)]
+        MPI.Request.Waitall([c.Irecv(ins[q], source=q, tag=tag + 2) for q in range(p)]
+                            + [c.Isend(outs[q], dest=q, tag=tag + 2) for q in range(p)])
+        objs = MPI.Request.waitall([c.isend((r, q, n), dest=q, tag=tag + 3) for q in range(p)]
+                                   + [c.irecv(source=q, tag=tag + 3) for q in range(p)])
+        mine = c.sendrecv((r, int(x.sum())), dest=r, sendtag=tag + 4, source=r, recvtag=tag + 4)
+        return got1, got2, first_source, status.Get_tag(), status.Get_count(mt), *ins, objs, mine
     if kind == "objects":
         obj = {"rank": r, "head": [int(v) for v in x[:5]], "text": "x" * (n % 300)}
         exscan = c.exscan(r + 1)
