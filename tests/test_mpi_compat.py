@@ -798,7 +798,8 @@ def test_examples_run_under_collie_run():
 def test_a_random_program_gives_what_mpich_gives(n, seed, tmp_path):
     """tests/mpi_random_program.py, a seeded random sequence of 100 calls
     (collectives with in-place and v-variants, scans, any-source receives,
-    object methods, Split), under mpi4py on MPICH and under collie.MPI: every
+    exchanges over every rank with itself included, object methods, Split),
+    under mpi4py on MPICH and under collie.MPI: every
     rank must receive the same bytes in both, call by call. (The seeds are
     ones MPICH runs: some others crash it, a segfault in UCX, such as during
     an in-place Reduce of 23,265 int64 on 4 ranks.)"""
