@@ -5,8 +5,9 @@
 
 Every rank makes the same random sequence of calls (buffer collectives with
 in-place variants, the v-variants with displacements in shuffled order and
-with gaps, scans, tagged and any-source point-to-point, the object methods,
-Split), on COMM_WORLD or on communicators split from it, and writes one line
+with gaps, scans, tagged and any-source point-to-point, exchanges over every
+rank with itself included, the object methods, Split), on COMM_WORLD or on
+communicators split from it, and writes one line
 per call: the call and a hash of everything it received. Both libraries
 must write the same lines (tests/test_mpi_compat.py compares them). The data
 are small integers, so that every reduction is exact in any order.
