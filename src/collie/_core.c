@@ -1229,6 +1229,13 @@ static int envelope_send(CoreProgram *self, int64_t etag, int64_t tag, const voi
  * made the bytes *payload where ``dst`` is NULL (an object's receive). ENVELOPE_OTHER: any other envelope,
  * copied whole into ``spill`` for the matcher. ENVELOPE_NONE: none came. */
 enum { ENVELOPE_ERROR = -1, ENVELOPE_NONE, ENVELOPE_WANTED, ENVELOPE_OTHER };
+
+/* Whether a receive for tag ``want`` (-1: MPI.ANY_TAG, which takes any
+ * tag >= 0) takes a message with tag ``tag`` (_Recv.matches' tag half). */
+static int tag_matches(long long want, long long tag) {
+    return tag == want || (want == -1 && tag >= 0);
+}
+
 static int envelope_recv(CoreProgram *self, int64_t etag, int every, long long want, Py_buffer *dst, PyObject *spill,
                          int64_t *tag, int64_t *size, PyObject **payload) {
     char *env = one_message(self) ? envelope_of(self) : NULL;
@@ -1238,7 +1245,7 @@ static int envelope_recv(CoreProgram *self, int64_t etag, int every, long long w
     int64_t head[3];
     memcpy(head, env, sizeof head);
     *payload = NULL;
-    int wanted = !every && (head[0] == want || (want == -1 && head[0] >= 0));
+    int wanted = !every && tag_matches(want, head[0]);
     if (wanted && !head[2] && head[1] >= 0 && head[1] <= self->need[0] - ENVELOPE_HEAD) {
         *tag = head[0];
         *size = head[1];
@@ -2950,7 +2957,7 @@ static int plain_buffer(PyObject *obj, int writable, Py_buffer *view) {
 /* Whether a receive of (``source``, ``tag``) (-1: any) matches a message
  * from ``from`` with tag ``with`` (_Recv.matches). */
 static int receive_matches(long long source, long long tag, long long from, long long with) {
-    return (source == -1 || source == from) && (tag == with || (tag == -1 && with >= 0));
+    return (source == -1 || source == from) && tag_matches(tag, with);
 }
 
 /* An int slot (source, tag) of a _Recv or _Message: LLONG_MIN where it is
@@ -3046,6 +3053,13 @@ static PyObject *held_payload(PyObject *msg, long long *n) {
     return NULL;
 }
 
+/* A held message's status fields (source, tag, size, not cancelled), as
+ * Request._finish makes them. */
+static PyObject *message_fields(PyObject *msg) {
+    return PyTuple_Pack(4, slot_attr(msg, message_at, N_SOURCE), slot_attr(msg, message_at, N_TAG),
+                        slot_attr(msg, message_at, N_NBYTES), Py_False);
+}
+
 /* A blocking receive of (``source``, ``tag_obj``) from the messages the
  * matcher holds, first (Comm.Recv's post, then Request._finish): mpi_recv's
  * result where the core took the first one it matches (copied into
@@ -3065,8 +3079,7 @@ static PyObject *held_recv(PyObject *m, PyObject *source, PyObject *tag_obj, Py_
     PyObject *msg = PyList_GET_ITEM(slot_attr(m, matcher_at, N_UNMATCHED), at);
     PyObject *data = held_payload(msg, &n);
     if (!data || data == Py_None || (dst && n > dst->len)) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-    PyObject *fields = PyTuple_Pack(4, slot_attr(msg, message_at, N_SOURCE), slot_attr(msg, message_at, N_TAG),
-                                    slot_attr(msg, message_at, N_NBYTES), Py_False);
+    PyObject *fields = message_fields(msg);
     PyObject *taken = fields ? held_take(m, at) : NULL, *result = NULL;
     if (taken == Py_None) {
         result = Py_NewRef(Py_None);
@@ -3081,12 +3094,13 @@ static PyObject *held_recv(PyObject *m, PyObject *source, PyObject *tag_obj, Py_
 
 /* The send half: 1 and ``data``'s buffer in ``d`` where mpi_send may send
  * ``data`` to ``dest`` with tag ``tag_obj`` (a rank of the communicator,
- * this one too: self_send; a tag >= 0); 0 not, -1 on error. Whether the
- * payload fits an envelope is envelope_send's to say. */
+ * this one too, ``*me``: self_send; a tag >= 0); 0 not, -1 on error.
+ * Whether the payload fits an envelope is envelope_send's to say. */
 static int send_allowed(PyObject *m, PyObject *data, PyObject *dest, PyObject *tag_obj, long long *to,
-                        long long *tag, Py_buffer *d) {
-    long long size = matcher_int(m, N_SIZE), rank = matcher_int(m, N_RANK);
-    if (size == LLONG_MIN || rank == LLONG_MIN) return -1;
+                        long long *tag, long long *me, Py_buffer *d) {
+    long long size = matcher_int(m, N_SIZE);
+    *me = matcher_int(m, N_RANK);
+    if (size == LLONG_MIN || *me == LLONG_MIN) return -1;
     *to = plain_int(dest, 0, size);
     *tag = plain_int(tag_obj, 0, LLONG_MAX);
     if (*to == LLONG_MIN || *tag == LLONG_MIN) return 0;
@@ -3246,19 +3260,18 @@ static PyObject *py_mpi_send(PyObject *self, PyObject *const *args, Py_ssize_t n
     PyObject *m = args[0], *lock;
     int usable = matcher_usable(m, args[1]);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_False);
-    long long to, tag, etag = matcher_int(m, N_ETAG);
+    long long to, tag, rank, etag = matcher_int(m, N_ETAG);
     if (etag == LLONG_MIN || !(lock = slot_attr(m, matcher_at, N_LOCK))) return NULL;
     Py_buffer d;
-    int ok = send_allowed(m, args[2], args[3], args[4], &to, &tag, &d);
+    int ok = send_allowed(m, args[2], args[3], args[4], &to, &tag, &rank, &d);
     if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
-    long long rank = matcher_int(m, N_RANK);
     if (rank == to) {  /* to this rank itself */
         int sent = self_send(m, rank, tag, &d);
         PyBuffer_Release(&d);
         return sent < 0 ? NULL : PyBool_FromLong(sent);
     }
     int sent = -1;
-    CoreProgram *p = rank == LLONG_MIN ? NULL : matcher_program(m, to, 0);
+    CoreProgram *p = matcher_program(m, to, 0);
     if (p && lock_take(lock) == 0) {
         sent = envelope_send(p, etag, tag, d.buf, d.len);
         if (lock_give(lock) < 0) sent = -1;
@@ -3341,15 +3354,13 @@ static PyObject *py_mpi_exchange(PyObject *self, PyObject *const *args, Py_ssize
         if (usable == 0) result = Py_NewRef(Py_None);
         goto out;
     }
-    long long to, tag, from = 0, want = 0, etag = matcher_int(m, N_ETAG);
+    long long to, tag, rank, from = 0, want = 0, etag = matcher_int(m, N_ETAG);
     if (etag == LLONG_MIN || !(lock = slot_attr(m, matcher_at, N_LOCK))) goto out;
-    int ok = send_allowed(m, args[2], args[3], args[4], &to, &tag, &d);
+    int ok = send_allowed(m, args[2], args[3], args[4], &to, &tag, &rank, &d);
     if (ok <= 0) {
         if (ok == 0) result = Py_NewRef(Py_None);
         goto out;
     }
-    long long rank = matcher_int(m, N_RANK);
-    if (rank == LLONG_MIN) goto out;
     if (to == rank) {  /* to this rank itself; then the receive, from the messages held (or the full path's) */
         int sent = self_send(m, rank, tag, &d);
         PyObject *got = sent > 0 ? held_recv(m, args[5], args[6], dst) : NULL;
@@ -3596,8 +3607,7 @@ static PyObject *complete_arrived(PyObject *r, PyObject *op, PyObject *msg, PyOb
         PyBuffer_Release(&view);
         if (n > view.len) Py_RETURN_FALSE;  /* truncated: the general path says so */
     }
-    fields = PyTuple_Pack(4, slot_attr(msg, message_at, N_SOURCE), slot_attr(msg, message_at, N_TAG),
-                          slot_attr(msg, message_at, N_NBYTES), Py_False);
+    fields = message_fields(msg);
     if (fields && PyObject_SetAttr(r, names[N_R_STATUS], fields) == 0
         && (!obj || PyObject_SetAttr(r, names[N_R_RESULT], obj) == 0))
         result = request_completed(r);
@@ -3722,9 +3732,9 @@ static PyObject *py_set_waitall(PyObject *self, PyObject *args) {
 
 /* Waitall(requests, statuses=None) -> True (``objects`` 0) and
  * waitall(requests, statuses=None) -> [each one's wait() result] (1), as
- * mpi4py's: the requests in a list (as list(requests)), each completed
- * by mpi_complete where it can be; the rest by Request._rest, or all by
- * Request._all where statuses are asked for. */
+ * mpi4py's: the requests in a list (as list(requests)), mpi_complete_all's
+ * look at each; what it leaves by Request._rest, or all by Request._all
+ * where statuses are asked for. */
 static PyObject *wait_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int objects) {
     PyObject *requests = nargs > 0 ? args[0] : NULL, *statuses = nargs > 1 ? args[1] : NULL;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -3745,7 +3755,7 @@ static PyObject *wait_all(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     if (!statuses) statuses = Py_None;
-    PyObject *list = PySequence_List(requests), *results = NULL, *loads = NULL, *looks = NULL, *waits = NULL;
+    PyObject *list = PySequence_List(requests), *results = NULL, *loads = NULL;
     PyObject *result = NULL;
     if (!list) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(list);
@@ -3758,40 +3768,31 @@ static PyObject *wait_all(PyObject *self, PyObject *const *args, Py_ssize_t narg
         result = PyObject_CallFunctionObjArgs(waitall_all, list, statuses, collect, NULL);
         goto out;
     }
-    if (!(loads = PyObject_GetAttr(waitall_pickle, names[N_LOADS]))) goto out;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
-        PyObject *r = Py_NewRef(PyList_GET_ITEM(list, i)), *look[] = {r, loads};
-        PyObject *done = py_mpi_complete(self, look, 2);
-        int ok = done != NULL;
-        if (ok && done == Py_True) {
-            PyObject *got = objects ? PyObject_GetAttr(r, names[N_R_RESULT]) : NULL;
-            ok = !objects || (got && PyList_SetItem(results, i, got) == 0);
-        } else if (ok) {  /* left to _at_once (None) or to the general path's wait (False) */
-            PyObject **into = done == Py_None ? &looks : &waits, *at = PyLong_FromSsize_t(i);
-            ok = at && (*into || (*into = PyList_New(0))) && PyList_Append(*into, at) == 0;
-            Py_XDECREF(at);
-        }
-        Py_XDECREF(done);
-        Py_DECREF(r);
-        if (!ok) goto out;
+    /* mpi_complete_all's look, no statuses asked for: the indices it left, to _rest */
+    PyObject *none = PyList_New(0), *left = NULL;
+    if (none && (loads = PyObject_GetAttr(waitall_pickle, names[N_LOADS]))) {
+        PyObject *look[] = {list, loads, collect, none, Py_None};
+        left = py_mpi_complete_all(self, look, 5);
     }
-    if (looks || waits) {
+    Py_XDECREF(none);
+    if (!left) goto out;
+    PyObject *looks = PyTuple_GET_ITEM(left, 0), *waits = PyTuple_GET_ITEM(left, 1);
+    if (PyList_GET_SIZE(looks) || PyList_GET_SIZE(waits)) {
         PyObject *sts = PyList_New(n);
-        if (!sts) goto out;
-        for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(sts, i, Py_NewRef(Py_None));
-        if ((looks || (looks = PyList_New(0))) && (waits || (waits = PyList_New(0))))
+        if (sts) {
+            for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(sts, i, Py_NewRef(Py_None));
             result = PyObject_CallFunctionObjArgs(waitall_rest, list, sts, looks, waits, collect, NULL);
-        Py_DECREF(sts);
+            Py_DECREF(sts);
+        }
     } else {
         result = Py_NewRef(Py_None);
     }
+    Py_DECREF(left);
 out:
     if (result) Py_SETREF(result, Py_NewRef(objects ? results : Py_True));
     Py_XDECREF(list);
     Py_XDECREF(results);
     Py_XDECREF(loads);
-    Py_XDECREF(looks);
-    Py_XDECREF(waits);
     return result;
 }
 
