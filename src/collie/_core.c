@@ -207,7 +207,7 @@ static PyObject *py_combine(PyObject *self, PyObject *args) {
  * copies and reductions other threads should not wait on). */
 #define SMALL_BYTES (64 * 1024)
 #define GIL_HOLD 20e-6
-typedef struct { PyThreadState *saved; int hold; } gil_t;
+typedef struct { PyThreadState *saved; int hold, failed; } gil_t;  /* failed: envelope_aside's error */
 
 #define LINE 64
 #define RDV (-1)
@@ -367,6 +367,15 @@ static void scatter_pieces(const msg_t *m, Py_buffer *bufs, const char *src, ker
 
 enum { TAKEN, EMPTY, FOREIGN };  /* what take() found */
 
+/* Free the slot at the head of ``p``'s ring (its ``tail``), as ring.freed()
+ * does: wake the writer if it may have found the ring full. */
+static void free_head(peer_t *p, int64_t tail) {
+    ring_t *r = &p->in;
+    __atomic_store_n(r->tail, tail + 1, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(r->head, __ATOMIC_RELAXED) - tail >= r->slots) sem_post(p->bell);
+}
+
 /* Take the message at the ring's head if it is m, whole in one slot or
  * single copy: copy or combine it into its place (a single-copy one is
  * then acknowledged). FOREIGN: something else is there (another tag, a
@@ -399,10 +408,7 @@ static int take(peer_t *p, int64_t tag, uint64_t meta, const msg_t *m, Py_buffer
     } else if (n) {
         memcpy(dst, src, n);
     }
-    __atomic_store_n(r->tail, tail + 1, __ATOMIC_RELEASE);
-    /* ring.freed(): wake the writer if it may have found the ring full. */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (__atomic_load_n(r->head, __ATOMIC_RELAXED) - tail >= r->slots) sem_post(p->bell);
+    free_head(p, tail);
     if (rid) {  /* ring.acknowledge(): the writer's send is done */
         __atomic_store_n(&r->acks[rid % ACKS], rid, __ATOMIC_RELEASE);
         wake(p);
@@ -681,7 +687,7 @@ enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_C
        N_ENVELOPE, N_CORE_PROGRAM, N_COMM_GROUP, N_GET_RANK, N_GET_SIZE, N_SOURCE, N_TAG, N_DST, N_MSG,
        N_CANCELLED, N_TIMEOUT, N_R_NETWORK, N_R_RECV, N_R_MATCHER, N_R_TIMEOUT, N_R_DONE, N_R_STATUS,
        N_INTER, N_R_SENDS, N_R_WORK, N_R_SYNC, N_R_AFTER, N_R_KEEP, N_R_PULLED, N_R_RESULT, N_POST, N_NBYTES, N_DATA, N_REQ, N_MATCHED,
-       N_SYNC_ID, N_LOADS, NNAMES };
+       N_SYNC_ID, N_LOADS, N_PEER, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
@@ -695,7 +701,7 @@ static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "curren
                                            "cancelled", "timeout", "_network", "_recv", "_matcher",
                                            "_timeout", "_done", "_status", "inter", "_sends", "_work", "_sync",
                                            "_after", "_keep", "_pulled", "_result", "post", "nbytes",
-                                           "data", "req", "matched", "sync", "loads"};
+                                           "data", "req", "matched", "sync", "loads", "peer"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -936,6 +942,8 @@ static int post_sends(CoreProgram *self, step_t *s, Py_buffer *bufs, int64_t tag
     return unsent;
 }
 
+static int envelope_aside(peer_t *p, gil_t *gil);  /* (the MPI layer's, below) */
+
 /* This thread's own bound on a receive's spin (seconds; < 0: none): see
  * set_thread_spin(). */
 static __thread double thread_spin = -1;
@@ -1004,7 +1012,10 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
                 if (p->behind == pass) continue;
                 int got = take(p, tag, meta, m, bufs, m->reduce ? kernel : NULL, self->op, self->itemsize);
                 if (got == TAKEN) { *mask |= bit; open--; moved = 1; }
-                else if (got == FOREIGN) return i;  /* Python sorts it out */
+                else if (got == FOREIGN) {  /* an MPI envelope goes to its matcher; anything else is Python's */
+                    if (envelope_aside(p, gil) <= 0) return i;
+                    moved = 1;
+                }
                 else p->behind = pass;
             }
             if ((!open && !unacked && !unsent) || handback) break;  /* a handback: Python waits on everything left */
@@ -1050,12 +1061,22 @@ static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t ta
     /* The caller holds the network's lock: no Python end moves meanwhile.
      * A thread running asynchronous calls (its own spin bound set) always
      * lets the GIL go: its process computes beside it. */
-    gil_t gil = {NULL, self->small && thread_spin < 0};
+    gil_t gil = {NULL, self->small && thread_spin < 0, 0};
     if (!gil.hold) gil.saved = PyEval_SaveThread();
     step = run_steps(self, bufs, start, tag, meta, &locals_done, &mask, times, &gil);
     if (gil.saved) PyEval_RestoreThread(gil.saved);
-    if (update_books(self) < 0) return -1;
+    PyObject *exc_type = NULL, *exc = NULL, *tb = NULL;
+    if (gil.failed) PyErr_Fetch(&exc_type, &exc, &tb);  /* raised once the books are right */
+    if (update_books(self) < 0) {
+        Py_XDECREF(exc_type); Py_XDECREF(exc); Py_XDECREF(tb);
+        return -1;
+    }
     PyObject *inflight = step < self->nsteps ? adopt_inflight(self, bufs, step, tag, meta) : Py_NewRef(no_requests);
+    if (gil.failed) {
+        Py_XDECREF(inflight);
+        PyErr_Restore(exc_type, exc, tb);
+        return -1;
+    }
     if (!inflight) return -1;
     *out = (outcome_t){step, locals_done, mask, inflight};
     return 0;
@@ -1130,7 +1151,9 @@ static PyObject *program_run(CoreProgram *self, PyObject *args) {
  * memory): whether the sweep for stale data at the end of collective ``tag``
  * would find nothing: no Python end busy or holding messages, and each ring
  * empty or holding at its head a later call of the same group (the common
- * end of a repeated rooted call, whose root is already sending the next).
+ * end of a repeated rooted call, whose root is already sending the next) or
+ * a point-to-point message (an MPI envelope sent before the call), which
+ * the sweep leaves where it is (network._unexpected).
  * -1 on error, 0 when a closer look is needed, 1 when nothing is stale. */
 static int nothing_stale(CoreProgram *g, int64_t tag, int64_t max_tag) {
     int64_t call = tag & ~max_tag, seq = tag & max_tag;
@@ -1146,7 +1169,8 @@ static int nothing_stale(CoreProgram *g, int64_t tag, int64_t max_tag) {
         if (__atomic_load_n(r->head, __ATOMIC_ACQUIRE) != tail) {
             int64_t head_tag;
             memcpy(&head_tag, r->headers + tail % r->slots * LINE, sizeof head_tag);
-            if ((head_tag & ~max_tag) != call || (head_tag & max_tag) <= seq) return 0;
+            int p2p = !(head_tag & (max_tag + 1));  /* (no collective bit: a receive may come any time) */
+            if (!p2p && ((head_tag & ~max_tag) != call || (head_tag & max_tag) <= seq)) return 0;
         }
     }
     return 1;
@@ -2812,14 +2836,17 @@ static const int matcher_names[] = {N_GROUP, N_NETWORK, N_LOCK, N_RANK, N_SIZE, 
                                     N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN, N_INTER,
                                     -1};
 
-/* set_matcher(_Matcher): where its books are (compat/mpi/p2p.py, at import). */
-static PyObject *py_set_matcher(PyObject *self, PyObject *type) {
-    if (!PyType_Check(type)) {
-        PyErr_SetString(PyExc_TypeError, "set_matcher(type)");
-        return NULL;
-    }
+/* set_matcher(_Matcher, by_etag): where its books are (compat/mpi/p2p.py, at import). */
+/* p2p._by_etag: an intracommunicator's envelope tag -> a weak reference to
+ * its matcher (see envelope_aside). */
+static PyObject *envelope_matchers;
+
+static PyObject *py_set_matcher(PyObject *self, PyObject *args) {
+    PyObject *type, *by_etag;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &type, &PyDict_Type, &by_etag)) return NULL;
     if (slot_offsets(type, matcher_names, matcher_at) < 0) return NULL;
     Py_XSETREF(matcher_type, (PyTypeObject *)Py_NewRef(type));
+    Py_XSETREF(envelope_matchers, Py_NewRef(by_etag));
     Py_RETURN_NONE;
 }
 
@@ -2967,10 +2994,13 @@ static long long int_slot(PyObject *obj, const Py_ssize_t *at, int name) {
     return v ? plain_int(v, LLONG_MIN + 1, LLONG_MAX) : LLONG_MIN;
 }
 
-/* A standard send of ``d`` to this rank (``rank``) itself, on an
- * intracommunicator (_Matcher.deliver_local, then _deliver): 1 delivered,
- * 0 left to the full path (books the core does not know), -1 on error. */
-static int self_send(PyObject *m, long long rank, long long tag, const Py_buffer *d) {
+/* A standard send's message of ``d`` from group rank ``rank`` with MPI tag
+ * ``tag``, all here, into an intracommunicator's matcher ``m``
+ * (_Matcher._deliver): the first posted receive it matches takes it, or the
+ * matcher holds it unmatched. 1 delivered, 0 left to the full path (books
+ * the core does not know), -1 on error. A message to this rank itself
+ * (self_send) and an envelope the core met in a ring (envelope_aside). */
+static int deliver(PyObject *m, long long rank, long long tag, const Py_buffer *d) {
     PyObject *posted = slot_attr(m, matcher_at, N_POSTED), *unmatched = slot_attr(m, matcher_at, N_UNMATCHED);
     PyObject *inter = slot_attr(m, matcher_at, N_INTER);
     if (!posted || !unmatched || !inter) return -1;
@@ -3000,6 +3030,78 @@ static int self_send(PyObject *m, long long rank, long long tag, const Py_buffer
     }
     Py_XDECREF(msg);
     return ok ? 1 : -1;
+}
+
+/* A standard send of ``d`` to this rank (``rank``) itself
+ * (_Matcher.deliver_local, then _deliver): see deliver. */
+static int self_send(PyObject *m, long long rank, long long tag, const Py_buffer *d) {
+    return deliver(m, rank, tag, d);
+}
+
+/* The envelope ``head`` (tag, size, sync id) with its payload after it at
+ * ``env``, come from ``p`` with tag ``etag``, into its matcher's books
+ * (deliver), as that matcher's progress would take it in: 1 delivered, 0
+ * not (no such matcher, or one with an envelope of that peer's in
+ * Python's hands, which comes first), -1 on error. */
+static int deliver_aside(peer_t *p, int64_t etag, const int64_t *head, const char *env) {
+    PyObject *key = PyLong_FromLongLong(etag);
+    PyObject *ref = key ? PyDict_GetItemWithError(envelope_matchers, key) : NULL;  /* borrowed */
+    Py_XDECREF(key);
+    if (!ref) return PyErr_Occurred() ? -1 : 0;
+    PyObject *m = PyWeakref_Check(ref) ? PyWeakref_GetObject(ref) : Py_None;
+    if (!matcher_type || !Py_IS_TYPE(m, matcher_type)) return 0;
+    Py_INCREF(m);
+    int rc = -1;
+    PyObject *world = PyObject_GetAttr(p->in_obj, names[N_PEER]), *index = NULL, *rank;
+    PyObject *group = slot_attr(m, matcher_at, N_GROUP), *envelopes = slot_attr(m, matcher_at, N_ENVELOPES);
+    if (!world || !group || !envelopes || !(index = PyObject_GetAttr(group, names[N_INDEX]))) goto out;
+    if (!PyDict_Check(index) || !PyDict_Check(envelopes) || !(rank = PyDict_GetItemWithError(index, world))) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    rc = PyDict_Contains(envelopes, rank);  /* an envelope receive of Python's from that peer: it comes first */
+    if (rc == 0) {
+        long long from = plain_int(rank, 0, LLONG_MAX);
+        Py_buffer d = {.buf = (void *)(env + ENVELOPE_HEAD), .len = head[1]};
+        rc = from == LLONG_MIN ? 0 : deliver(m, from, head[0], &d);
+    } else if (rc == 1) {
+        rc = 0;
+    }
+out:
+    Py_XDECREF(world);
+    Py_XDECREF(index);
+    Py_DECREF(m);
+    return rc;
+}
+
+/* What run_steps does where a program finds something else than its own
+ * message at the head of ``p``'s ring (FOREIGN): a standard send's MPI
+ * envelope with its payload in place (the MPI layer's message, sent before
+ * the call) goes to its communicator's matcher (deliver_aside) and its
+ * slot is freed, so the program goes on in C: 1. Before, Python ran the
+ * rest of the call, then the MPI wait found the envelope among the
+ * transport's unexpected messages: 30-50 us each, where MPICH's take a
+ * microsecond or two. 0: anything else (Python's turn, as before); -1 on
+ * error (gil->failed). Takes the GIL back for the matcher's books where
+ * the run let it go; the network's lock is held throughout. */
+static int envelope_aside(peer_t *p, gil_t *gil) {
+    ring_t *r = &p->in;
+    int64_t tail = *r->tail;
+    if (!envelope_matchers || __atomic_load_n(r->head, __ATOMIC_ACQUIRE) == tail) return 0;
+    header_t h;
+    memcpy(&h, r->headers + tail % r->slots * LINE, sizeof h);
+    const char *env = r->payload + tail % r->slots * r->slot_bytes;
+    int64_t head[3];
+    if (h.meta != 0 || h.offset != 0 || h.frag != h.nbytes || h.nbytes < ENVELOPE_HEAD) return 0;
+    memcpy(head, env, sizeof head);
+    if (head[2] != 0 || head[1] < 0 || head[1] > h.nbytes - ENVELOPE_HEAD) return 0;  /* a sync send's; a payload apart */
+    PyThreadState *saved = gil->saved;
+    if (saved) PyEval_RestoreThread(saved);
+    int rc = deliver_aside(p, h.tag, head, env);
+    if (rc < 0) gil->failed = 1;
+    if (saved) gil->saved = PyEval_SaveThread();
+    if (rc == 1) free_head(p, tail);
+    return rc;
 }
 
 /* The first message matcher ``m`` holds unmatched that a receive of
@@ -3831,7 +3933,9 @@ static PyMethodDef methods[] = {
      "unpack_slots(buffer, n, slot, loads) -> (items, [(i, size) of those that did not fit] or None)."},
     {"comm_rank", py_comm_rank, METH_O, "comm_rank(comm) -> an MPI communicator's rank (Comm.rank; see _core.c)."},
     {"comm_size", py_comm_size, METH_O, "comm_size(comm) -> an MPI communicator's size (Comm.size; see _core.c)."},
-    {"set_matcher", py_set_matcher, METH_O, "set_matcher(_Matcher): where its books are (compat/mpi/p2p.py)."},
+    {"set_matcher", py_set_matcher, METH_VARARGS,
+     "set_matcher(_Matcher, by_etag): where its books are, and each intracommunicator's matcher by its envelope "
+     "tag (compat/mpi/p2p.py)."},
     {"mpi_send", (PyCFunction)(void (*)(void))py_mpi_send, METH_FASTCALL,
      "mpi_send(matcher, group, data, dest, tag) -> whether the core sent it (see _core.c)."},
     {"mpi_recv", (PyCFunction)(void (*)(void))py_mpi_recv, METH_FASTCALL,

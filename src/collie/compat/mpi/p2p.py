@@ -309,8 +309,14 @@ class _Matcher:
         return moved
 
 
+# Each intracommunicator's matcher by its envelope tag: where the compiled
+# core delivers an MPI envelope it meets at a ring's head while it runs
+# another call (a collective between an Irecv and its Wait), so that the
+# call goes on in C (_core.c's envelope_aside).
+_by_etag: "dict[int, weakref.ref[_Matcher]]" = {}
+
 if core._core is not None:
-    core._core.set_matcher(_Matcher)
+    core._core.set_matcher(_Matcher, _by_etag)
     core_send, core_recv = core._core.mpi_send, core._core.mpi_recv
     core_exchange, core_envelope = core._core.mpi_exchange, core._core.mpi_envelope
     # (their Requests, and the ones mpi_complete completes: request.py sets the types)
@@ -350,10 +356,14 @@ _matchers: "list[weakref.ref[_Matcher]]" = []
 
 def _register(m: _Matcher) -> None:
     _matchers.append(weakref.ref(m))
+    if not m.inter:
+        _by_etag[m.etag] = weakref.ref(m)
 
 
 def _unregister(m: _Matcher) -> None:
     """Forget a freed communicator's matcher."""
+    if _by_etag.get(m.etag, lambda: None)() is m:
+        del _by_etag[m.etag]
     for ref in _matchers:
         if ref() is m:
             _matchers.remove(ref)
