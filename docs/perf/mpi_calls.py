@@ -55,9 +55,9 @@ def _patterns(MPI, comm):
         "barrier()": comm.barrier,
         "Sendrecv(8 f8)": lambda: comm.Sendrecv(b, peer, 7, a, prev, 7),
         "Irecv/Isend/Wait": irecv_isend_wait,
-        "Waitall([Irecv,Isend])": Waitall,
+        "Waitall(Irecv+Isend)": Waitall,
         "irecv/isend/wait": lower_requests,
-        "waitall([irecv,isend])": waitall,
+        "waitall(irecv+isend)": waitall,
     }
 
 

@@ -685,9 +685,8 @@ enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_C
        N_CONTEXT, N_P2P_OPS, N_RESULT, N_SHAPE, N_ACQUIRE, N_RELEASE, N_MINE, N_EVERY, N_OUTGOING,
        N_ETAG, N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN,
        N_ENVELOPE, N_CORE_PROGRAM, N_COMM_GROUP, N_GET_RANK, N_GET_SIZE, N_SOURCE, N_TAG, N_DST, N_MSG,
-       N_CANCELLED, N_TIMEOUT, N_R_NETWORK, N_R_RECV, N_R_MATCHER, N_R_TIMEOUT, N_R_DONE, N_R_STATUS,
-       N_INTER, N_R_SENDS, N_R_WORK, N_R_SYNC, N_R_AFTER, N_R_KEEP, N_R_PULLED, N_R_RESULT, N_POST, N_NBYTES, N_DATA, N_REQ, N_MATCHED,
-       N_SYNC_ID, N_LOADS, N_PEER, NNAMES };
+       N_CANCELLED, N_TIMEOUT, N_INTER, N_POST, N_NBYTES, N_DATA, N_REQ, N_MATCHED, N_SYNC_ID, N_LOADS, N_PEER,
+       NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
@@ -698,9 +697,7 @@ static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "curren
                                            "etag", "posted", "unmatched", "envelopes", "probes", "lost",
                                            "core_sends", "core_recvs", "envelope_in", "_envelope", "_core_program",
                                            "_group", "Get_rank", "Get_size", "source", "tag", "dst", "msg",
-                                           "cancelled", "timeout", "_network", "_recv", "_matcher",
-                                           "_timeout", "_done", "_status", "inter", "_sends", "_work", "_sync",
-                                           "_after", "_keep", "_pulled", "_result", "post", "nbytes",
+                                           "cancelled", "timeout", "inter", "post", "nbytes",
                                            "data", "req", "matched", "sync", "loads", "peer"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
@@ -2850,6 +2847,128 @@ static PyObject *py_set_matcher(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- a request's fields (RequestFields, the base of compat/mpi's Request)
+ *
+ * A request's state lives in C, where the core's waits read and write it
+ * at once: as attributes of a Python instance they cost the core a look-up
+ * by name each (a tenth of a microsecond, ten of them per completed
+ * receive: a quarter of its time). Python reads and sets them as
+ * attributes as before (getters and setters here). A copy
+ * (MPI.Request(req): the same request) shares the original's fields: its
+ * ``f`` points at them, and it keeps the original (``owner``) alive. */
+enum { F_NETWORK, F_TIMEOUT, F_SENDS, F_RECV, F_MATCHER, F_WORK, F_KEEP, F_AFTER, F_SYNC, F_CANCELLED, F_PULLED,
+       F_ERROR, F_RESULT, F_DONE, F_STATUS, NFIELDS };
+static const char *field_names[NFIELDS] = {"_network", "_timeout", "_sends", "_recv", "_matcher", "_work", "_keep",
+                                           "_after", "_sync", "_cancelled", "_pulled", "_error", "_result", "_done",
+                                           "_status"};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject **f;             /* own, or the original's where this is a copy */
+    PyObject *owner;          /* the original (NULL: this is one) */
+    PyObject *own[NFIELDS];
+} Fields;
+
+static PyTypeObject FieldsType;
+static PyObject *default_timeout;  /* 300.0: the MPI layer's timeout where none is given */
+
+/* field i of request ``r`` (a Fields), borrowed */
+#define FIELD(r, i) (((Fields *)(r))->f[i])
+
+/* Set field i of ``r`` to ``v`` (a new reference, stolen). */
+static void field_put(PyObject *r, int i, PyObject *v) {
+    Py_SETREF(((Fields *)r)->f[i], v);
+}
+
+/* A request of ``type`` (a subtype of RequestFields) as Request.__new__
+ * makes one: active, nothing to do yet (the fields' defaults, which
+ * request.py's pure-Python _Fields has as class attributes). */
+static PyObject *fields_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    Fields *self = (Fields *)PyBaseObject_Type.tp_new(type, no_requests, NULL);  /* (its __dict__ set up too) */
+    if (!self) return NULL;
+    self->f = self->own;
+    for (int i = 0; i < NFIELDS; i++)
+        self->own[i] = Py_NewRef(i == F_TIMEOUT ? default_timeout : i == F_SENDS ? no_requests
+                                 : i == F_CANCELLED || i == F_PULLED || i == F_DONE ? Py_False : Py_None);
+    return (PyObject *)self;
+}
+
+static int fields_traverse(Fields *self, visitproc visit, void *arg) {
+    for (int i = 0; i < NFIELDS; i++) Py_VISIT(self->own[i]);
+    Py_VISIT(self->owner);
+    return 0;
+}
+
+static int fields_clear(Fields *self) {
+    for (int i = 0; i < NFIELDS; i++) Py_CLEAR(self->own[i]);
+    self->f = self->own;  /* (a copy cleared reads its own Nones from now on) */
+    Py_CLEAR(self->owner);
+    return 0;
+}
+
+static void fields_dealloc(Fields *self) {
+    PyObject_GC_UnTrack(self);
+    fields_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *field_get(Fields *self, void *i) {
+    PyObject *v = self->f[(intptr_t)i];
+    return Py_NewRef(v ? v : Py_None);
+}
+
+static int field_set(Fields *self, PyObject *v, void *i) {
+    if (!v) {
+        PyErr_Format(PyExc_AttributeError, "a request's %s cannot be deleted", field_names[(intptr_t)i]);
+        return -1;
+    }
+    Py_XSETREF(self->f[(intptr_t)i], Py_NewRef(v));
+    return 0;
+}
+
+/* _adopt(original): this request becomes a copy of ``original`` (the
+ * copy constructors, with the __dict__ shared by request.py's _share). */
+static PyObject *fields_adopt(Fields *self, PyObject *original) {
+    if (!PyObject_TypeCheck(original, &FieldsType)) {
+        PyErr_SetString(PyExc_TypeError, "_adopt(original): not a request");
+        return NULL;
+    }
+    Fields *o = (Fields *)original;
+    PyObject *owner = Py_NewRef(o->owner ? o->owner : original);
+    Py_XSETREF(self->owner, owner);
+    self->f = o->f;
+    Py_RETURN_NONE;
+}
+
+static PyGetSetDef fields_getset[NFIELDS + 1];  /* one per field (made at import) */
+
+static PyMethodDef fields_methods[] = {
+    {"_adopt", (PyCFunction)fields_adopt, METH_O, "_adopt(original): share its fields (a copy of it)."},
+    {NULL},
+};
+
+static PyTypeObject FieldsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collie._core.RequestFields",
+    .tp_basicsize = sizeof(Fields),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A request's state, where the core reads it (the base of compat/mpi's Request).",
+    .tp_new = fields_new,
+    .tp_traverse = (traverseproc)fields_traverse,
+    .tp_clear = (inquiry)fields_clear,
+    .tp_dealloc = (destructor)fields_dealloc,
+    .tp_getset = fields_getset,
+    .tp_methods = fields_methods,
+};
+
+/* Ready RequestFields: a getter and setter per field. */
+static int fields_ready(void) {
+    for (intptr_t i = 0; i < NFIELDS; i++)
+        fields_getset[i] = (PyGetSetDef){field_names[i], (getter)field_get, (setter)field_set, NULL, (void *)i};
+    if (!default_timeout && !(default_timeout = PyFloat_FromDouble(300.0))) return -1;
+    return PyType_Ready(&FieldsType);
+}
+
 /* The MPI layer's requests, made here for the plain nonblocking calls
  * (mpi_isend, mpi_irecv): a Request as request.py's _done_request and
  * _receive make one (object.__new__, then its attributes), and the posted
@@ -2868,6 +2987,10 @@ static PyObject *py_set_request_types(PyObject *self, PyObject *args) {
         return NULL;
     if (slot_offsets(recv, recv_names, recv_at) < 0 || slot_offsets(message, message_names, message_at) < 0)
         return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)request, &FieldsType)) {
+        PyErr_SetString(PyExc_TypeError, "set_request_types: the Request type must derive from RequestFields");
+        return NULL;
+    }
     Py_XSETREF(recv_type, (PyTypeObject *)Py_NewRef(recv));
     Py_XSETREF(request_type, (PyTypeObject *)Py_NewRef(request));
     Py_XSETREF(message_type, (PyTypeObject *)Py_NewRef(message));
@@ -2879,11 +3002,10 @@ static PyObject *bare_instance(PyTypeObject *type) {
     return PyBaseObject_Type.tp_new(type, no_requests, NULL);
 }
 
-/* A new Request whose attributes names[which[i]] are values[i] (borrowed). */
+/* A new Request whose fields which[i] are values[i] (borrowed). */
 static PyObject *request_with(const int *which, PyObject *const *values, int n) {
-    PyObject *r = bare_instance(request_type);
-    for (int i = 0; r && i < n; i++)
-        if (PyObject_SetAttr(r, names[which[i]], values[i]) < 0) Py_CLEAR(r);
+    PyObject *r = fields_new(request_type, NULL, NULL);
+    for (int i = 0; r && i < n; i++) field_put(r, which[i], Py_NewRef(values[i]));
     return r;
 }
 
@@ -3506,7 +3628,7 @@ static PyObject *py_mpi_isend(PyObject *self, PyObject *const *args, Py_ssize_t 
         Py_RETURN_NONE;
     }
     Py_DECREF(sent);
-    return bare_instance(request_type);  /* (active, no status yet: the class's _done and _status) */
+    return fields_new(request_type, NULL, NULL);  /* (active, no status yet: the defaults) */
 }
 
 /* What a posted receive keeps of ``buf`` (its _Recv.dst): a bare array
@@ -3564,7 +3686,7 @@ static PyObject *py_mpi_irecv(PyObject *self, PyObject *const *args, Py_ssize_t 
         || slot_set(op, recv_at, N_CANCELLED, Py_NewRef(Py_False)) < 0
         || slot_set(op, recv_at, N_ERROR, Py_NewRef(Py_None)) < 0 || !(timeout = PyObject_GetAttr(group, names[N_TIMEOUT])))
         goto out;
-    static const int fields[] = {N_R_NETWORK, N_R_RECV, N_R_MATCHER, N_R_TIMEOUT};  /* (the rest: the class's) */
+    static const int fields[] = {F_NETWORK, F_RECV, F_MATCHER, F_TIMEOUT};  /* (the rest: the defaults) */
     PyObject *values[] = {network, op, m, timeout};
     r = request_with(fields, values, 4);
     if (r && held) {  /* the post takes it (a synchronous send's: the full path, which acks it) */
@@ -3622,18 +3744,10 @@ static PyObject *py_mpi_envelope(PyObject *self, PyObject *const *args, Py_ssize
     return result;
 }
 
-/* Attribute ``name`` of request ``r`` is ``value``: 1 yes, 0 no, -1 on error. */
-static int request_is(PyObject *r, int name, PyObject *value) {
-    PyObject *v = PyObject_GetAttr(r, names[name]);
-    if (!v) return -1;
-    Py_DECREF(v);
-    return v == value;
-}
-
 /* Complete request ``r``: inactive from now, nothing kept for it. */
 static PyObject *request_completed(PyObject *r) {
-    if (PyObject_SetAttr(r, names[N_R_DONE], Py_True) < 0 || PyObject_SetAttr(r, names[N_R_KEEP], Py_None) < 0)
-        return NULL;
+    field_put(r, F_DONE, Py_NewRef(Py_True));
+    field_put(r, F_KEEP, Py_NewRef(Py_None));
     Py_RETURN_TRUE;
 }
 
@@ -3646,7 +3760,7 @@ static PyObject *complete_receive(PyObject *self, PyObject *r, PyObject *op, PyO
     long long from = plain_int(source, -1, LLONG_MAX);
     int alone = PyList_CheckExact(posted) && PyList_GET_SIZE(posted) == 1 && PyList_GET_ITEM(posted, 0) == op
                 && !(from < 0 && inter == Py_True);
-    if (PyObject_SetAttr(r, names[N_R_PULLED], Py_True) < 0) return NULL;  /* asked once, whatever comes */
+    field_put(r, F_PULLED, Py_NewRef(Py_True));  /* asked once, whatever comes */
     if (!alone) {  /* others posted: the core takes the source's next envelope for the matcher */
         PyObject *args[] = {m, source};
         PyObject *took = py_mpi_envelope(self, args, 2);
@@ -3676,12 +3790,12 @@ static PyObject *complete_receive(PyObject *self, PyObject *r, PyObject *op, PyO
         Py_RETURN_FALSE;
     }
     PyObject *payload = PyTuple_GET_ITEM(got, 1), *result = NULL;
-    int ok = PyObject_SetAttr(r, names[N_R_STATUS], PyTuple_GET_ITEM(got, 0)) == 0;
-    if (ok && args[2] == Py_None) {  /* an object; an empty message is None, as in mpi4py */
+    int ok = 1;
+    field_put(r, F_STATUS, Py_NewRef(PyTuple_GET_ITEM(got, 0)));
+    if (args[2] == Py_None) {  /* an object; an empty message is None, as in mpi4py */
         int some = PyObject_IsTrue(payload);
         PyObject *obj = some > 0 ? PyObject_CallOneArg(loads, payload) : some == 0 ? Py_NewRef(Py_None) : NULL;
-        ok = obj && PyObject_SetAttr(r, names[N_R_RESULT], obj) == 0;
-        Py_XDECREF(obj);
+        if ((ok = obj != NULL)) field_put(r, F_RESULT, obj);
     }
     if (ok) result = request_completed(r);
     Py_DECREF(got);
@@ -3709,11 +3823,11 @@ static PyObject *complete_arrived(PyObject *r, PyObject *op, PyObject *msg, PyOb
         PyBuffer_Release(&view);
         if (n > view.len) Py_RETURN_FALSE;  /* truncated: the general path says so */
     }
-    fields = message_fields(msg);
-    if (fields && PyObject_SetAttr(r, names[N_R_STATUS], fields) == 0
-        && (!obj || PyObject_SetAttr(r, names[N_R_RESULT], obj) == 0))
+    if ((fields = message_fields(msg))) {
+        field_put(r, F_STATUS, fields);
+        if (obj) field_put(r, F_RESULT, Py_NewRef(obj));
         result = request_completed(r);
-    Py_XDECREF(fields);
+    }
     Py_XDECREF(obj);
     return result;
 }
@@ -3733,32 +3847,26 @@ static PyObject *py_mpi_complete(PyObject *self, PyObject *const *args, Py_ssize
     }
     PyObject *r = args[0], *loads = args[1];
     if (!request_type || !Py_IS_TYPE(r, request_type)) Py_RETURN_NONE;
-    int plain = request_is(r, N_R_AFTER, Py_None);
-    if (plain <= 0) return plain < 0 ? NULL : Py_NewRef(Py_None);
-    int active = request_is(r, N_R_DONE, Py_False);
-    if (active <= 0) return active < 0 ? NULL : Py_NewRef(Py_False);
-    PyObject *op = PyObject_GetAttr(r, names[N_R_RECV]), *result = NULL;
-    if (!op) return NULL;
+    if (FIELD(r, F_AFTER) != Py_None) Py_RETURN_NONE;
+    if (FIELD(r, F_DONE) != Py_False) Py_RETURN_FALSE;
+    PyObject *op = Py_NewRef(FIELD(r, F_RECV)), *result = NULL;
     if (op == Py_None) {  /* a send (or nothing): complete if nothing is in flight or waited for */
-        PyObject *sends = PyObject_GetAttr(r, names[N_R_SENDS]);
-        int idle = !sends ? -1 : PyTuple_CheckExact(sends) && PyTuple_GET_SIZE(sends) == 0;
-        Py_XDECREF(sends);
-        if (idle > 0) idle = request_is(r, N_R_WORK, Py_None);
-        if (idle > 0) idle = request_is(r, N_R_SYNC, Py_None);
-        result = idle < 0 ? NULL : idle ? request_completed(r) : Py_NewRef(Py_False);
+        PyObject *sends = FIELD(r, F_SENDS);
+        int idle = PyTuple_CheckExact(sends) && PyTuple_GET_SIZE(sends) == 0 && FIELD(r, F_WORK) == Py_None
+                   && FIELD(r, F_SYNC) == Py_None;
+        result = idle ? request_completed(r) : Py_NewRef(Py_False);
     } else if (Py_IS_TYPE(op, recv_type)) {
         PyObject *msg = slot_attr(op, recv_at, N_MSG), *error = slot_attr(op, recv_at, N_ERROR);
-        PyObject *cancelled = slot_attr(op, recv_at, N_CANCELLED), *m = NULL;
-        int fresh = msg && error && cancelled && msg == Py_None && error == Py_None && cancelled == Py_False;
-        if (fresh) fresh = request_is(r, N_R_PULLED, Py_False);
-        if (fresh > 0 && (m = PyObject_GetAttr(r, names[N_R_MATCHER])) && m != Py_None && matcher_type
-            && Py_IS_TYPE(m, matcher_type))
+        PyObject *cancelled = slot_attr(op, recv_at, N_CANCELLED), *m = Py_NewRef(FIELD(r, F_MATCHER));
+        int fresh = msg && error && cancelled && msg == Py_None && error == Py_None && cancelled == Py_False
+                    && FIELD(r, F_PULLED) == Py_False;
+        if (fresh && matcher_type && Py_IS_TYPE(m, matcher_type))
             result = complete_receive(self, r, op, m, loads);
         else if (core_chosen && msg && msg != Py_None && error == Py_None && cancelled == Py_False)
             result = complete_arrived(r, op, msg, loads);  /* (the reference executor: Python's way) */
         else if (!PyErr_Occurred())
             result = Py_NewRef(Py_False);
-        Py_XDECREF(m);
+        Py_DECREF(m);
     } else {
         result = Py_NewRef(Py_None);
     }
@@ -3794,10 +3902,10 @@ static PyObject *py_mpi_complete_all(PyObject *self, PyObject *const *args, Py_s
             Py_XDECREF(at);
         } else if (ok) {
             if (results != Py_None && i < PyList_GET_SIZE(results))
-                ok = (got = PyObject_GetAttr(r, names[N_R_RESULT])) && PyList_SetItem(results, i, got) == 0;
+                ok = (got = Py_NewRef(FIELD(r, F_RESULT))) && PyList_SetItem(results, i, got) == 0;  /* (done: a Request) */
             PyObject *st = i < PyList_GET_SIZE(statuses) ? PyList_GET_ITEM(statuses, i) : Py_None, *fields, *filled;
             if (ok && st != Py_None) {
-                ok = (fields = PyObject_GetAttr(r, names[N_R_STATUS])) != NULL;
+                ok = (fields = Py_NewRef(FIELD(r, F_STATUS))) != NULL;
                 filled = ok ? PyObject_CallFunctionObjArgs(fill, st, fields, NULL) : NULL;
                 ok = filled != NULL;
                 Py_XDECREF(fields);
@@ -3992,7 +4100,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (!no_requests && !(no_requests = PyTuple_New(0))) return NULL;
     if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
     if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&LaneType) < 0 || PyType_Ready(&EntryType) < 0
-        || PyType_Ready(&RLockType) < 0) return NULL;
+        || PyType_Ready(&RLockType) < 0 || fields_ready() < 0) return NULL;
     for (int k = 0; k < ENTRY_P2P; k++)
         if (!(entry_lane_name[k] = PyUnicode_InternFromString(entry_lane_names[k]))) return NULL;
     for (int k = 0; k < NENTRIES; k++) {
@@ -4011,5 +4119,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0) return NULL;
     Py_INCREF(&RLockType);
     if (PyModule_AddObject(m, "RLock", (PyObject *)&RLockType) < 0) return NULL;
+    Py_INCREF(&FieldsType);
+    if (PyModule_AddObject(m, "RequestFields", (PyObject *)&FieldsType) < 0) return NULL;
     return m;
 }

@@ -42,20 +42,14 @@ def _fill(status: Optional[Status], fields: Optional[tuple]) -> None:
 
 # ---- requests ----
 
-class Request:
-    """A nonblocking operation: Isend/Irecv, isend/irecv, Ibcast...
+class _Fields:
+    """What a request starts with, where the compiled core is not built:
+    its RequestFields keeps these fields in C instead, where its waits read
+    them (copies then share them through _adopt; here the shared __dict__
+    carries them)."""
 
-    Wait()/Test() follow mpi4py; wait()/test() also return the received
-    object of an irecv (None for the others). ``Request(req)`` is the same
-    request as ``req``; ``Request()`` is an inactive one (REQUEST_NULL).
-    """
+    __slots__ = ("__dict__", "__weakref__")
 
-    def __new__(cls, *args, **kwargs):
-        # subclasses may call super().__new__(cls, request), as mpi4py allows
-        return object.__new__(cls)  # (not super(): a request is made per message)
-
-    # What a request starts with; __init__ sets only the rest (a fifth of a
-    # small irecv's time was making its request).
     _network = None
     _timeout = 300.0
     _sends: tuple = ()
@@ -68,6 +62,29 @@ class Request:
     _result = None
     _done = False  # (__init__ sets it: an inactive request is one made with nothing to do)
     _status = None  # (source, tag, nbytes, cancelled) once known
+
+    def _adopt(self, original: "_Fields") -> None:
+        pass
+
+
+_Base = core._core.RequestFields if core._core is not None else _Fields
+_new = _Base.__new__
+
+
+class Request(_Base):
+    """A nonblocking operation: Isend/Irecv, isend/irecv, Ibcast...
+
+    Wait()/Test() follow mpi4py; wait()/test() also return the received
+    object of an irecv (None for the others). ``Request(req)`` is the same
+    request as ``req``; ``Request()`` is an inactive one (REQUEST_NULL).
+    """
+
+    def __new__(cls, *args, **kwargs):
+        # subclasses may call super().__new__(cls, request), as mpi4py allows
+        return _new(cls)  # (not super(): a request is made per message)
+
+    # What a request starts with is _Base's (the fields' defaults); __init__
+    # sets only the rest (a fifth of a small irecv's time was making its request).
 
     def _describe(self) -> str:
         """What the request waits for, for its errors: a receive's, from its
@@ -580,6 +597,7 @@ def _share(new: Request, old: Request) -> bool:
         if not old and type(old) is Request:
             return False
         raise TypeError(f"{type(new).__name__}() cannot copy a {type(old).__name__}")
+    new._adopt(old)
     new.__dict__ = old.__dict__
     return True
 
@@ -740,7 +758,7 @@ def _receive(network, op: _Recv, matcher, timeout: float, after=None, keep=None,
     irecv a fifth of its time (the compiled core's p2p.core_irecv makes the
     same). ``pulled``: the core was asked for this receive already (a
     blocking call's own try): its wait does not ask again."""
-    r = object.__new__(Request)
+    r = _new(Request)
     r._network, r._recv, r._matcher, r._timeout = network, op, matcher, timeout
     if after is not None or keep is not None:
         r._after, r._keep = after, keep
@@ -754,7 +772,7 @@ def _done_request(status=None) -> Request:
     PROC_NULL, or a send done at once): active until a Wait or Test
     completes it, as in MPI. (Request(status=...) without __init__'s
     keywords: a small isend makes one per call.)"""
-    r = object.__new__(Request)
+    r = _new(Request)
     if status is not None:  # (None, the class's: an empty one)
         r._status = status
     return r
