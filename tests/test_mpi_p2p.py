@@ -950,6 +950,31 @@ def test_an_mpi_envelope_met_by_a_collective_goes_to_its_matcher_in_c(n):
                     assert count >= ROUNDS // 2, (name, count)
 
 
+def test_requests_keep_their_fields_in_python_without_the_compiled_core():
+    """Where collie._core is not built, Request's fields are _Fields' class
+    attributes (the core's RequestFields keeps them in C): requests, their
+    copies and waits behave alike."""
+    import subprocess
+    import sys
+    program = """
+import sys; sys.modules['collie._core'] = None
+import numpy as np
+from collie import MPI
+from collie.compat.mpi import request
+assert request._Base is request._Fields
+comm, a = MPI.COMM_WORLD, np.zeros(3)
+r = comm.Irecv(a, 0, 1); copy = MPI.Request(r)
+assert copy == r and copy and r and MPI.Request() == MPI.REQUEST_NULL
+comm.Isend(np.ones(3), 0, 1).Wait(); copy.Wait()
+assert not r and not copy and a.tolist() == [1.0, 1.0, 1.0]
+r = comm.irecv(source=0, tag=2); comm.isend({"k": 1}, 0, 2).wait()
+print(r.wait())
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{'k': 1}"
+
+
 def _pickle_body(rank, size):
     MPI = mpi()
     comm = MPI.COMM_WORLD
