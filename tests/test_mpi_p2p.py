@@ -494,21 +494,22 @@ def _count_core_asks(calls: list):
     """Count, in ``calls``, each time a call asks the compiled core for a
     receive: by name (core_recv, core_exchange) where Python asks, and as
     "core_recv" for each receive the core's own first look (core_complete,
-    core_complete_all, and Request.Waitall and waitall, which are the
-    core's: within one of those, every request asked counts once) asked
-    for (it marks one asked). Returns what puts the real functions back."""
+    core_complete_all, and Request.Waitall, waitall, Wait and wait, which
+    are the core's: within one of those, every request asked counts once)
+    asked for (it marks one asked). Returns what puts the real functions back."""
     from collie.compat.mpi import comm as comm_module, request as request_module
     Request = request_module.Request
     real = {(mod, name): getattr(mod, name) for mod in (comm_module, request_module)
             for name in ("core_recv", "core_exchange", "core_complete", "core_complete_all") if hasattr(mod, name)}
     real.update({(Request, name): Request.__dict__[name] for name in ("Waitall", "waitall")})
+    inherited = {(Request, name): getattr(Request, name) for name in ("Wait", "wait")}  # (_Base's)
     muted = []  # inside a look that counts its requests itself
 
     def unasked(r):  # a receive the core was not asked for yet
         return r._recv is not None and r._recv.msg is None and not r._pulled and not r._done
 
     def counted(name, fn):
-        if name in ("core_complete", "core_complete_all", "Waitall", "waitall"):
+        if name in ("core_complete", "core_complete_all", "Waitall", "waitall", "Wait", "wait"):
             fn = fn.__func__ if isinstance(fn, staticmethod) else fn
 
             def looked(first, *args, **kwargs):
@@ -516,7 +517,7 @@ def _count_core_asks(calls: list):
                 fresh = [unasked(r) for r in requests]
                 muted.append(name)
                 try:
-                    out = fn(requests if name != "core_complete" else first, *args, **kwargs)
+                    out = fn(requests if name not in ("core_complete", "Wait", "wait") else first, *args, **kwargs)
                 finally:
                     muted.pop()
                 if not muted:
@@ -530,12 +531,14 @@ def _count_core_asks(calls: list):
             return fn(*args)
         return by_name
 
-    for (mod, name), fn in real.items():
+    for (mod, name), fn in {**real, **inherited}.items():
         setattr(mod, name, counted(name, fn))
 
     def restore():
         for (mod, name), fn in real.items():
             setattr(mod, name, fn)
+        for mod, name in inherited:
+            delattr(mod, name)
     return restore
 
 

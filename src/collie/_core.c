@@ -686,7 +686,7 @@ enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_C
        N_ETAG, N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN,
        N_ENVELOPE, N_CORE_PROGRAM, N_COMM_GROUP, N_GET_RANK, N_GET_SIZE, N_SOURCE, N_TAG, N_DST, N_MSG,
        N_CANCELLED, N_TIMEOUT, N_INTER, N_POST, N_NBYTES, N_DATA, N_REQ, N_MATCHED, N_SYNC_ID, N_LOADS, N_PEER,
-       NNAMES };
+       N_WAIT_REST, N_WAIT_OBJECT, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
@@ -698,7 +698,8 @@ static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "curren
                                            "core_sends", "core_recvs", "envelope_in", "_envelope", "_core_program",
                                            "_group", "Get_rank", "Get_size", "source", "tag", "dst", "msg",
                                            "cancelled", "timeout", "inter", "post", "nbytes",
-                                           "data", "req", "matched", "sync", "loads", "peer"};
+                                           "data", "req", "matched", "sync", "loads", "peer",
+                                           "_Wait", "_wait"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -2871,6 +2872,20 @@ typedef struct {
 
 static PyTypeObject FieldsType;
 static PyObject *default_timeout;  /* 300.0: the MPI layer's timeout where none is given */
+static PyObject *waitall_all, *waitall_rest, *waitall_pickle;  /* see set_waitall */
+
+/* loads(data), ``loads`` NULL: MPI.pickle's loads as it is now (set_waitall). */
+static PyObject *call_loads(PyObject *loads, PyObject *data) {
+    if (loads) return PyObject_CallOneArg(loads, data);
+    if (!waitall_pickle) {
+        PyErr_SetString(PyExc_RuntimeError, "MPI.pickle is not known to the core yet (set_waitall)");
+        return NULL;
+    }
+    PyObject *now = PyObject_GetAttr(waitall_pickle, names[N_LOADS]);
+    PyObject *obj = now ? PyObject_CallOneArg(now, data) : NULL;
+    Py_XDECREF(now);
+    return obj;
+}
 
 /* field i of request ``r`` (a Fields), borrowed */
 #define FIELD(r, i) (((Fields *)(r))->f[i])
@@ -2942,8 +2957,16 @@ static PyObject *fields_adopt(Fields *self, PyObject *original) {
 
 static PyGetSetDef fields_getset[NFIELDS + 1];  /* one per field (made at import) */
 
+static PyObject *fields_Wait(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+static PyObject *fields_wait(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+
 static PyMethodDef fields_methods[] = {
     {"_adopt", (PyCFunction)fields_adopt, METH_O, "_adopt(original): share its fields (a copy of it)."},
+    {"Wait", (PyCFunction)(void (*)(void))fields_Wait, METH_FASTCALL | METH_KEYWORDS,
+     "Wait($self, /, status=None)\n--\n\nWait for the operation to complete; True."},
+    {"wait", (PyCFunction)(void (*)(void))fields_wait, METH_FASTCALL | METH_KEYWORDS,
+     "wait($self, /, status=None)\n--\n\nWait for the operation to complete; the received object of an irecv "
+     "(None for the others)."},
     {NULL},
 };
 
@@ -3794,7 +3817,7 @@ static PyObject *complete_receive(PyObject *self, PyObject *r, PyObject *op, PyO
     field_put(r, F_STATUS, Py_NewRef(PyTuple_GET_ITEM(got, 0)));
     if (args[2] == Py_None) {  /* an object; an empty message is None, as in mpi4py */
         int some = PyObject_IsTrue(payload);
-        PyObject *obj = some > 0 ? PyObject_CallOneArg(loads, payload) : some == 0 ? Py_NewRef(Py_None) : NULL;
+        PyObject *obj = some > 0 ? call_loads(loads, payload) : some == 0 ? Py_NewRef(Py_None) : NULL;
         if ((ok = obj != NULL)) field_put(r, F_RESULT, obj);
     }
     if (ok) result = request_completed(r);
@@ -3814,7 +3837,7 @@ static PyObject *complete_arrived(PyObject *r, PyObject *op, PyObject *msg, PyOb
     if (!data) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
     if (dst == Py_None) {  /* an object; an empty message is None, as in mpi4py */
         if (data == Py_None) Py_RETURN_FALSE;
-        if (!(obj = n ? PyObject_CallOneArg(loads, data) : Py_NewRef(Py_None))) return NULL;
+        if (!(obj = n ? call_loads(loads, data) : Py_NewRef(Py_None))) return NULL;
     } else if (data != Py_None) {  /* (None: it went straight into dst) */
         Py_buffer view;
         int ok = plain_buffer(dst, 1, &view);
@@ -3874,6 +3897,48 @@ static PyObject *py_mpi_complete(PyObject *self, PyObject *const *args, Py_ssize
     return result;
 }
 
+/* Request.Wait(status=None) and wait(status=None) (``object``): the
+ * core's first look (mpi_complete) at a request of the class itself, then
+ * where it did not complete it, or a status is to be filled, the
+ * request's Python rest, _Wait(status, look) or _wait(status, look)
+ * (request.py), told what the look said (None: it did not look). Without
+ * the Python frame around the look, which was about half of a completed
+ * send's Wait. */
+static PyObject *wait_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                              int object) {
+    static const char *what[] = {"Wait", "wait"};
+    PyObject *status = nargs > 0 ? args[0] : Py_None;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw > 1 || (nkw && !PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0)))
+        || (nkw && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "status"))) {
+        PyErr_Format(PyExc_TypeError, "%s() takes one argument, status=None", what[object]);
+        return NULL;
+    }
+    if (nkw) status = args[nargs];
+    PyObject *look = Py_None;
+    if (status == Py_None) {
+        PyObject *both[] = {self, NULL};  /* (loads: MPI.pickle's, read only where an object came) */
+        if (!(look = py_mpi_complete(NULL, both, 2))) return NULL;
+        if (look == Py_True) {
+            Py_DECREF(look);
+            return Py_NewRef(object ? FIELD(self, F_RESULT) : Py_True);
+        }
+    } else {
+        Py_INCREF(look);
+    }
+    PyObject *result = PyObject_CallMethodObjArgs(self, names[object ? N_WAIT_OBJECT : N_WAIT_REST], status, look, NULL);
+    Py_DECREF(look);
+    return result;
+}
+
+static PyObject *fields_Wait(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return wait_request(self, args, nargs, kwnames, 0);
+}
+
+static PyObject *fields_wait(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return wait_request(self, args, nargs, kwnames, 1);
+}
+
 /* mpi_complete_all(requests, loads, results, statuses, fill) -> (looks,
  * waits): Waitall's first look at every request, in one call (its loop
  * in Python cost more than the looks), mpi_complete's for each. ``looks``:
@@ -3928,8 +3993,7 @@ static PyObject *py_mpi_complete_all(PyObject *self, PyObject *const *args, Py_s
  * cost a Waitall of two requests a third of its time (0.27 us of
  * interpreter for an empty list). What the look leaves, and a call with
  * statuses, is request.py's: set_waitall(Request._all, Request._rest,
- * MPI.pickle), at its import. */
-static PyObject *waitall_all, *waitall_rest, *waitall_pickle;
+ * MPI.pickle), at its import. (Declared with the request fields.) */
 
 static PyObject *py_set_waitall(PyObject *self, PyObject *args) {
     PyObject *all, *rest, *pickle;

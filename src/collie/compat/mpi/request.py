@@ -66,6 +66,13 @@ class _Fields:
     def _adopt(self, original: "_Fields") -> None:
         pass
 
+    # (RequestFields makes the core's first look in C, then calls these _Wait and _wait.)
+    def Wait(self, status: Optional[Status] = None) -> bool:
+        return self._Wait(status, None)
+
+    def wait(self, status: Optional[Status] = None) -> Any:
+        return self._wait(status, None)
+
 
 _Base = core._core.RequestFields if core._core is not None else _Fields
 _new = _Base.__new__
@@ -257,8 +264,14 @@ class Request(_Base):
             _fill(status, self._status)
         return self._result
 
-    def Wait(self, status: Optional[Status] = None) -> bool:
-        done = core_complete(self, _pickle.loads)  # (True: completed; None: Python's first look)
+    # Wait and wait are _Base's: the compiled core's first look (p2p.core_complete),
+    # then where it did not complete the request (or a status is asked for) these.
+
+    def _Wait(self, status: Optional[Status], done: Optional[bool]) -> bool:
+        """Wait's rest, after the core's look said ``done`` (None: it did not
+        look, or left the first look to _at_once; False: the general path)."""
+        if done is None and status is not None:
+            done = core_complete(self, _pickle.loads)
         if done or (done is None and self._at_once(status) is not _WAIT):
             if done and status is not None:
                 _fill(status, self._status)
@@ -277,8 +290,10 @@ class Request(_Base):
         self._complete(status)
         return True
 
-    def wait(self, status: Optional[Status] = None) -> Any:
-        done = core_complete(self, _pickle.loads)  # as in Wait
+    def _wait(self, status: Optional[Status], done: Optional[bool]) -> Any:
+        """wait's rest, as _Wait is Wait's."""
+        if done is None and status is not None:
+            done = core_complete(self, _pickle.loads)
         if done:
             if status is not None:
                 _fill(status, self._status)
@@ -287,7 +302,7 @@ class Request(_Base):
         if got is not _WAIT:
             return got
         was_active = self._active()
-        self.Wait(status)
+        self.Wait(status)  # (a subclass's own Wait, where it has one)
         return self._take_result(was_active)
 
     def test(self, status: Optional[Status] = None) -> tuple[bool, Any]:
