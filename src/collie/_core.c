@@ -2848,6 +2848,84 @@ static PyObject *py_set_matcher(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- Appended(func, last): func(*args, last), without a Python frame
+ *
+ * MPI.pickle's dumps, pickle.dumps(obj, protocol), is called by every
+ * lowercase call; a Python function around it cost a third more than the
+ * pickling of a small object. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *func, *last;
+    vectorcallfunc vectorcall;
+} Appended;
+
+static PyObject *appended_call(Appended *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nkw) {
+        PyErr_SetString(PyExc_TypeError, "takes positional arguments only");
+        return NULL;
+    }
+    PyObject *small[4], **all = n < 3 ? small : PyMem_Malloc((n + 1) * sizeof(PyObject *));
+    if (!all) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) all[i] = args[i];
+    all[n] = self->last;
+    PyObject *result = PyObject_Vectorcall(self->func, all, n + 1, NULL);
+    if (all != small) PyMem_Free(all);
+    return result;
+}
+
+static PyObject *appended_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *func, *last;
+    if (!PyArg_ParseTuple(args, "OO:Appended", &func, &last)) return NULL;
+    if (!PyCallable_Check(func)) {
+        PyErr_SetString(PyExc_TypeError, "Appended(func, last): func must be callable");
+        return NULL;
+    }
+    Appended *self = (Appended *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->func = Py_NewRef(func);
+    self->last = Py_NewRef(last);
+    self->vectorcall = (vectorcallfunc)appended_call;
+    return (PyObject *)self;
+}
+
+static int appended_traverse(Appended *self, visitproc visit, void *arg) {
+    Py_VISIT(self->func);
+    Py_VISIT(self->last);
+    return 0;
+}
+
+static int appended_clear(Appended *self) {
+    Py_CLEAR(self->func);
+    Py_CLEAR(self->last);
+    return 0;
+}
+
+static void appended_dealloc(Appended *self) {
+    PyObject_GC_UnTrack(self);
+    appended_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *appended_repr(Appended *self) {
+    return PyUnicode_FromFormat("Appended(%R, %R)", self->func, self->last);
+}
+
+static PyTypeObject AppendedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collie._core.Appended",
+    .tp_basicsize = sizeof(Appended),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Appended(func, last): calling it calls func(*args, last).",
+    .tp_new = appended_new,
+    .tp_traverse = (traverseproc)appended_traverse,
+    .tp_clear = (inquiry)appended_clear,
+    .tp_dealloc = (destructor)appended_dealloc,
+    .tp_repr = (reprfunc)appended_repr,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Appended, vectorcall),
+};
+
 /* ---- a request's fields (RequestFields, the base of compat/mpi's Request)
  *
  * A request's state lives in C, where the core's waits read and write it
@@ -4181,7 +4259,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (!no_requests && !(no_requests = PyTuple_New(0))) return NULL;
     if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
     if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&LaneType) < 0 || PyType_Ready(&EntryType) < 0
-        || PyType_Ready(&RLockType) < 0 || fields_ready() < 0) return NULL;
+        || PyType_Ready(&RLockType) < 0 || fields_ready() < 0 || PyType_Ready(&AppendedType) < 0) return NULL;
     for (int k = 0; k < ENTRY_P2P; k++)
         if (!(entry_lane_name[k] = PyUnicode_InternFromString(entry_lane_names[k]))) return NULL;
     for (int k = 0; k < NENTRIES; k++) {
@@ -4202,5 +4280,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (PyModule_AddObject(m, "RLock", (PyObject *)&RLockType) < 0) return NULL;
     Py_INCREF(&FieldsType);
     if (PyModule_AddObject(m, "RequestFields", (PyObject *)&FieldsType) < 0) return NULL;
+    Py_INCREF(&AppendedType);
+    if (PyModule_AddObject(m, "Appended", (PyObject *)&AppendedType) < 0) return NULL;
     return m;
 }
