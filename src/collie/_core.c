@@ -3173,16 +3173,39 @@ static CoreProgram *matcher_program(PyObject *m, long long rank, int receiving) 
  * one...) is the full path's to read or refuse. So the buffer calls hand
  * their arrays over as they are, without making a byte view first (a
  * quarter microsecond), and each buffer is asked for once. */
+#define PLAIN_DTYPES 32
+static PyObject *plain_dtypes[PLAIN_DTYPES];  /* dtypes whose format plain_buffer took (held: never reused) */
+static int nplain_dtypes;
+
 static int plain_buffer(PyObject *obj, int writable, Py_buffer *view) {
     int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
     if (ndarray_type && Py_IS_TYPE(obj, (PyTypeObject *)ndarray_type)) {
-        if (PyObject_GetBuffer(obj, view, flags | PyBUF_FORMAT) < 0) {
+        /* An array of a dtype taken before: its bytes only (NumPy's format
+         * string, made per call, was a fifth of a small send). */
+        PyObject *dtype = PyObject_GetAttr(obj, names[N_DTYPE]);
+        if (!dtype) {
             PyErr_Clear();
             return 0;
         }
+        int known = 0;
+        for (int i = 0; !known && i < nplain_dtypes; i++) known = plain_dtypes[i] == dtype;
+        if (PyObject_GetBuffer(obj, view, flags | (known ? 0 : PyBUF_FORMAT)) < 0) {
+            PyErr_Clear();
+            Py_DECREF(dtype);
+            return 0;
+        }
+        if (known) {
+            Py_DECREF(dtype);
+            return 1;
+        }
         const char *f = view->format ? view->format : "B";
         if (*f == 'Z') f++;  /* complex: Zf, Zd, Zg */
-        if (f[0] && !f[1] && strchr("?bBhHiIlLqQnNefdg", f[0])) return 1;
+        if (f[0] && !f[1] && strchr("?bBhHiIlLqQnNefdg", f[0])) {
+            if (nplain_dtypes < PLAIN_DTYPES) plain_dtypes[nplain_dtypes++] = dtype;  /* (the reference kept) */
+            else Py_DECREF(dtype);
+            return 1;
+        }
+        Py_DECREF(dtype);
         PyBuffer_Release(view);
         return 0;
     }
