@@ -2992,16 +2992,19 @@ static int fields_traverse(Fields *self, visitproc visit, void *arg) {
     return 0;
 }
 
+/* (The cycle collector's: every field None from now on, never NULL, so
+ * that a finalizer that still waits on the request reads Nones.) */
 static int fields_clear(Fields *self) {
-    for (int i = 0; i < NFIELDS; i++) Py_CLEAR(self->own[i]);
-    self->f = self->own;  /* (a copy cleared reads its own Nones from now on) */
+    for (int i = 0; i < NFIELDS; i++) Py_XSETREF(self->own[i], Py_NewRef(Py_None));
+    self->f = self->own;
     Py_CLEAR(self->owner);
     return 0;
 }
 
 static void fields_dealloc(Fields *self) {
     PyObject_GC_UnTrack(self);
-    fields_clear(self);
+    for (int i = 0; i < NFIELDS; i++) Py_CLEAR(self->own[i]);
+    Py_CLEAR(self->owner);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -3296,6 +3299,8 @@ static int deliver_aside(peer_t *p, int64_t etag, const int64_t *head, const cha
     if (!ref) return PyErr_Occurred() ? -1 : 0;
     PyObject *m = PyWeakref_Check(ref) ? PyWeakref_GetObject(ref) : Py_None;
     if (!matcher_type || !Py_IS_TYPE(m, matcher_type)) return 0;
+    int live = matcher_live(m);  /* (one of a world destroyed since, whose context this one reuses: not its) */
+    if (live <= 0) return live;
     Py_INCREF(m);
     int rc = -1;
     PyObject *world = PyObject_GetAttr(p->in_obj, names[N_PEER]), *index = NULL, *rank;
