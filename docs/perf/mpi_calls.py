@@ -26,6 +26,7 @@ def _patterns(MPI, comm):
     b = np.ones(8)
     obj = {"a": 1, "b": [1, 2, 3]}
     ones = [1] * size
+    x = np.ones(2)
 
     def irecv_isend_wait():
         r = comm.Irecv(a, prev, 7)
@@ -43,6 +44,15 @@ def _patterns(MPI, comm):
         comm.isend(1, peer, 7).wait()
         r.wait()
 
+    def overlapped(collective):
+        """A receive posted, its peer's message sent, a collective, then the wait."""
+        def call():
+            r = comm.Irecv(a, prev, 8)
+            comm.Send(b, peer, 8)
+            collective()
+            r.Wait()
+        return call
+
     return {
         "allreduce(1)": lambda: comm.allreduce(1),
         "bcast(dict)": lambda: comm.bcast(obj, 0),
@@ -58,6 +68,8 @@ def _patterns(MPI, comm):
         "Waitall(Irecv+Isend)": Waitall,
         "irecv/isend/wait": lower_requests,
         "waitall(irecv+isend)": waitall,
+        "Irecv/Send/Barrier/Wait": overlapped(comm.Barrier),
+        "Irecv/Send/Allreduce/Wait": overlapped(lambda: comm.Allreduce(MPI.IN_PLACE, x)),
     }
 
 
