@@ -69,7 +69,7 @@ def _patterns(MPI, comm):
         "irecv/isend/wait": lower_requests,
         "waitall(irecv+isend)": waitall,
         "Irecv/Send/Barrier/Wait": overlapped(comm.Barrier),
-        "Irecv/Send/Allreduce/Wait": overlapped(lambda: comm.Allreduce(MPI.IN_PLACE, x)),
+        "Irecv/Send/Allreduce/Wait": overlapped(lambda: comm.Allreduce(MPI.IN_PLACE, x, MPI.MAX)),
     }
 
 
