@@ -2834,11 +2834,11 @@ static const int matcher_names[] = {N_GROUP, N_NETWORK, N_LOCK, N_RANK, N_SIZE, 
                                     N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN, N_INTER,
                                     -1};
 
-/* set_matcher(_Matcher, by_etag): where its books are (compat/mpi/p2p.py, at import). */
 /* p2p._by_etag: an intracommunicator's envelope tag -> a weak reference to
  * its matcher (see envelope_aside). */
 static PyObject *envelope_matchers;
 
+/* set_matcher(_Matcher, by_etag): where its books are (compat/mpi/p2p.py, at import). */
 static PyObject *py_set_matcher(PyObject *self, PyObject *args) {
     PyObject *type, *by_etag;
     if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &type, &PyDict_Type, &by_etag)) return NULL;
@@ -2865,7 +2865,7 @@ static PyObject *appended_call(Appended *self, PyObject *const *args, size_t nar
         PyErr_SetString(PyExc_TypeError, "takes positional arguments only");
         return NULL;
     }
-    PyObject *small[4], **all = n < 3 ? small : PyMem_Malloc((n + 1) * sizeof(PyObject *));
+    PyObject *small[4], **all = n < 4 ? small : PyMem_Malloc((n + 1) * sizeof(PyObject *));
     if (!all) return PyErr_NoMemory();
     for (Py_ssize_t i = 0; i < n; i++) all[i] = args[i];
     all[n] = self->last;
@@ -3248,7 +3248,8 @@ static long long int_slot(PyObject *obj, const Py_ssize_t *at, int name) {
  * (_Matcher._deliver): the first posted receive it matches takes it, or the
  * matcher holds it unmatched. 1 delivered, 0 left to the full path (books
  * the core does not know), -1 on error. A message to this rank itself
- * (self_send) and an envelope the core met in a ring (envelope_aside). */
+ * (mpi_send, mpi_exchange) and an envelope the core met in a ring
+ * (envelope_aside). */
 static int deliver(PyObject *m, long long rank, long long tag, const Py_buffer *d) {
     PyObject *posted = slot_attr(m, matcher_at, N_POSTED), *unmatched = slot_attr(m, matcher_at, N_UNMATCHED);
     PyObject *inter = slot_attr(m, matcher_at, N_INTER);
@@ -3279,12 +3280,6 @@ static int deliver(PyObject *m, long long rank, long long tag, const Py_buffer *
     }
     Py_XDECREF(msg);
     return ok ? 1 : -1;
-}
-
-/* A standard send of ``d`` to this rank (``rank``) itself
- * (_Matcher.deliver_local, then _deliver): see deliver. */
-static int self_send(PyObject *m, long long rank, long long tag, const Py_buffer *d) {
-    return deliver(m, rank, tag, d);
 }
 
 /* The envelope ``head`` (tag, size, sync id) with its payload after it at
@@ -3447,7 +3442,7 @@ static PyObject *held_recv(PyObject *m, PyObject *source, PyObject *tag_obj, Py_
 
 /* The send half: 1 and ``data``'s buffer in ``d`` where mpi_send may send
  * ``data`` to ``dest`` with tag ``tag_obj`` (a rank of the communicator,
- * this one too, ``*me``: self_send; a tag >= 0); 0 not, -1 on error.
+ * this one too, ``*me``: deliver; a tag >= 0); 0 not, -1 on error.
  * Whether the payload fits an envelope is envelope_send's to say. */
 static int send_allowed(PyObject *m, PyObject *data, PyObject *dest, PyObject *tag_obj, long long *to,
                         long long *tag, long long *me, Py_buffer *d) {
@@ -3603,7 +3598,7 @@ static int matcher_usable(PyObject *m, PyObject *group) {
 /* mpi_send(matcher, group, data, dest, tag) -> whether the core sent
  * ``data`` (bytes, a blocking standard send's payload) to rank ``dest`` of
  * the communicator whose matcher and group these are (this rank itself
- * too: self_send): then the send is complete. False: the full path sends
+ * too: deliver): then the send is complete. False: the full path sends
  * it. */
 static PyObject *py_mpi_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
@@ -3619,7 +3614,7 @@ static PyObject *py_mpi_send(PyObject *self, PyObject *const *args, Py_ssize_t n
     int ok = send_allowed(m, args[2], args[3], args[4], &to, &tag, &rank, &d);
     if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
     if (rank == to) {  /* to this rank itself */
-        int sent = self_send(m, rank, tag, &d);
+        int sent = deliver(m, rank, tag, &d);
         PyBuffer_Release(&d);
         return sent < 0 ? NULL : PyBool_FromLong(sent);
     }
@@ -3643,31 +3638,14 @@ static PyObject *py_mpi_send(PyObject *self, PyObject *const *args, Py_ssize_t n
  * None: the full path receives (an envelope the core took that this
  * receive cannot have is the matcher's). A message the matcher holds
  * unmatched comes first (held_recv), as the full path's post takes it. */
-static PyObject *receive_plain(PyObject *const *args, int checked);
-
 static PyObject *py_mpi_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "mpi_recv(matcher, group, dst, source, tag)");
         return NULL;
     }
-    return receive_plain(args, 0);
-}
-
-/* mpi_recv's receive; ``checked``: the buffer (args[2]) is a posted
- * receive's, which plain_buffer took when it was posted (mpi_irecv's
- * receive_buffer; a byte view where Python posted it), so only its bytes
- * are asked for (NumPy's buffer with its format cost a completed receive
- * a tenth of its time). */
-static PyObject *receive_plain(PyObject *const *args, int checked) {
     PyObject *m = args[0], *lock, *got = NULL;
     Py_buffer d = {0}, *dst = NULL;  /* NULL: an object's receive */
-    if (args[2] != Py_None && checked) {
-        if (PyObject_GetBuffer(args[2], &d, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-            PyErr_Clear();  /* (made read-only since: the full path says so) */
-            Py_RETURN_NONE;
-        }
-        dst = &d;
-    } else if (args[2] != Py_None) {
+    if (args[2] != Py_None) {
         int ok = plain_buffer(args[2], 1, &d);
         if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
         dst = &d;
@@ -3703,7 +3681,7 @@ static PyObject *receive_plain(PyObject *const *args, int checked) {
 /* mpi_exchange(matcher, group, data, dest, sendtag, source, recvtag) -> a
  * sendrecv of an object by the core: mpi_send's send, then, where the
  * core may take it, mpi_recv's receive (dst None), under one hold of the
- * lock (to this rank itself: self_send, then held_recv). None: nothing
+ * lock (to this rank itself: deliver, then held_recv). None: nothing
  * went (the full path does both); False: sent, and the full path
  * receives; else mpi_recv's result. */
 static PyObject *py_mpi_exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -3732,7 +3710,7 @@ static PyObject *py_mpi_exchange(PyObject *self, PyObject *const *args, Py_ssize
         goto out;
     }
     if (to == rank) {  /* to this rank itself; then the receive, from the messages held (or the full path's) */
-        int sent = self_send(m, rank, tag, &d);
+        int sent = deliver(m, rank, tag, &d);
         PyObject *got = sent > 0 ? held_recv(m, args[5], args[6], dst) : NULL;
         if (sent == 0) result = Py_NewRef(Py_None);
         else if (got) result = got == Py_None || got == Py_False ? (Py_DECREF(got), Py_NewRef(Py_False)) : got;
@@ -3917,7 +3895,7 @@ static PyObject *complete_receive(PyObject *self, PyObject *r, PyObject *op, PyO
     /* its communicator's only posted receive: the core receives it as a blocking receive would */
     if (PyList_SetSlice(posted, 0, 1, NULL) < 0) return NULL;
     PyObject *args[] = {m, group, slot_attr(op, recv_at, N_DST), source, slot_attr(op, recv_at, N_TAG)};
-    PyObject *got = args[2] && args[4] ? receive_plain(args, 1) : NULL;
+    PyObject *got = args[2] && args[4] ? py_mpi_recv(self, args, 5) : NULL;
     if (!got || got == Py_None) {  /* posted again (an error too, as _core_receive's finally does) */
         PyObject *exc_type, *exc, *tb;
         PyErr_Fetch(&exc_type, &exc, &tb);
@@ -4152,7 +4130,7 @@ static PyObject *wait_all(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     if (!statuses) statuses = Py_None;
-    PyObject *list = PySequence_List(requests), *results = NULL, *loads = NULL;
+    PyObject *list = PySequence_List(requests), *results = NULL;
     PyObject *result = NULL;
     if (!list) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(list);
@@ -4165,10 +4143,11 @@ static PyObject *wait_all(PyObject *self, PyObject *const *args, Py_ssize_t narg
         result = PyObject_CallFunctionObjArgs(waitall_all, list, statuses, collect, NULL);
         goto out;
     }
-    /* mpi_complete_all's look, no statuses asked for: the indices it left, to _rest */
+    /* mpi_complete_all's look, no statuses asked for: the indices it left, to _rest
+     * (loads NULL: MPI.pickle's, read only where an object came) */
     PyObject *none = PyList_New(0), *left = NULL;
-    if (none && (loads = PyObject_GetAttr(waitall_pickle, names[N_LOADS]))) {
-        PyObject *look[] = {list, loads, collect, none, Py_None};
+    if (none) {
+        PyObject *look[] = {list, NULL, collect, none, Py_None};
         left = py_mpi_complete_all(self, look, 5);
     }
     Py_XDECREF(none);
@@ -4189,7 +4168,6 @@ out:
     if (result) Py_SETREF(result, Py_NewRef(objects ? results : Py_True));
     Py_XDECREF(list);
     Py_XDECREF(results);
-    Py_XDECREF(loads);
     return result;
 }
 

@@ -48,8 +48,6 @@ class _Fields:
     them (copies then share them through _adopt; here the shared __dict__
     carries them)."""
 
-    __slots__ = ("__dict__", "__weakref__")
-
     _network = None
     _timeout = 300.0
     _sends: tuple = ()
