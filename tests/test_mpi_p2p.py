@@ -533,12 +533,28 @@ def _count_core_asks(calls: list):
 
     for (mod, name), fn in {**real, **inherited}.items():
         setattr(mod, name, counted(name, fn))
+    # The compiled Comm.recv and Comm.sendrecv (CommMethod) ask the core in C: counted as they start.
+    Comm = comm_module.Comm
+    compiled = {name: Comm.__dict__[name] for name in ("recv", "sendrecv")
+                if type(Comm.__dict__[name]).__name__ == "CommMethod"}
+
+    def entered(what, method):
+        def call(*args, **kwargs):
+            if not muted:
+                calls.append(what)
+            return method(*args, **kwargs)
+        return call
+
+    for name, method in compiled.items():
+        setattr(Comm, name, entered("core_recv" if name == "recv" else "core_exchange", method))
 
     def restore():
         for (mod, name), fn in real.items():
             setattr(mod, name, fn)
         for mod, name in inherited:
             delattr(mod, name)
+        for name, method in compiled.items():
+            setattr(Comm, name, method)
     return restore
 
 
@@ -1281,3 +1297,95 @@ def test_an_mpi_wait_stops_when_another_call_breaks_the_job():
     text, took = out[0]
     assert "because rank 1 reported" in text and "timed out" in text, text
     assert took < 8, took  # rank 1 leaves only after 12 s or more
+
+
+# ---- the compiled object calls (CommMethod) behave as the Python methods ----
+
+def _object_calls_body(rank, size):
+    """Every way of calling send, isend, recv, irecv, sendrecv, gather and
+    reduce that the compiled methods take or hand on; what each returned or
+    raised, in order."""
+    import warnings
+    MPI = mpi()
+    comm = MPI.COMM_WORLD
+    peer = (rank + 1) % size
+    prev = (rank - 1) % size
+    seen = []
+
+    def note(call):
+        try:
+            seen.append(("ok", call()))
+        except Exception as e:  # noqa: BLE001 - the error's kind and class are what is compared
+            seen.append(("raised", type(e).__name__, getattr(e, "error_class", None)))
+
+    st = MPI.Status()
+    comm.send({"n": rank}, peer, 3)
+    note(lambda: comm.recv(source=prev, tag=3, status=st))
+    note(lambda: (st.source, st.tag))
+    comm.send(obj=[rank], dest=peer)  # keywords, the default tag
+    note(lambda: comm.recv(None, prev, MPI.ANY_TAG))
+    r = comm.irecv(tag=4, source=prev)
+    comm.isend(rank * 10, peer, tag=4).wait()
+    note(r.wait)
+    note(lambda: comm.sendrecv(("s", rank), peer, 5, None, prev, 5, st))
+    note(lambda: (st.source, st.tag))
+    note(lambda: comm.sendrecv(sendobj="kw", dest=peer, sendtag=6, source=prev, recvtag=6))
+    note(lambda: comm.sendrecv("nobody", MPI.PROC_NULL, 7, None, MPI.PROC_NULL, 7))
+    note(lambda: comm.send("nobody", MPI.PROC_NULL))
+    note(lambda: comm.isend("nobody", MPI.PROC_NULL).wait())
+    note(lambda: comm.recv(source=MPI.PROC_NULL))
+    comm.send("x" * 70000, peer, 8)  # more than an envelope holds
+    note(lambda: len(comm.recv(source=prev, tag=8)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        comm.send("with buf", peer, 9)
+        note(lambda: comm.recv(bytearray(64), prev, 9))
+    seen.append(("warned", [str(w.message) for w in caught]))
+    note(lambda: comm.send(1, size + 3))  # not a rank
+    note(lambda: comm.send(1, peer, "tag"))
+    note(lambda: comm.isend(1, peer, -5))
+    note(lambda: comm.send(1))  # a missing argument
+    note(lambda: comm.send(1, peer, 0, 5))  # one too many
+    note(lambda: comm.recv(source=prev, tag=1, colour=3))  # no such keyword
+    note(lambda: comm.gather(rank * 2))
+    note(lambda: comm.gather(sendobj=[rank], root=size - 1))
+    note(lambda: [len(x) for x in comm.gather("y" * 5000, 0) or ()])  # more than a slot holds
+    note(lambda: comm.reduce(rank + 1))
+    note(lambda: comm.reduce([rank], MPI.SUM, size - 1))
+    note(lambda: comm.reduce(rank, op=MPI.MAX, root=0))
+    note(lambda: comm.reduce("z" * 5000, MPI.SUM, 0) is None)
+    user = MPI.Op.Create(lambda a, b, t=None: a * 10 + b, commute=False)
+    note(lambda: comm.reduce(rank + 1, user, 0))
+    user.Free()
+    note(lambda: comm.reduce(rank, root=size))  # not a rank: MPI.Exception(ERR_ROOT)
+    note(lambda: comm.gather(rank, "0"))
+    note(lambda: MPI.Comm.send(None, 1, 0))  # not a communicator
+    comm.Barrier()
+    return seen
+
+
+def test_the_compiled_object_calls_behave_as_the_python_methods():
+    """send, isend, recv, irecv, sendrecv (Comm) and gather, reduce
+    (Intracomm) are the core's CommMethods where it is built: each call,
+    plain or not (keywords, PROC_NULL, large payloads, bad arguments),
+    returns or raises what the Python method it wraps does."""
+    from collie import core
+    from collie.compat.mpi import comm as comm_module
+    compiled = {(cls, name): cls.__dict__[name] for cls, names in
+                ((comm_module.Comm, ("send", "isend", "recv", "irecv", "sendrecv")),
+                 (comm_module.Intracomm, ("gather", "reduce"))) for name in names}
+    if core._core is None:
+        pytest.skip("no compiled core: the Python methods are the only ones")
+    assert all(type(m).__name__ == "CommMethod" for m in compiled.values())
+    assert comm_module.Comm.bsend is comm_module.Comm.send and comm_module.Comm.ibsend is comm_module.Comm.isend
+    for n in (2, 3):
+        with_c = run(_object_calls_body, n)  # (each rank's list)
+        for (cls, name), method in compiled.items():  # the Python methods in their place, in this process...
+            setattr(cls, name, method.__wrapped__)
+        try:  # ...which the ranks, forked from it, inherit
+            with_python = run(_object_calls_body, n)
+        finally:
+            for (cls, name), method in compiled.items():
+                setattr(cls, name, method)
+        assert with_c == with_python
+        assert with_c[0][0] == ("ok", {"n": n - 1}) and with_c[0][-1][0] == "raised"

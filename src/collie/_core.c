@@ -686,7 +686,7 @@ enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_C
        N_ETAG, N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN,
        N_ENVELOPE, N_CORE_PROGRAM, N_COMM_GROUP, N_GET_RANK, N_GET_SIZE, N_SOURCE, N_TAG, N_DST, N_MSG,
        N_CANCELLED, N_TIMEOUT, N_INTER, N_POST, N_NBYTES, N_DATA, N_REQ, N_MATCHED, N_SYNC_ID, N_LOADS, N_PEER,
-       N_WAIT_REST, N_WAIT_OBJECT, NNAMES };
+       N_WAIT_REST, N_WAIT_OBJECT, N_COMM_MATCHER, N_DUMPS, N_RECV_REST, N_PY, N_OBJECT_SLOTS, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
@@ -699,7 +699,7 @@ static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "curren
                                            "_group", "Get_rank", "Get_size", "source", "tag", "dst", "msg",
                                            "cancelled", "timeout", "inter", "post", "nbytes",
                                            "data", "req", "matched", "sync", "loads", "peer",
-                                           "_Wait", "_wait"};
+                                           "_Wait", "_wait", "_matcher", "dumps", "_recv_rest", "_py", "object_slots"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -4179,6 +4179,327 @@ static PyObject *py_mpi_waitall(PyObject *self, PyObject *const *args, Py_ssize_
     return wait_all(self, args, nargs, kwnames, 1);
 }
 
+/* ---- CommMethod: collie.MPI's object calls without a Python frame
+ *
+ * Comm.send, isend, recv, irecv and sendrecv (compat/mpi/comm.py) are
+ * instances of this type where the core is built: a method descriptor
+ * (Py_TPFLAGS_METHOD_DESCRIPTOR: ``comm.isend(...)`` calls it with the
+ * communicator first, making no bound method) that does what the Python
+ * method's body does up to its core call (pickle, mpi_send, mpi_isend,
+ * mpi_recv, mpi_irecv, mpi_exchange), then, where the core left the call,
+ * the Python method's _..._rest. The Python frame and its argument
+ * handling were a fifth of a small exchange. Anything unusual (arguments
+ * it cannot place, PROC_NULL, a buffer given to recv, a subclass of Comm
+ * that is not set up) goes to the Python method itself, ``full``, which
+ * explains. */
+enum { CM_SEND, CM_ISEND, CM_RECV, CM_IRECV, CM_SENDRECV, CM_GATHER, CM_REDUCE, NCM };
+#define CM_ARGS 7
+static const char *cm_kinds[NCM] = {"send", "isend", "recv", "irecv", "sendrecv", "gather", "reduce"};
+static const char *cm_params[NCM][CM_ARGS + 1] = {
+    {"obj", "dest", "tag"},
+    {"obj", "dest", "tag"},
+    {"buf", "source", "tag", "status"},
+    {"buf", "source", "tag"},
+    {"sendobj", "dest", "sendtag", "recvbuf", "source", "recvtag", "status"},
+    {"sendobj", "root"},
+    {"sendobj", "op", "root"},
+};
+static const int cm_required[NCM] = {2, 2, 0, 0, 2, 1, 1};
+/* the defaults: 'n' None, '0' the int 0, 'a' MPI.ANY_SOURCE or ANY_TAG (-1), 's' MPI.SUM; ' ' required */
+static const char cm_defaults[NCM][CM_ARGS + 1] = {"  0", "  0", "naan", "naa", "  0naan", " 0", " s0"};
+static PyObject *cm_param_names[NCM][CM_ARGS];  /* interned at import */
+static int cm_nparams[NCM];
+static PyObject *minus_one;                   /* the int -1: MPI.ANY_SOURCE and MPI.ANY_TAG */
+static PyTypeObject *comm_type;               /* compat/mpi's Comm (set_comm) */
+static Py_ssize_t comm_at[NNAMES];
+static const int comm_names[] = {N_COMM_GROUP, N_COMM_MATCHER, -1};
+static PyObject *status_fill;                 /* request._fill(status, fields) */
+static PyTypeObject *op_type;                 /* compat/mpi's Op, and its SUM (set_ops) */
+static PyObject *op_sum;
+
+typedef struct {
+    PyObject_HEAD
+    int kind;
+    PyObject *full, *rest;  /* the Python method, and its _..._rest */
+    vectorcallfunc vectorcall;
+} CommMethod;
+
+/* set_comm(Comm, fill): where Comm's _group and _matcher slots are, and request._fill. */
+static PyObject *py_set_comm(PyObject *self, PyObject *args) {
+    PyObject *type, *fill;
+    if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &type, &fill)) return NULL;
+    if (slot_offsets(type, comm_names, comm_at) < 0) return NULL;
+    Py_XSETREF(comm_type, (PyTypeObject *)Py_NewRef(type));
+    Py_XSETREF(status_fill, Py_NewRef(fill));
+    Py_RETURN_NONE;
+}
+
+/* set_ops(Op, SUM): the op type whose _py reduce folds with, and reduce's default. */
+static PyObject *py_set_ops(PyObject *self, PyObject *args) {
+    PyObject *type, *sum;
+    if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &type, &sum)) return NULL;
+    Py_XSETREF(op_type, (PyTypeObject *)Py_NewRef(type));
+    Py_XSETREF(op_sum, Py_NewRef(sum));
+    Py_RETURN_NONE;
+}
+
+/* The call's arguments after the communicator into v[] (borrowed; the
+ * defaults where not given): 1, or 0 where they do not fit the signature
+ * (the Python method raises the TypeError). */
+static int cm_parse(CommMethod *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **v) {
+    int n = cm_nparams[self->kind];
+    if (nargs > n) return 0;
+    for (int i = 0; i < n; i++) v[i] = i < nargs ? args[i] : NULL;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int at = -1;
+        for (int i = 0; i < n && at < 0; i++)
+            if (key == cm_param_names[self->kind][i]) at = i;  /* (keywords in a call's code are interned) */
+        for (int i = 0; i < n && at < 0; i++)
+            if (PyUnicode_Check(key) && PyUnicode_Compare(key, cm_param_names[self->kind][i]) == 0) at = i;
+        if (PyErr_Occurred()) PyErr_Clear();
+        if (at < 0 || v[at]) return 0;
+        v[at] = args[nargs + k];
+    }
+    for (int i = 0; i < n; i++) {
+        if (v[i]) continue;
+        if (i < cm_required[self->kind]) return 0;
+        char d = cm_defaults[self->kind][i];
+        v[i] = d == 'n' ? Py_None : d == '0' ? zero : d == 's' ? op_sum : minus_one;
+        if (!v[i]) return 0;  /* (SUM unknown: set_ops not called) */
+    }
+    return 1;
+}
+
+/* A received object from mpi_recv's or mpi_exchange's ((fields), payload):
+ * ``status`` filled, the payload unpickled (an empty one is None, as in mpi4py). */
+static PyObject *cm_received(PyObject *got, PyObject *status) {
+    if (status != Py_None) {
+        PyObject *r = PyObject_CallFunctionObjArgs(status_fill, status, PyTuple_GET_ITEM(got, 0), NULL);
+        if (!r) return NULL;
+        Py_DECREF(r);
+    }
+    PyObject *payload = PyTuple_GET_ITEM(got, 1);
+    int some = PyObject_IsTrue(payload);
+    return some > 0 ? call_loads(NULL, payload) : some == 0 ? Py_NewRef(Py_None) : NULL;
+}
+
+/* self._rest(self, *v[:n]) */
+static PyObject *cm_rest(CommMethod *self, PyObject *comm, PyObject *const *v, int n) {
+    PyObject *all[CM_ARGS + 1];
+    all[0] = comm;
+    for (int i = 0; i < n; i++) all[i + 1] = v[i];
+    return PyObject_Vectorcall(self->rest, all, n + 1, NULL);
+}
+
+/* gather and reduce (v: sendobj, root; or sendobj, op, root) on ``comm``
+ * whose group is ``g``: the core's round (slots_round, as
+ * objects.gather_loads runs it first), then where every payload fitted its
+ * slot, the result (reduce's folded by op._py, in rank order, as
+ * functools.reduce folds); else the Python method's _gather_rest or
+ * _reduce_rest, given the round's result (False: it ran none). NULL with
+ * no error: the Python method itself (COMM_NULL, a root that is not a
+ * rank, an op that is not a plain Op, the slots not made yet). */
+static PyObject *cm_rooted(CommMethod *self, PyObject *comm, PyObject *g, PyObject **v) {
+    static PyObject *gather_name;
+    if (!gather_name && !(gather_name = PyUnicode_InternFromString("gather"))) return NULL;
+    int reduce = self->kind == CM_REDUCE;
+    PyObject *root = v[reduce ? 2 : 1], *world, *fn = NULL, *size = NULL, *rank = NULL, *slots = NULL;
+    PyObject *payload = NULL, *payloads = NULL, *loads = NULL, *got = NULL, *result = NULL, *dumps = NULL;
+    PyObject *live = live_group(g, &world);
+    if (!live || live != g) goto out;
+    if (reduce) {
+        if (!op_type || !Py_IS_TYPE(v[1], op_type) || !(fn = PyObject_GetAttr(v[1], names[N_PY])) || fn == Py_None)
+            goto out;
+    }
+    long long n, r, at;
+    if (!(size = PyObject_GetAttr(g, names[N_SIZE])) || !(rank = PyObject_GetAttr(g, names[N_RANK]))) goto out;
+    if ((n = plain_int(size, 1, LLONG_MAX)) == LLONG_MIN || (r = plain_int(rank, 0, n)) == LLONG_MIN
+        || (at = plain_int(root, 0, n)) == LLONG_MIN)
+        goto out;
+    if (!(slots = PyObject_GetAttr(g, names[N_OBJECT_SLOTS])) || slots == Py_None) goto out;
+    if (!(dumps = PyObject_GetAttr(waitall_pickle, names[N_DUMPS])) || !(payload = PyObject_CallOneArg(dumps, v[0]))
+        || !(payloads = PyTuple_Pack(1, payload)) || !(loads = PyObject_GetAttr(waitall_pickle, names[N_LOADS])))
+        goto out;
+    PyObject *a[] = {gather_name, g, root, slots, payloads, loads};
+    if (!(got = py_slots_round(NULL, a, 6))) goto out;
+    PyObject *items = got != Py_None ? PyTuple_GET_ITEM(got, 1) : NULL;
+    if (items && PyTuple_GET_ITEM(got, 0) == Py_True && PyTuple_GET_ITEM(got, 2) == Py_None
+        && (r != at || (PyList_CheckExact(items) && PyList_GET_SIZE(items) == n))) {
+        if (r != at) {
+            result = Py_NewRef(Py_None);
+        } else if (!reduce) {
+            result = Py_NewRef(items);
+        } else {  /* folded in rank order */
+            result = Py_NewRef(PyList_GET_ITEM(items, 0));
+            for (Py_ssize_t i = 1; result && i < n; i++) {
+                PyObject *pair[] = {result, PyList_GET_ITEM(items, i)};
+                Py_SETREF(result, PyObject_Vectorcall(fn, pair, 2, NULL));
+            }
+        }
+    } else {  /* (a payload larger than its slot, no lane: the Python rest goes on from the round) */
+        PyObject *rest[] = {comm, g, payload, root, got == Py_None ? Py_False : got, fn};
+        result = PyObject_Vectorcall(self->rest, rest, reduce ? 6 : 5, NULL);
+    }
+out:
+    Py_XDECREF(live);
+    Py_XDECREF(fn);
+    Py_XDECREF(size);
+    Py_XDECREF(rank);
+    Py_XDECREF(slots);
+    Py_XDECREF(dumps);
+    Py_XDECREF(payload);
+    Py_XDECREF(payloads);
+    Py_XDECREF(loads);
+    Py_XDECREF(got);
+    return result;
+}
+
+static PyObject *cm_call(CommMethod *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *v[CM_ARGS], *comm = nargs ? args[0] : NULL, *m = NULL, *g = NULL;
+    int k = self->kind;
+    if (comm && comm_type && PyObject_TypeCheck(comm, comm_type) && cm_parse(self, args + 1, nargs - 1, kwnames, v)) {
+        m = *(PyObject **)((char *)comm + comm_at[N_COMM_MATCHER]);
+        g = *(PyObject **)((char *)comm + comm_at[N_COMM_GROUP]);
+    }
+    if ((k == CM_GATHER || k == CM_REDUCE) && g) {
+        PyObject *done = cm_rooted(self, args[0], g, v);
+        if (done || PyErr_Occurred()) return done;
+        return PyObject_Vectorcall(self->full, args, nargs, kwnames);
+    }
+    int sending = k == CM_SEND || k == CM_ISEND || k == CM_SENDRECV;
+    /* (a dest that is not a rank, PROC_NULL included, and recv's buf: the Python method's) */
+    if (!m || !g || (sending && plain_int(v[1], 0, LLONG_MAX) == LLONG_MIN) || (k == CM_RECV && v[0] != Py_None)) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_Vectorcall(self->full, args, nargs, kwnames);
+    }
+    PyObject *data = NULL, *got = NULL, *result = NULL;
+    if (sending) {
+        PyObject *dumps = waitall_pickle ? PyObject_GetAttr(waitall_pickle, names[N_DUMPS]) : NULL;
+        if (!dumps && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "MPI.pickle is not known to the core");
+        data = dumps ? PyObject_CallOneArg(dumps, v[0]) : NULL;
+        Py_XDECREF(dumps);
+        if (!data) return NULL;
+    }
+    switch (k) {
+    case CM_SEND:
+    case CM_ISEND: {
+        PyObject *a[] = {m, g, data, v[1], v[2]};
+        got = k == CM_SEND ? py_mpi_send(NULL, a, 5) : py_mpi_isend(NULL, a, 5);
+        if (got == Py_True) result = Py_NewRef(Py_None);  /* sent */
+        else if (got == Py_False || got == Py_None) result = cm_rest(self, comm, a + 2, 3);
+        else result = Py_XNewRef(got);  /* the isend's Request, or an error */
+        break;
+    }
+    case CM_RECV:
+    case CM_IRECV: {
+        PyObject *a[] = {m, g, Py_None, v[1], v[2]};
+        got = k == CM_RECV ? py_mpi_recv(NULL, a, 5) : py_mpi_irecv(NULL, a, 5);
+        if (got == Py_None) result = k == CM_RECV ? cm_rest(self, comm, v + 1, 3) : cm_rest(self, comm, v + 1, 2);
+        else if (got) result = k == CM_RECV ? cm_received(got, v[3]) : Py_NewRef(got);
+        break;
+    }
+    case CM_SENDRECV: {
+        PyObject *a[] = {m, g, data, v[1], v[2], v[4], v[5]};
+        got = py_mpi_exchange(NULL, a, 7);
+        if (got == Py_False) {  /* sent: the receive may block (recv's rest) */
+            PyObject *r[] = {comm, v[4], v[5], v[6]};
+            result = PyObject_VectorcallMethod(names[N_RECV_REST], r, 4, NULL);
+        } else if (got == Py_None) {
+            PyObject *r[] = {data, v[1], v[2], v[3], v[4], v[5], v[6]};
+            result = cm_rest(self, comm, r, 7);
+        } else if (got) {
+            result = cm_received(got, v[6]);
+        }
+        break;
+    }
+    }
+    Py_XDECREF(got);
+    Py_XDECREF(data);
+    return result;
+}
+
+static PyObject *cm_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    const char *kind;
+    PyObject *full, *rest;
+    if (!PyArg_ParseTuple(args, "sOO:CommMethod", &kind, &full, &rest)) return NULL;
+    int k = 0;
+    while (k < NCM && strcmp(kind, cm_kinds[k])) k++;
+    if (k == NCM) return PyErr_Format(PyExc_ValueError, "CommMethod: no such method %s", kind);
+    if (!PyCallable_Check(full) || !PyCallable_Check(rest)) {
+        PyErr_SetString(PyExc_TypeError, "CommMethod(kind, full, rest): full and rest must be callable");
+        return NULL;
+    }
+    CommMethod *self = (CommMethod *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->kind = k;
+    self->full = Py_NewRef(full);
+    self->rest = Py_NewRef(rest);
+    self->vectorcall = (vectorcallfunc)cm_call;
+    return (PyObject *)self;
+}
+
+/* As a function's: the method itself from the class, bound to an instance. */
+static PyObject *cm_get(PyObject *self, PyObject *obj, PyObject *type) {
+    return obj == NULL || obj == Py_None ? Py_NewRef(self) : PyMethod_New(self, obj);
+}
+
+/* __doc__, __name__, __qualname__, __module__, __wrapped__ (inspect's
+ * signature): the Python method's. */
+static PyObject *cm_getattro(CommMethod *self, PyObject *name) {
+    if (PyUnicode_Check(name) && (PyUnicode_CompareWithASCIIString(name, "__wrapped__") == 0))
+        return Py_NewRef(self->full);
+    static const char *own[] = {"__doc__", "__name__", "__qualname__", "__module__", "__annotations__", NULL};
+    for (int i = 0; own[i]; i++)
+        if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, own[i]) == 0)
+            return PyObject_GetAttr(self->full, name);
+    return PyObject_GenericGetAttr((PyObject *)self, name);
+}
+
+static int cm_traverse(CommMethod *self, visitproc visit, void *arg) {
+    Py_VISIT(self->full);
+    Py_VISIT(self->rest);
+    return 0;
+}
+
+static int cm_clear(CommMethod *self) {
+    Py_CLEAR(self->full);
+    Py_CLEAR(self->rest);
+    return 0;
+}
+
+static void cm_dealloc(CommMethod *self) {
+    PyObject_GC_UnTrack(self);
+    cm_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *cm_repr(CommMethod *self) {
+    PyObject *name = PyObject_GetAttrString(self->full, "__qualname__");
+    PyObject *r = name ? PyUnicode_FromFormat("<compiled method %S of collie.MPI>", name) : NULL;
+    Py_XDECREF(name);
+    return r;
+}
+
+static PyTypeObject CommMethodType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collie._core.CommMethod",
+    .tp_basicsize = sizeof(CommMethod),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "CommMethod(kind, full, rest): Comm.<kind> (send, isend, recv, irecv, sendrecv) in C; see _core.c.",
+    .tp_new = cm_new,
+    .tp_traverse = (traverseproc)cm_traverse,
+    .tp_clear = (inquiry)cm_clear,
+    .tp_dealloc = (destructor)cm_dealloc,
+    .tp_repr = (reprfunc)cm_repr,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(CommMethod, vectorcall),
+    .tp_descr_get = cm_get,
+    .tp_getattro = (getattrofunc)cm_getattro,
+};
+
 /* comm_rank(comm), comm_size(comm): an MPI communicator's rank and size
  * (collie.MPI's Comm.rank and .size, which programs read all the time), at
  * once where its group is a group of the live world; else its Get_rank()
@@ -4206,6 +4527,9 @@ static PyMethodDef methods[] = {
      "unpack_slots(buffer, n, slot, loads) -> (items, [(i, size) of those that did not fit] or None)."},
     {"comm_rank", py_comm_rank, METH_O, "comm_rank(comm) -> an MPI communicator's rank (Comm.rank; see _core.c)."},
     {"comm_size", py_comm_size, METH_O, "comm_size(comm) -> an MPI communicator's size (Comm.size; see _core.c)."},
+    {"set_ops", py_set_ops, METH_VARARGS, "set_ops(Op, SUM): reduce's op type and default (CommMethod)."},
+    {"set_comm", py_set_comm, METH_VARARGS,
+     "set_comm(Comm, fill): where Comm's _group and _matcher slots are, and request._fill (CommMethod)."},
     {"set_matcher", py_set_matcher, METH_VARARGS,
      "set_matcher(_Matcher, by_etag): where its books are, and each intracommunicator's matcher by its envelope "
      "tag (compat/mpi/p2p.py)."},
@@ -4265,7 +4589,15 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (!no_requests && !(no_requests = PyTuple_New(0))) return NULL;
     if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
     if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&LaneType) < 0 || PyType_Ready(&EntryType) < 0
-        || PyType_Ready(&RLockType) < 0 || fields_ready() < 0 || PyType_Ready(&AppendedType) < 0) return NULL;
+        || PyType_Ready(&RLockType) < 0 || fields_ready() < 0 || PyType_Ready(&AppendedType) < 0
+        || PyType_Ready(&CommMethodType) < 0) return NULL;
+    if (!minus_one && !(minus_one = PyLong_FromLong(-1))) return NULL;
+    for (int k = 0; k < NCM; k++) {
+        int i = 0;
+        for (; cm_params[k][i]; i++)
+            if (!(cm_param_names[k][i] = PyUnicode_InternFromString(cm_params[k][i]))) return NULL;
+        cm_nparams[k] = i;
+    }
     for (int k = 0; k < ENTRY_P2P; k++)
         if (!(entry_lane_name[k] = PyUnicode_InternFromString(entry_lane_names[k]))) return NULL;
     for (int k = 0; k < NENTRIES; k++) {
@@ -4288,5 +4620,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (PyModule_AddObject(m, "RequestFields", (PyObject *)&FieldsType) < 0) return NULL;
     Py_INCREF(&AppendedType);
     if (PyModule_AddObject(m, "Appended", (PyObject *)&AppendedType) < 0) return NULL;
+    Py_INCREF(&CommMethodType);
+    if (PyModule_AddObject(m, "CommMethod", (PyObject *)&CommMethodType) < 0) return NULL;
     return m;
 }

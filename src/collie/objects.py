@@ -197,12 +197,15 @@ def _rooted_round(name: str, g: ProcessGroup, root: int, s: _Slots, payloads: Op
 _core_round = core.slots_round or (lambda *args: None)  # None: no lane (or no core), the full path runs
 
 
-def gather_loads(g: ProcessGroup, payload: bytes, root: int, loads: Callable) -> Optional[list]:
+def gather_loads(g: ProcessGroup, payload: bytes, root: int, loads: Callable, got=None) -> Optional[list]:
     """Every rank's ``payload`` (a pickle) at group rank ``root``, in rank
-    order, each through ``loads``; None on the other ranks."""
+    order, each through ``loads``; None on the other ranks. ``got``: what
+    the core's round returned where the caller ran it already (False: it
+    ran none; compat/mpi's compiled gather and reduce)."""
     s = g.object_slots or _slots(g)
-    got = _core_round("gather", g, root, s, (payload,), loads)
-    fits, items, large = _rooted_round("gather", g, root, s, (payload,), loads) if got is None else got
+    if got is None:
+        got = _core_round("gather", g, root, s, (payload,), loads)
+    fits, items, large = got or _rooted_round("gather", g, root, s, (payload,), loads)
     if g.rank != root:
         if not fits:
             _large(g, ((root, payload),), (), "gather")

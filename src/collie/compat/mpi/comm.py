@@ -98,6 +98,9 @@ class Comm(_Handled, _Attributed):
     Construction is in __new__, as in mpi4py, so that a subclass's __new__
     may pass another communicator than the one it was given."""
 
+    # what the compiled core's CommMethod reads, at its offset (set_comm)
+    __slots__ = ("_group", "_matcher")
+
     _bcast_lock = None  # bcast's lock from the lock table, once looked up
 
     def __new__(cls, comm=None, name: str = "MPI_COMM_NULL"):
@@ -737,7 +740,7 @@ class Comm(_Handled, _Attributed):
             self._recv_into(recvbuf, source, recvtag, status)  # sent already: the receive may block
             return
         rreq = self.Irecv(recvbuf, source, recvtag)
-        sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag))
+        sreq = _or_cancel(rreq, self.Isend, sendbuf, dest, sendtag)
         Request.Waitall([rreq, sreq], [status, None])
 
     def Send_init(self, buf, dest: int, tag: int = 0) -> Prequest:
@@ -767,7 +770,7 @@ class Comm(_Handled, _Attributed):
                   recvtag: int = ANY_TAG) -> Request:
         """Sendrecv, nonblocking: the Request completes when both halves have."""
         rreq = self.Irecv(recvbuf, source, recvtag)
-        sreq = _or_cancel(rreq, lambda: self.Isend(sendbuf, dest, sendtag))
+        sreq = _or_cancel(rreq, self.Isend, sendbuf, dest, sendtag)
         return _Both(rreq, sreq)
 
     def Isendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
@@ -808,27 +811,36 @@ class Comm(_Handled, _Attributed):
     improbe = Improbe
 
     # ---- point to point: objects ----
+    #
+    # send, isend, recv, irecv and sendrecv: where the compiled core is
+    # built, each is a _core.CommMethod (set after the class), which does
+    # what the body here does up to the core's call, in C: a Python frame
+    # and its argument handling were a fifth of a small exchange. Where the
+    # core leaves the call, both go on in the same _..._rest method.
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
         data = b"" if dest == PROC_NULL else _pickle.dumps(obj)
         if not core_send(self._matcher, self._group, data, dest, tag):
-            self._send(memoryview(data), dest, tag, "send").Wait()
+            self._send_rest(data, dest, tag)
 
-    bsend = send
+    def _send_rest(self, data: bytes, dest, tag) -> None:
+        self._send(memoryview(data), dest, tag, "send").Wait()
 
     def ssend(self, obj, dest: int, tag: int = 0) -> None:
         self.issend(obj, dest, tag).Wait()
 
-    def isend(self, obj, dest: int, tag: int = 0, *, _sync: bool = False) -> Request:
+    def isend(self, obj, dest: int, tag: int = 0) -> Request:
         """Send an object, pickled with MPI.pickle."""
         data = b"" if dest == PROC_NULL else _pickle.dumps(obj)
-        r = None if _sync else core_isend(self._matcher, self._group, data, dest, tag)
-        return self._send(memoryview(data), dest, tag, "send", sync=_sync) if r is None else r  # (r: sent already)
+        r = core_isend(self._matcher, self._group, data, dest, tag)
+        return self._isend_rest(data, dest, tag) if r is None else r  # (r: sent already)
 
-    ibsend = isend
+    def _isend_rest(self, data: bytes, dest, tag) -> Request:
+        return self._send(memoryview(data), dest, tag, "send")
 
     def issend(self, obj, dest: int, tag: int = 0) -> Request:
-        return self.isend(obj, dest, tag, _sync=True)
+        data = b"" if dest == PROC_NULL else _pickle.dumps(obj)
+        return self._send(memoryview(data), dest, tag, "send", sync=True)
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
         """Receive an object. ``buf`` is deprecated in mpi4py (a warning) and
@@ -839,24 +851,33 @@ class Comm(_Handled, _Attributed):
         if got is not None:
             _fill(status, got[0])
             return _pickle.loads(got[1]) if got[1] else None
+        return self._recv_rest(source, tag, status)
+
+    def _recv_rest(self, source, tag, status: Optional[Status]) -> Any:
         return self._recv(None, source, tag, "recv", pulled=True).wait(status)  # (the core asked: not again)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         r = core_irecv(self._matcher, self._group, None, source, tag)  # posted by the core where plain
-        return self._recv(None, source, tag, "recv") if r is None else r
+        return self._irecv_rest(source, tag) if r is None else r
+
+    def _irecv_rest(self, source, tag) -> Request:
+        return self._recv(None, source, tag, "recv")
 
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
         data = b"" if dest == PROC_NULL else _pickle.dumps(sendobj)
         got = core_exchange(self._matcher, self._group, data, dest, sendtag, source, recvtag)
-        if got is False:  # sent already: the receive may block (the core asked for it: not again)
-            return self._recv(None, source, recvtag, "recv", pulled=True).wait(status)
+        if got is False:  # sent already: the receive may block
+            return self._recv_rest(source, recvtag, status)
         if got is not None:
             if status is not None:
                 _fill(status, got[0])
             return _pickle.loads(got[1]) if got[1] else None
+        return self._sendrecv_rest(data, dest, sendtag, recvbuf, source, recvtag, status)
+
+    def _sendrecv_rest(self, data: bytes, dest, sendtag, recvbuf, source, recvtag, status: Optional[Status]) -> Any:
         rreq = self.irecv(recvbuf, source, recvtag)
-        sreq = _or_cancel(rreq, lambda: self._send(memoryview(data), dest, sendtag, "send"))
+        sreq = _or_cancel(rreq, self._send, memoryview(data), dest, sendtag, "send")
         Request.Waitall([rreq, sreq], [status, None])
         return rreq._result
 
@@ -908,6 +929,14 @@ class Comm(_Handled, _Attributed):
     Reduce_scatter = _by_kind("Reduce_scatter")
 
 
+if core._core is not None:  # the object calls in C (see "point to point: objects" above)
+    core._core.set_comm(Comm, _fill)
+    core._core.set_ops(Op, SUM)  # (reduce's: Intracomm's, below)
+    for _name in ("send", "isend", "recv", "irecv", "sendrecv"):
+        setattr(Comm, _name, core._core.CommMethod(_name, getattr(Comm, _name), getattr(Comm, f"_{_name}_rest")))
+Comm.bsend, Comm.ibsend = Comm.send, Comm.isend
+
+
 class _Refused:
     """What a root sends in place of the items it was given when they are
     wrong: every rank then raises the root's error, and the communicator
@@ -947,11 +976,13 @@ def _predefined(which: str, copy_type=None) -> Comm:
     return comm if copy_type is None else copy_type(comm)
 
 
-def _or_cancel(rreq: Request, post):
-    """post() (a send), or, when it raises (a bad send buffer), cancel the
-    receive posted for the same call so that it takes no later message."""
+def _or_cancel(rreq: Request, post, *args):
+    """post(*args) (a send), or, when it raises (a bad send buffer), cancel
+    the receive posted for the same call so that it takes no later message.
+    (Arguments, not a lambda: a lambda would make its caller's variables
+    cells, which every call pays for, the fast path too.)"""
     try:
-        return post()
+        return post(*args)
     except BaseException:
         rreq.Cancel()
         raise
@@ -1508,12 +1539,20 @@ class Intracomm(Comm):
         got = _objects.scatter_loads(g, payloads, root, _pickle.loads)
         return _Refused.check(got) if got.__class__ is _Refused else got
 
+    # gather and reduce: where the compiled core is built, CommMethods too
+    # (see "point to point: objects"), which run the core's round
+    # (objects.gather_loads' first) in C and leave the rest to _gather_rest.
+
     def gather(self, sendobj, root: int = 0) -> Optional[list]:
         """Every rank's object, in a list at root (None elsewhere)."""
         g = self._g("gather")
         if root.__class__ is not int or not 0 <= root < g.size:
             root = self._root(g, root, "gather")  # raises, or makes it an int
         return _objects.gather_loads(g, _pickle.dumps(sendobj), root, _pickle.loads)
+
+    def _gather_rest(self, g: ProcessGroup, payload: bytes, root: int, got) -> Optional[list]:
+        """gather_loads after the core's round (``got``: what it returned; False: it ran none)."""
+        return _objects.gather_loads(g, payload, root, _pickle.loads, got)
 
     def reduce(self, sendobj, op=SUM, root: int = 0) -> Any:
         """op folded over the objects in rank order, at root (None elsewhere):
@@ -1522,7 +1561,10 @@ class Intracomm(Comm):
         g = self._g("reduce")
         if root.__class__ is not int or not 0 <= root < g.size:
             root = self._root(g, root, "reduce")  # raises, or makes it an int
-        items = _objects.gather_loads(g, _pickle.dumps(sendobj), root, _pickle.loads)
+        return self._reduce_rest(g, _pickle.dumps(sendobj), root, None, fn)
+
+    def _reduce_rest(self, g: ProcessGroup, payload: bytes, root: int, got, fn) -> Any:
+        items = _objects.gather_loads(g, payload, root, _pickle.loads, got)
         return None if items is None else functools.reduce(fn, items)
 
     def allgather(self, sendobj) -> list:
@@ -1549,6 +1591,12 @@ class Intracomm(Comm):
         items = self.allgather(sendobj)
         rank = self.Get_rank()
         return None if rank == 0 else functools.reduce(fn, items[:rank])
+
+
+if core._core is not None:  # gather and reduce in C (see Intracomm.gather)
+    for _name in ("gather", "reduce"):
+        setattr(Intracomm, _name, core._core.CommMethod(_name, Intracomm.__dict__[_name],
+                                                        getattr(Intracomm, f"_{_name}_rest")))
 
 
 COMM_NULL = Comm(None)
