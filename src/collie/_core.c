@@ -717,7 +717,7 @@ static Py_ssize_t out_at[NNAMES], in_at[NNAMES], group_at[NNAMES], network_at[NN
 static PyTypeObject *out_type, *in_type, *hot_group_type, *network_type, *shm_type, *world_type;
 static const int out_names[] = {N_ERROR, N_QUEUE, N_PENDING, N_HEAD, N_TAIL, N_NEXT_ID, -1};
 static const int in_names[] = {N_ERROR, N_CURRENT, N_NPOSTED, N_CLAIMS, N_SHARED, N_STASH_IN, N_UNEXPECTED, N_TAIL, -1};
-static const int group_names[] = {N_SEQ, N_P2P_OPS, -1};
+static const int group_names[] = {N_SEQ, N_P2P_OPS, N_NETWORK, N_RANK, N_SIZE, N_TIMEOUT, N_LANES, N_OBJECT_SLOTS, -1};
 static const int network_names[] = {N_CURRENT, N_ABORT, N_LOST, -1};
 static const int shm_names[] = {N_CLOSED, N_STASH, -1};
 static const int world_names[] = {N_BACKGROUND, N_NETWORK, -1};
@@ -764,6 +764,16 @@ static PyObject *py_set_hot_slots(PyObject *self, PyObject *args) {
     Py_XSETREF(shm_type, (PyTypeObject *)Py_NewRef(shm));
     Py_XSETREF(world_type, (PyTypeObject *)Py_NewRef(world));
     Py_RETURN_NONE;
+}
+
+/* Attribute ``name`` of group ``g``, a new reference: at its slot's offset
+ * for a ProcessGroup (one of group_names), else by name. */
+static PyObject *group_attr(PyObject *g, int name) {
+    if (hot_group_type && Py_IS_TYPE(g, hot_group_type) && group_at[name]) {
+        PyObject *v = *(PyObject **)((char *)g + group_at[name]);
+        if (v) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(g, names[name]);
 }
 
 /* Whether ``obj`` is exactly of ``type`` (whose slots set_hot_slots measured). */
@@ -1402,6 +1412,7 @@ static int lock_take(PyObject *lock) {
 
 /* Give the lock back, keeping an error already set (the lock goes back whatever happened). */
 static int lock_give(PyObject *lock) {
+    if (Py_IS_TYPE(lock, &RLockType) && !PyErr_Occurred()) return rlock_give((RLock *)lock);  /* (the common case) */
     PyObject *exc_type, *exc, *tb;
     PyErr_Fetch(&exc_type, &exc, &tb);
     int rc;
@@ -1759,18 +1770,41 @@ static PyObject *py_set_context(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The live world (collie.group._world; NULL where there is none, or
+ * where its look-up failed, with that error), borrowed. Every entry asks,
+ * and the dict look-up was a tenth of a small receive's C: on Pythons with
+ * dict versions (PEP 509), the last answer stands while the group module's
+ * dict is unchanged (it holds the world, so the borrowed one lives). */
+static PyObject *the_world(void) {
+    if (!group_module_dict) return NULL;
+#if PY_VERSION_HEX < 0x030C0000
+    static uint64_t seen_version;
+    static PyObject *seen_world;
+    uint64_t version = ((PyDictObject *)group_module_dict)->ma_version_tag;
+    if (version && version == seen_version) return seen_world;
+#endif
+    PyObject *w = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);
+    if (w == Py_None) w = NULL;
+#if PY_VERSION_HEX < 0x030C0000
+    if (w || !PyErr_Occurred()) {
+        seen_version = version;
+        seen_world = w;
+    }
+#endif
+    return w;
+}
+
 /* The live world's group ``group`` (None: its default group), a new
  * reference; NULL with no error where there is none (no world, another
  * world's group, not a ProcessGroup), with one for a world of a type the
  * core does not know; ``world`` gets the world (borrowed). */
 static PyObject *live_group(PyObject *group, PyObject **world) {
-    if (!group_module_dict) return NULL;
-    PyObject *w = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
-    if (!w || w == Py_None) return NULL;
+    PyObject *w = the_world();
+    if (!w) return NULL;
     *world = w;
     if (group == Py_None) return PyObject_GetAttr(w, names[N_GROUP]);
     if ((PyObject *)Py_TYPE(group) != group_type || !hot_known(w, world_type, "world")) return NULL;
-    PyObject *mine = PyObject_GetAttr(group, names[N_NETWORK]), *its = slot_attr(w, world_at, N_NETWORK);
+    PyObject *mine = group_attr(group, N_NETWORK), *its = slot_attr(w, world_at, N_NETWORK);
     int same = mine && its && mine == its;
     Py_XDECREF(mine);
     return same ? Py_NewRef(group) : NULL;
@@ -1797,7 +1831,7 @@ static PyObject *lane_of(PyObject *group, PyObject *key, PyObject *tensor) {
     PyObject *world = NULL, *lane = NULL, *result = NULL;
     PyObject *g = live_group(group, &world);
     if (!g) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-    PyObject *lanes = PyObject_GetAttr(g, names[N_LANES]);
+    PyObject *lanes = group_attr(g, N_LANES);
     Py_DECREF(g);
     if (!lanes) return NULL;
     lane = PyDict_Check(lanes) ? PyDict_GetItemWithError(lanes, key) : NULL;
@@ -1846,7 +1880,7 @@ static PyObject *p2p_target(PyObject *tensor, PyObject *rank, PyObject *group_ra
     PyObject *g = live_group(group, &world);
     if (!g) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
     PyObject *peer = NULL, *arr = NULL, *result = NULL, *index = NULL, *me = NULL, *network = NULL, *ranks = NULL;
-    PyObject *member = PyObject_GetAttr(g, names[N_RANK]);
+    PyObject *member = group_attr(g, N_RANK);
     long long mine = member ? PyLong_AsLongLong(member) : -1;
     Py_XDECREF(member);
     if (mine < 0) goto out;  /* not in the group */
@@ -2236,9 +2270,9 @@ static PyObject *route_move(Entry *self, route_t *r, Py_buffer *b, int *tried) {
  * goes on in ``full``, which does not try again. */
 static PyObject *p2p_fast(Entry *self, PyObject **v, int *tried) {
     int receiving = self->kind == ENTRY_RECV || self->kind == ENTRY_IRECV;
-    if (!core_chosen || !group_module_dict) return NULL;
-    PyObject *world = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
-    if (!world || world == Py_None) return NULL;
+    if (!core_chosen) return NULL;
+    PyObject *world = the_world();
+    if (!world) return NULL;
     route_t fresh = {0}, *r = NULL;
     Py_buffer b = {0};
     PyObject *dtype = NULL, *result = NULL;
@@ -2295,8 +2329,7 @@ static PyObject *entry_lane(Entry *self, PyObject **v, int count) {
     Py_ssize_t nbytes = -1;
     if (Py_IS_TYPE(v[0], (PyTypeObject *)ndarray_type) && (!two || Py_IS_TYPE(v[1], (PyTypeObject *)ndarray_type))
         && v[entry_async_at[self->kind]] == Py_False && group_module_dict) {
-        world = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
-        if (!world || world == Py_None) return NULL;
+        if (!(world = the_world())) return NULL;
         /* A lane writes its output in place (C-contiguous and writable) and reads its input whole. */
         Py_buffer view;
         for (int i = 0; i <= two; i++) {
@@ -2773,7 +2806,7 @@ static PyObject *py_slots_round(PyObject *self, PyObject *const *args, Py_ssize_
     Py_buffer bm = rounds.bm, be = rounds.be, bo = rounds.bo;  /* (copies of the held views: not released) */
     int is_root = 0;
     if (kind < ROUND_ALL_GATHER) {
-        if (!(rank = PyObject_GetAttr(group, names[N_RANK]))) goto out;
+        if (!(rank = group_attr(group, N_RANK))) goto out;
         if ((is_root = PyObject_RichCompareBool(rank, root, Py_EQ)) < 0) goto out;
     }
     int fits = 1, one = kind == ROUND_GATHER || kind == ROUND_ALL_GATHER;  /* this rank's one payload, or one per rank */
@@ -2952,14 +2985,38 @@ static PyTypeObject FieldsType;
 static PyObject *default_timeout;  /* 300.0: the MPI layer's timeout where none is given */
 static PyObject *waitall_all, *waitall_rest, *waitall_pickle;  /* see set_waitall */
 
-/* loads(data), ``loads`` NULL: MPI.pickle's loads as it is now (set_waitall). */
-static PyObject *call_loads(PyObject *loads, PyObject *data) {
-    if (loads) return PyObject_CallOneArg(loads, data);
+/* MPI.pickle's dumps and loads where they are plain functions (pickle's,
+ * which Pickle sets on the instance: set_pickle, whenever they change);
+ * NULL: its methods, looked up by name (a look-up was a tenth of a small
+ * isend). */
+static PyObject *pickle_dumps_fn, *pickle_loads_fn;
+
+/* set_pickle(dumps, loads): see above (None: look them up). */
+static PyObject *py_set_pickle(PyObject *self, PyObject *args) {
+    PyObject *dumps, *loads;
+    if (!PyArg_ParseTuple(args, "OO", &dumps, &loads)) return NULL;
+    Py_CLEAR(pickle_dumps_fn);
+    Py_CLEAR(pickle_loads_fn);
+    if (dumps != Py_None) pickle_dumps_fn = Py_NewRef(dumps);
+    if (loads != Py_None) pickle_loads_fn = Py_NewRef(loads);
+    Py_RETURN_NONE;
+}
+
+/* MPI.pickle's dumps (N_DUMPS) or loads (N_LOADS) as it is now, a new reference. */
+static PyObject *pickle_fn(int name) {
+    PyObject *f = name == N_DUMPS ? pickle_dumps_fn : pickle_loads_fn;
+    if (f) return Py_NewRef(f);
     if (!waitall_pickle) {
         PyErr_SetString(PyExc_RuntimeError, "MPI.pickle is not known to the core yet (set_waitall)");
         return NULL;
     }
-    PyObject *now = PyObject_GetAttr(waitall_pickle, names[N_LOADS]);
+    return PyObject_GetAttr(waitall_pickle, names[name]);
+}
+
+/* loads(data), ``loads`` NULL: MPI.pickle's loads as it is now. */
+static PyObject *call_loads(PyObject *loads, PyObject *data) {
+    if (loads) return PyObject_CallOneArg(loads, data);
+    PyObject *now = pickle_fn(N_LOADS);
     PyObject *obj = now ? PyObject_CallOneArg(now, data) : NULL;
     Py_XDECREF(now);
     return obj;
@@ -3135,9 +3192,9 @@ static long long matcher_int(PyObject *m, int name) {
  * the matcher's network the live world's, nothing broken. 1 yes, 0 no, -1
  * on error. */
 static int matcher_live(PyObject *m) {
-    if (!core_chosen || !group_module_dict) return 0;
-    PyObject *w = PyDict_GetItemWithError(group_module_dict, names[N_WORLD]);  /* borrowed */
-    if (!w || w == Py_None) return PyErr_Occurred() ? -1 : 0;
+    if (!core_chosen) return 0;
+    PyObject *w = the_world();
+    if (!w) return PyErr_Occurred() ? -1 : 0;
     PyObject *net = slot_attr(m, matcher_at, N_NETWORK), *wnet;
     if (!net || !hot_known(w, world_type, "world") || !(wnet = slot_attr(w, world_at, N_NETWORK))) return -1;
     if (wnet != net) return 0;
@@ -3808,7 +3865,7 @@ static PyObject *py_mpi_irecv(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (!op || slot_set(op, recv_at, N_SOURCE, Py_NewRef(source)) < 0 || slot_set(op, recv_at, N_TAG, Py_NewRef(tag)) < 0
         || slot_set(op, recv_at, N_DST, Py_NewRef(dst)) < 0 || slot_set(op, recv_at, N_MSG, Py_NewRef(Py_None)) < 0
         || slot_set(op, recv_at, N_CANCELLED, Py_NewRef(Py_False)) < 0
-        || slot_set(op, recv_at, N_ERROR, Py_NewRef(Py_None)) < 0 || !(timeout = PyObject_GetAttr(group, names[N_TIMEOUT])))
+        || slot_set(op, recv_at, N_ERROR, Py_NewRef(Py_None)) < 0 || !(timeout = group_attr(group, N_TIMEOUT)))
         goto out;
     static const int fields[] = {F_NETWORK, F_RECV, F_MATCHER, F_TIMEOUT};  /* (the rest: the defaults) */
     PyObject *values[] = {network, op, m, timeout};
@@ -4314,13 +4371,13 @@ static PyObject *cm_rooted(CommMethod *self, PyObject *comm, PyObject *g, PyObje
             goto out;
     }
     long long n, r, at;
-    if (!(size = PyObject_GetAttr(g, names[N_SIZE])) || !(rank = PyObject_GetAttr(g, names[N_RANK]))) goto out;
+    if (!(size = group_attr(g, N_SIZE)) || !(rank = group_attr(g, N_RANK))) goto out;
     if ((n = plain_int(size, 1, LLONG_MAX)) == LLONG_MIN || (r = plain_int(rank, 0, n)) == LLONG_MIN
         || (at = plain_int(root, 0, n)) == LLONG_MIN)
         goto out;
-    if (!(slots = PyObject_GetAttr(g, names[N_OBJECT_SLOTS])) || slots == Py_None) goto out;
-    if (!(dumps = PyObject_GetAttr(waitall_pickle, names[N_DUMPS])) || !(payload = PyObject_CallOneArg(dumps, v[0]))
-        || !(payloads = PyTuple_Pack(1, payload)) || !(loads = PyObject_GetAttr(waitall_pickle, names[N_LOADS])))
+    if (!(slots = group_attr(g, N_OBJECT_SLOTS)) || slots == Py_None) goto out;
+    if (!(dumps = pickle_fn(N_DUMPS)) || !(payload = PyObject_CallOneArg(dumps, v[0]))
+        || !(payloads = PyTuple_Pack(1, payload)) || !(loads = pickle_fn(N_LOADS)))
         goto out;
     PyObject *a[] = {gather_name, g, root, slots, payloads, loads};
     if (!(got = py_slots_round(NULL, a, 6))) goto out;
@@ -4377,8 +4434,7 @@ static PyObject *cm_call(CommMethod *self, PyObject *const *args, size_t nargsf,
     }
     PyObject *data = NULL, *got = NULL, *result = NULL;
     if (sending) {
-        PyObject *dumps = waitall_pickle ? PyObject_GetAttr(waitall_pickle, names[N_DUMPS]) : NULL;
-        if (!dumps && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "MPI.pickle is not known to the core");
+        PyObject *dumps = pickle_fn(N_DUMPS);
         data = dumps ? PyObject_CallOneArg(dumps, v[0]) : NULL;
         Py_XDECREF(dumps);
         if (!data) return NULL;
@@ -4508,7 +4564,7 @@ static PyObject *comm_attr(PyObject *comm, int name, int method) {
     PyObject *g = PyObject_GetAttr(comm, names[N_COMM_GROUP]), *result = NULL, *world;
     if (!g) return NULL;
     PyObject *live = g != Py_None ? live_group(g, &world) : NULL;  /* (None: COMM_NULL, whose method explains) */
-    if (live) result = PyObject_GetAttr(live, names[name]);
+    if (live) result = group_attr(live, name);
     Py_XDECREF(live);
     Py_DECREF(g);
     if (result || PyErr_Occurred()) return result;
@@ -4527,6 +4583,8 @@ static PyMethodDef methods[] = {
      "unpack_slots(buffer, n, slot, loads) -> (items, [(i, size) of those that did not fit] or None)."},
     {"comm_rank", py_comm_rank, METH_O, "comm_rank(comm) -> an MPI communicator's rank (Comm.rank; see _core.c)."},
     {"comm_size", py_comm_size, METH_O, "comm_size(comm) -> an MPI communicator's size (Comm.size; see _core.c)."},
+    {"set_pickle", py_set_pickle, METH_VARARGS,
+     "set_pickle(dumps, loads): MPI.pickle's functions where they are plain (None: its methods; pickling.py)."},
     {"set_ops", py_set_ops, METH_VARARGS, "set_ops(Op, SUM): reduce's op type and default (CommMethod)."},
     {"set_comm", py_set_comm, METH_VARARGS,
      "set_comm(Comm, fill): where Comm's _group and _matcher slots are, and request._fill (CommMethod)."},

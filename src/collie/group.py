@@ -39,9 +39,11 @@ class ProcessGroup:
     process is not a member (every rank calls new_group, members or not).
     """
 
-    # What every call counts, as slots the compiled core reads and writes
-    # at fixed offsets (_core.c's set_hot_slots); the rest in the __dict__.
-    __slots__ = ("seq", "p2p_ops", "__dict__", "__weakref__")
+    # What every call counts or looks at, as slots the compiled core reads
+    # and writes at fixed offsets (_core.c's set_hot_slots, group_attr);
+    # the rest in the __dict__.
+    __slots__ = ("seq", "p2p_ops", "network", "rank", "size", "timeout", "lanes", "object_slots",
+                 "__dict__", "__weakref__")
 
     def __init__(self, network, ranks: Sequence[int], context: int, timeout: float, name: str):
         self.network = network

@@ -60,6 +60,8 @@ class Pickle:
         else:  # re-initialised with other functions (or a subclass): the methods
             self.__dict__.pop("dumps", None)
             self.__dict__.pop("loads", None)
+        if self is globals().get("pickle"):
+            _tell_core(self)
 
     @property
     def THRESHOLD(self) -> int:  # noqa: N802 - mpi4py's name
@@ -99,3 +101,14 @@ class Pickle:
 
 
 pickle = Pickle()
+
+
+def _tell_core(p: Pickle) -> None:
+    """Hand MPI.pickle's dumps and loads to the compiled core, which calls
+    them without looking them up, where they are set on the instance (the
+    plain ones; None where its methods are, which it looks up)."""
+    if core._core is not None:
+        core._core.set_pickle(p.__dict__.get("dumps"), p.__dict__.get("loads"))
+
+
+_tell_core(pickle)
