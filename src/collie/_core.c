@@ -1196,6 +1196,16 @@ static int move_bytes(CoreProgram *self, char *data, int64_t tag) {
     Py_buffer b = {0};
     b.buf = data;
     b.len = self->need[0];
+    step_t *s = &self->steps[0];
+    if (s->nsend == 1 && self->peers[s->send[0].peer].shm) {
+        /* A send: straight into the ring where it has room (run()'s way,
+         * below, costs a small isend a third more; it also waits for room) */
+        peer_t *p = &self->peers[s->send[0].peer];
+        p->head0 = *p->out.head;
+        p->tail0 = *p->in.tail;
+        p->next_id0 = p->next_id;
+        if (put(p, tag, 0, msg_bytes(&s->send[0], &b), s->send[0].nbytes)) return update_books(self) < 0 ? -1 : 1;
+    }
     outcome_t o;
     if (run_buffers(self, &b, 0, tag, 0, NULL, &o) < 0) return -1;
     Py_DECREF(o.inflight);  /* (): one slot, never single copy (p2p_program) */
@@ -4105,6 +4115,43 @@ static PyObject *fields_wait(PyObject *self, PyObject *const *args, Py_ssize_t n
  * general path must wait for; both in order. For each one completed, its
  * wait() result goes to ``results`` (a list, or None) at its index, and
  * fill(statuses[i], its status fields) runs where statuses[i] is not None. */
+/* mpi_complete_all's loop: ``looks`` and ``waits`` made only where a
+ * request is left (NULL otherwise); ``statuses`` NULL: none asked for. 0, or -1 on error. */
+static int complete_each(PyObject *requests, PyObject *loads, PyObject *results, PyObject *statuses, PyObject *fill,
+                         PyObject **looks, PyObject **waits) {
+    *looks = *waits = NULL;
+    int ok = 1;
+    for (Py_ssize_t i = 0; ok && i < PyList_GET_SIZE(requests); i++) {
+        PyObject *r = Py_NewRef(PyList_GET_ITEM(requests, i)), *look[] = {r, loads};
+        PyObject *done = py_mpi_complete(NULL, look, 2), *got = NULL;
+        ok = done != NULL;
+        if (ok && done != Py_True) {
+            PyObject **left = done == Py_None ? looks : waits;
+            PyObject *at = PyLong_FromSsize_t(i);
+            ok = at && (*left || (*left = PyList_New(0))) && PyList_Append(*left, at) == 0;
+            Py_XDECREF(at);
+        } else if (ok) {
+            if (results != Py_None && i < PyList_GET_SIZE(results))
+                ok = (got = Py_NewRef(FIELD(r, F_RESULT))) && PyList_SetItem(results, i, got) == 0;  /* (done: a Request) */
+            PyObject *st = statuses && i < PyList_GET_SIZE(statuses) ? PyList_GET_ITEM(statuses, i) : Py_None;
+            if (ok && st != Py_None) {
+                PyObject *fields = Py_NewRef(FIELD(r, F_STATUS));
+                PyObject *filled = PyObject_CallFunctionObjArgs(fill, st, fields, NULL);
+                ok = filled != NULL;
+                Py_DECREF(fields);
+                Py_XDECREF(filled);
+            }
+        }
+        Py_XDECREF(done);
+        Py_DECREF(r);
+    }
+    if (!ok) {
+        Py_CLEAR(*looks);
+        Py_CLEAR(*waits);
+    }
+    return ok ? 0 : -1;
+}
+
 static PyObject *py_mpi_complete_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyList_CheckExact(args[0]) || (args[2] != Py_None && !PyList_CheckExact(args[2]))
         || !PyList_CheckExact(args[3])) {
@@ -4112,35 +4159,16 @@ static PyObject *py_mpi_complete_all(PyObject *self, PyObject *const *args, Py_s
                                          "statuses: list, fill)");
         return NULL;
     }
-    PyObject *requests = args[0], *results = args[2], *statuses = args[3], *fill = args[4];
-    PyObject *looks = PyList_New(0), *waits = PyList_New(0);
-    int ok = looks && waits;
-    for (Py_ssize_t i = 0; ok && i < PyList_GET_SIZE(requests); i++) {
-        PyObject *r = Py_NewRef(PyList_GET_ITEM(requests, i)), *look[] = {r, args[1]};
-        PyObject *done = py_mpi_complete(self, look, 2), *got = NULL;
-        ok = done != NULL;
-        if (ok && done != Py_True) {
-            PyObject *at = PyLong_FromSsize_t(i);
-            ok = at && PyList_Append(done == Py_None ? looks : waits, at) == 0;
-            Py_XDECREF(at);
-        } else if (ok) {
-            if (results != Py_None && i < PyList_GET_SIZE(results))
-                ok = (got = Py_NewRef(FIELD(r, F_RESULT))) && PyList_SetItem(results, i, got) == 0;  /* (done: a Request) */
-            PyObject *st = i < PyList_GET_SIZE(statuses) ? PyList_GET_ITEM(statuses, i) : Py_None, *fields, *filled;
-            if (ok && st != Py_None) {
-                ok = (fields = Py_NewRef(FIELD(r, F_STATUS))) != NULL;
-                filled = ok ? PyObject_CallFunctionObjArgs(fill, st, fields, NULL) : NULL;
-                ok = filled != NULL;
-                Py_XDECREF(fields);
-                Py_XDECREF(filled);
-            }
-        }
-        Py_XDECREF(done);
-        Py_DECREF(r);
+    PyObject *looks, *waits;
+    if (complete_each(args[0], args[1], args[2], args[3], args[4], &looks, &waits) < 0) return NULL;
+    if ((!looks && !(looks = PyList_New(0))) || (!waits && !(waits = PyList_New(0)))) {
+        Py_XDECREF(looks);
+        Py_XDECREF(waits);
+        return NULL;
     }
-    PyObject *result = ok ? PyTuple_Pack(2, looks, waits) : NULL;
-    Py_XDECREF(looks);
-    Py_XDECREF(waits);
+    PyObject *result = PyTuple_Pack(2, looks, waits);
+    Py_DECREF(looks);
+    Py_DECREF(waits);
     return result;
 }
 
@@ -4187,7 +4215,8 @@ static PyObject *wait_all(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     if (!statuses) statuses = Py_None;
-    PyObject *list = PySequence_List(requests), *results = NULL;
+    /* (the caller's list as it is: nothing here or in Request._rest changes it) */
+    PyObject *list = PyList_CheckExact(requests) ? Py_NewRef(requests) : PySequence_List(requests), *results = NULL;
     PyObject *result = NULL;
     if (!list) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(list);
@@ -4202,25 +4231,20 @@ static PyObject *wait_all(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     /* mpi_complete_all's look, no statuses asked for: the indices it left, to _rest
      * (loads NULL: MPI.pickle's, read only where an object came) */
-    PyObject *none = PyList_New(0), *left = NULL;
-    if (none) {
-        PyObject *look[] = {list, NULL, collect, none, Py_None};
-        left = py_mpi_complete_all(self, look, 5);
-    }
-    Py_XDECREF(none);
-    if (!left) goto out;
-    PyObject *looks = PyTuple_GET_ITEM(left, 0), *waits = PyTuple_GET_ITEM(left, 1);
-    if (PyList_GET_SIZE(looks) || PyList_GET_SIZE(waits)) {
+    PyObject *looks, *waits;
+    if (complete_each(list, NULL, collect, NULL, Py_None, &looks, &waits) < 0) goto out;
+    if (looks || waits) {
         PyObject *sts = PyList_New(n);
-        if (sts) {
+        if (sts && (looks || (looks = PyList_New(0))) && (waits || (waits = PyList_New(0)))) {
             for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(sts, i, Py_NewRef(Py_None));
             result = PyObject_CallFunctionObjArgs(waitall_rest, list, sts, looks, waits, collect, NULL);
-            Py_DECREF(sts);
         }
+        Py_XDECREF(sts);
+        Py_XDECREF(looks);
+        Py_XDECREF(waits);
     } else {
         result = Py_NewRef(Py_None);
     }
-    Py_DECREF(left);
 out:
     if (result) Py_SETREF(result, Py_NewRef(objects ? results : Py_True));
     Py_XDECREF(list);
