@@ -1357,7 +1357,19 @@ def _object_calls_body(rank, size):
     user = MPI.Op.Create(lambda a, b, t=None: a * 10 + b, commute=False)
     note(lambda: comm.reduce(rank + 1, user, 0))
     user.Free()
+    user2 = MPI.Op.Create(lambda a, b, t=None: a * 10 + b, commute=False)
     note(lambda: comm.reduce(rank, root=size))  # not a rank: MPI.Exception(ERR_ROOT)
+    note(lambda: comm.scatter([("item", r) for r in range(size)] if rank == 0 else None))
+    note(lambda: comm.scatter(tuple(range(10, 10 + size)) if rank == size - 1 else "ignored", root=size - 1))
+    note(lambda: len(comm.scatter(["w" * (5000 * (r + 1)) for r in range(size)] if rank == 0 else None, 0)))
+    note(lambda: comm.scatter([1] * (size + 1) if rank == 0 else None))  # the root refuses: every rank raises
+    note(lambda: comm.scatter(None, 0))  # None at the root: None everywhere, as in mpi4py
+    note(lambda: comm.scan(rank + 1))
+    note(lambda: comm.scan([rank], MPI.SUM))
+    note(lambda: comm.exscan(rank + 1, op=MPI.PROD))
+    note(lambda: comm.exscan(sendobj=rank + 2))
+    note(lambda: len(comm.scan("v" * 4000)))  # more than a slot holds
+    note(lambda: comm.exscan(rank, user2))
     note(lambda: comm.gather(rank, "0"))
     note(lambda: MPI.Comm.send(None, 1, 0))  # not a communicator
     comm.Barrier()
@@ -1365,15 +1377,15 @@ def _object_calls_body(rank, size):
 
 
 def test_the_compiled_object_calls_behave_as_the_python_methods():
-    """send, isend, recv, irecv, sendrecv (Comm) and gather, reduce
-    (Intracomm) are the core's CommMethods where it is built: each call,
+    """send, isend, recv, irecv, sendrecv (Comm) and gather, reduce,
+    scatter, scan, exscan (Intracomm) are the core's CommMethods where it is built: each call,
     plain or not (keywords, PROC_NULL, large payloads, bad arguments),
     returns or raises what the Python method it wraps does."""
     from collie import core
     from collie.compat.mpi import comm as comm_module
     compiled = {(cls, name): cls.__dict__[name] for cls, names in
                 ((comm_module.Comm, ("send", "isend", "recv", "irecv", "sendrecv")),
-                 (comm_module.Intracomm, ("gather", "reduce"))) for name in names}
+                 (comm_module.Intracomm, ("gather", "reduce", "scatter", "scan", "exscan"))) for name in names}
     if core._core is None:
         pytest.skip("no compiled core: the Python methods are the only ones")
     assert all(type(m).__name__ == "CommMethod" for m in compiled.values())

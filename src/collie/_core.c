@@ -4273,9 +4273,10 @@ static PyObject *py_mpi_waitall(PyObject *self, PyObject *const *args, Py_ssize_
  * it cannot place, PROC_NULL, a buffer given to recv, a subclass of Comm
  * that is not set up) goes to the Python method itself, ``full``, which
  * explains. */
-enum { CM_SEND, CM_ISEND, CM_RECV, CM_IRECV, CM_SENDRECV, CM_GATHER, CM_REDUCE, NCM };
+enum { CM_SEND, CM_ISEND, CM_RECV, CM_IRECV, CM_SENDRECV, CM_GATHER, CM_REDUCE, CM_SCATTER, CM_SCAN, CM_EXSCAN, NCM };
 #define CM_ARGS 7
-static const char *cm_kinds[NCM] = {"send", "isend", "recv", "irecv", "sendrecv", "gather", "reduce"};
+static const char *cm_kinds[NCM] = {"send", "isend", "recv", "irecv", "sendrecv", "gather", "reduce", "scatter",
+                                    "scan", "exscan"};
 static const char *cm_params[NCM][CM_ARGS + 1] = {
     {"obj", "dest", "tag"},
     {"obj", "dest", "tag"},
@@ -4284,10 +4285,14 @@ static const char *cm_params[NCM][CM_ARGS + 1] = {
     {"sendobj", "dest", "sendtag", "recvbuf", "source", "recvtag", "status"},
     {"sendobj", "root"},
     {"sendobj", "op", "root"},
+    {"sendobj", "root"},
+    {"sendobj", "op"},
+    {"sendobj", "op"},
 };
-static const int cm_required[NCM] = {2, 2, 0, 0, 2, 1, 1};
+static const int cm_required[NCM] = {2, 2, 0, 0, 2, 1, 1, 0, 1, 1};
 /* the defaults: 'n' None, '0' the int 0, 'a' MPI.ANY_SOURCE or ANY_TAG (-1), 's' MPI.SUM; ' ' required */
-static const char cm_defaults[NCM][CM_ARGS + 1] = {"  0", "  0", "naan", "naa", "  0naan", " 0", " s0"};
+static const char cm_defaults[NCM][CM_ARGS + 1] = {"  0", "  0", "naan", "naa", "  0naan", " 0", " s0", "n0", " s",
+                                                   " s"};
 static PyObject *cm_param_names[NCM][CM_ARGS];  /* interned at import */
 static int cm_nparams[NCM];
 static PyObject *minus_one;                   /* the int -1: MPI.ANY_SOURCE and MPI.ANY_TAG */
@@ -4295,6 +4300,7 @@ static PyTypeObject *comm_type;               /* compat/mpi's Comm (set_comm) */
 static Py_ssize_t comm_at[NNAMES];
 static const int comm_names[] = {N_COMM_GROUP, N_COMM_MATCHER, -1};
 static PyObject *status_fill;                 /* request._fill(status, fields) */
+static PyTypeObject *refused_type;            /* comm._Refused: what a root that refused its items scatters */
 static PyTypeObject *op_type;                 /* compat/mpi's Op, and its SUM (set_ops) */
 static PyObject *op_sum;
 
@@ -4305,13 +4311,15 @@ typedef struct {
     vectorcallfunc vectorcall;
 } CommMethod;
 
-/* set_comm(Comm, fill): where Comm's _group and _matcher slots are, and request._fill. */
+/* set_comm(Comm, fill, _Refused): where Comm's _group and _matcher slots
+ * are, request._fill, and what a refusing root scatters. */
 static PyObject *py_set_comm(PyObject *self, PyObject *args) {
-    PyObject *type, *fill;
-    if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &type, &fill)) return NULL;
+    PyObject *type, *fill, *refused;
+    if (!PyArg_ParseTuple(args, "O!OO!", &PyType_Type, &type, &fill, &PyType_Type, &refused)) return NULL;
     if (slot_offsets(type, comm_names, comm_at) < 0) return NULL;
     Py_XSETREF(comm_type, (PyTypeObject *)Py_NewRef(type));
     Py_XSETREF(status_fill, Py_NewRef(fill));
+    Py_XSETREF(refused_type, (PyTypeObject *)Py_NewRef(refused));
     Py_RETURN_NONE;
 }
 
@@ -4374,54 +4382,93 @@ static PyObject *cm_rest(CommMethod *self, PyObject *comm, PyObject *const *v, i
     return PyObject_Vectorcall(self->rest, all, n + 1, NULL);
 }
 
-/* gather and reduce (v: sendobj, root; or sendobj, op, root) on ``comm``
- * whose group is ``g``: the core's round (slots_round, as
- * objects.gather_loads runs it first), then where every payload fitted its
- * slot, the result (reduce's folded by op._py, in rank order, as
- * functools.reduce folds); else the Python method's _gather_rest or
- * _reduce_rest, given the round's result (False: it ran none). NULL with
- * no error: the Python method itself (COMM_NULL, a root that is not a
- * rank, an op that is not a plain Op, the slots not made yet). */
-static PyObject *cm_rooted(CommMethod *self, PyObject *comm, PyObject *g, PyObject **v) {
-    static PyObject *gather_name;
-    if (!gather_name && !(gather_name = PyUnicode_InternFromString("gather"))) return NULL;
-    int reduce = self->kind == CM_REDUCE;
-    PyObject *root = v[reduce ? 2 : 1], *world, *fn = NULL, *size = NULL, *rank = NULL, *slots = NULL;
-    PyObject *payload = NULL, *payloads = NULL, *loads = NULL, *got = NULL, *result = NULL, *dumps = NULL;
+/* ``items``[:upto] folded by ``fn`` in order (as functools.reduce folds). */
+static PyObject *fold(PyObject *fn, PyObject *items, Py_ssize_t upto) {
+    PyObject *acc = Py_NewRef(PyList_GET_ITEM(items, 0));
+    for (Py_ssize_t i = 1; acc && i < upto; i++) {
+        PyObject *pair[] = {acc, PyList_GET_ITEM(items, i)};
+        Py_SETREF(acc, PyObject_Vectorcall(fn, pair, 2, NULL));
+    }
+    return acc;
+}
+
+/* The object collectives of one slot round on ``comm`` (whose group is
+ * ``g``), v as cm_params says: gather and reduce (objects.gather_loads'
+ * round), scatter (scatter_loads'), scan and exscan (all_gather_loads'):
+ * the core's round (slots_round) in C, then, where every payload fitted
+ * its slot, the result (reduce's, scan's and exscan's folded by op._py in
+ * rank order); else the Python method's _..._rest, given the round's
+ * result (False: it ran none). NULL with no error: the Python method
+ * itself (COMM_NULL, a root that is not a rank, an op that is not a plain
+ * Op, a root's scatter items that are not a list or tuple of one per rank,
+ * the slots not made yet). */
+static PyObject *cm_rounds(CommMethod *self, PyObject *comm, PyObject *g, PyObject **v) {
+    static PyObject *round_name[3];
+    static const char *round_str[3] = {"gather", "scatter", "all_gather"};
+    for (int i = 0; i < 3; i++)
+        if (!round_name[i] && !(round_name[i] = PyUnicode_InternFromString(round_str[i]))) return NULL;
+    int k = self->kind, rooted = k == CM_GATHER || k == CM_REDUCE || k == CM_SCATTER;
+    PyObject *root = k == CM_REDUCE ? v[2] : rooted ? v[1] : Py_None, *op = k == CM_GATHER || k == CM_SCATTER ? NULL : v[1];
+    PyObject *world, *fn = NULL, *size = NULL, *rank = NULL, *slots = NULL, *dumps = NULL, *loads = NULL;
+    PyObject *payload = NULL, *payloads = NULL, *got = NULL, *result = NULL;
     PyObject *live = live_group(g, &world);
     if (!live || live != g) goto out;
-    if (reduce) {
-        if (!op_type || !Py_IS_TYPE(v[1], op_type) || !(fn = PyObject_GetAttr(v[1], names[N_PY])) || fn == Py_None)
-            goto out;
-    }
-    long long n, r, at;
+    if (op && (!op_type || !Py_IS_TYPE(op, op_type) || !(fn = PyObject_GetAttr(op, names[N_PY])) || fn == Py_None))
+        goto out;
+    long long n, r, at = -1;
     if (!(size = group_attr(g, N_SIZE)) || !(rank = group_attr(g, N_RANK))) goto out;
     if ((n = plain_int(size, 1, LLONG_MAX)) == LLONG_MIN || (r = plain_int(rank, 0, n)) == LLONG_MIN
-        || (at = plain_int(root, 0, n)) == LLONG_MIN)
+        || (rooted && (at = plain_int(root, 0, n)) == LLONG_MIN))
         goto out;
     if (!(slots = group_attr(g, N_OBJECT_SLOTS)) || slots == Py_None) goto out;
-    if (!(dumps = pickle_fn(N_DUMPS)) || !(payload = PyObject_CallOneArg(dumps, v[0]))
-        || !(payloads = PyTuple_Pack(1, payload)) || !(loads = pickle_fn(N_LOADS)))
-        goto out;
-    PyObject *a[] = {gather_name, g, root, slots, payloads, loads};
-    if (!(got = py_slots_round(NULL, a, 6))) goto out;
-    PyObject *items = got != Py_None ? PyTuple_GET_ITEM(got, 1) : NULL;
-    if (items && PyTuple_GET_ITEM(got, 0) == Py_True && PyTuple_GET_ITEM(got, 2) == Py_None
-        && (r != at || (PyList_CheckExact(items) && PyList_GET_SIZE(items) == n))) {
-        if (r != at) {
-            result = Py_NewRef(Py_None);
-        } else if (!reduce) {
-            result = Py_NewRef(items);
-        } else {  /* folded in rank order */
-            result = Py_NewRef(PyList_GET_ITEM(items, 0));
-            for (Py_ssize_t i = 1; result && i < n; i++) {
-                PyObject *pair[] = {result, PyList_GET_ITEM(items, i)};
-                Py_SETREF(result, PyObject_Vectorcall(fn, pair, 2, NULL));
-            }
+    if (!(dumps = pickle_fn(N_DUMPS)) || !(loads = pickle_fn(N_LOADS))) goto out;
+    if (k != CM_SCATTER) {
+        if (!(payload = PyObject_CallOneArg(dumps, v[0])) || !(payloads = PyTuple_Pack(1, payload))) goto out;
+    } else if (r == at) {  /* the root's items, pickled (a list, as the Python method's) */
+        PyObject *items = v[0];
+        if ((!PyList_CheckExact(items) && !PyTuple_CheckExact(items)) || PySequence_Fast_GET_SIZE(items) != n) goto out;
+        if (!(payloads = PyList_New(n))) goto out;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *one = PyObject_CallOneArg(dumps, PySequence_Fast_GET_ITEM(items, i));
+            if (!one) goto out;
+            PyList_SET_ITEM(payloads, i, one);
         }
-    } else {  /* (a payload larger than its slot, no lane: the Python rest goes on from the round) */
-        PyObject *rest[] = {comm, g, payload, root, got == Py_None ? Py_False : got, fn};
-        result = PyObject_Vectorcall(self->rest, rest, reduce ? 6 : 5, NULL);
+    } else {
+        payloads = Py_NewRef(Py_None);
+    }
+    PyObject *a[] = {round_name[k == CM_SCATTER ? 1 : rooted ? 0 : 2], g, root, slots, payloads, loads};
+    if (!(got = py_slots_round(NULL, a, 6))) goto out;
+    PyObject *fits = got != Py_None ? PyTuple_GET_ITEM(got, 0) : NULL, *items = fits ? PyTuple_GET_ITEM(got, 1) : NULL;
+    int whole = fits && PyTuple_GET_ITEM(got, 2) == Py_None;  /* every payload here, none larger than its slot */
+    int listed = whole && PyList_CheckExact(items) && PyList_GET_SIZE(items) == n;
+    switch (k) {
+    case CM_GATHER:
+    case CM_REDUCE:
+        if (whole && fits == Py_True && r != at) result = Py_NewRef(Py_None);
+        else if (whole && fits == Py_True && listed) result = k == CM_GATHER ? Py_NewRef(items) : fold(fn, items, n);
+        break;
+    case CM_SCATTER:
+        if (r == at && fits == Py_True) {
+            result = PyObject_CallOneArg(loads, PyList_GET_ITEM(payloads, at));
+        } else if (r != at && whole && PyList_CheckExact(items) && PyList_GET_SIZE(items) == 1) {
+            PyObject *item = PyList_GET_ITEM(items, 0);
+            if (!refused_type || !Py_IS_TYPE(item, refused_type)) result = Py_NewRef(item);
+        }
+        break;
+    default:  /* scan, exscan: the fold of those up to this rank, or before it (exscan's rank 0: None) */
+        if (listed) {
+            Py_ssize_t upto = k == CM_SCAN ? r + 1 : r;
+            result = upto ? fold(fn, items, upto) : Py_NewRef(Py_None);
+        }
+    }
+    if (!result && !PyErr_Occurred()) {  /* (a payload larger than its slot, no lane, a refusal: the Python rest) */
+        PyObject *rest[] = {comm, g, k == CM_SCATTER ? payloads : payload, root, got == Py_None ? Py_False : got, fn};
+        if (rooted)
+            result = PyObject_Vectorcall(self->rest, rest, k == CM_REDUCE ? 6 : 5, NULL);
+        else {  /* scan, exscan: (g, payload, got, fn) */
+            PyObject *mine[] = {comm, g, payload, rest[4], fn};
+            result = PyObject_Vectorcall(self->rest, mine, 5, NULL);
+        }
     }
 out:
     Py_XDECREF(live);
@@ -4430,9 +4477,9 @@ out:
     Py_XDECREF(rank);
     Py_XDECREF(slots);
     Py_XDECREF(dumps);
+    Py_XDECREF(loads);
     Py_XDECREF(payload);
     Py_XDECREF(payloads);
-    Py_XDECREF(loads);
     Py_XDECREF(got);
     return result;
 }
@@ -4445,8 +4492,8 @@ static PyObject *cm_call(CommMethod *self, PyObject *const *args, size_t nargsf,
         m = *(PyObject **)((char *)comm + comm_at[N_COMM_MATCHER]);
         g = *(PyObject **)((char *)comm + comm_at[N_COMM_GROUP]);
     }
-    if ((k == CM_GATHER || k == CM_REDUCE) && g) {
-        PyObject *done = cm_rooted(self, args[0], g, v);
+    if (k >= CM_GATHER && g) {
+        PyObject *done = cm_rounds(self, args[0], g, v);
         if (done || PyErr_Occurred()) return done;
         return PyObject_Vectorcall(self->full, args, nargs, kwnames);
     }
@@ -4611,7 +4658,7 @@ static PyMethodDef methods[] = {
      "set_pickle(dumps, loads): MPI.pickle's functions where they are plain (None: its methods; pickling.py)."},
     {"set_ops", py_set_ops, METH_VARARGS, "set_ops(Op, SUM): reduce's op type and default (CommMethod)."},
     {"set_comm", py_set_comm, METH_VARARGS,
-     "set_comm(Comm, fill): where Comm's _group and _matcher slots are, and request._fill (CommMethod)."},
+     "set_comm(Comm, fill, _Refused): where Comm's _group and _matcher slots are, and more (CommMethod)."},
     {"set_matcher", py_set_matcher, METH_VARARGS,
      "set_matcher(_Matcher, by_etag): where its books are, and each intracommunicator's matcher by its envelope "
      "tag (compat/mpi/p2p.py)."},

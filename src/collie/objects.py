@@ -152,13 +152,14 @@ def broadcast_loads(g: ProcessGroup, payload: Optional[bytes], gsrc: int, loads:
     return loads(data)
 
 
-def all_gather_loads(g: ProcessGroup, payload: bytes, loads: Callable) -> list:
+def all_gather_loads(g: ProcessGroup, payload: bytes, loads: Callable, got=None) -> list:
     """Every rank's ``payload`` (a pickle), in rank order, each through
     ``loads``: from the first round's slots, and those that did not fit
-    from a second round."""
+    from a second round. ``got``: as gather_loads'."""
     s = g.object_slots or _slots(g)
-    got = _core_round("all_gather", g, None, s, (payload,), loads)
     if got is None:
+        got = _core_round("all_gather", g, None, s, (payload,), loads)
+    if not got:
         pack_slots(s.mine, (payload,), SLOT)
         all_gather_into_tensor(s.every, s.mine, g)  # its first run makes the lane the core's round takes
         items, large = unpack_slots(s.every, g.size, SLOT, loads)
@@ -219,12 +220,13 @@ def gather_loads(g: ProcessGroup, payload: bytes, root: int, loads: Callable, go
     return items
 
 
-def scatter_loads(g: ProcessGroup, payloads: Optional[Sequence[bytes]], root: int, loads: Callable):
+def scatter_loads(g: ProcessGroup, payloads: Optional[Sequence[bytes]], root: int, loads: Callable, got=None):
     """Item r of the root's ``payloads`` (pickles, one per rank, given at
-    the root only) through ``loads`` on group rank r."""
+    the root only) through ``loads`` on group rank r. ``got``: as gather_loads'."""
     s = g.object_slots or _slots(g)
-    got = _core_round("scatter", g, root, s, payloads, loads)
-    fits, items, large = _rooted_round("scatter", g, root, s, payloads, loads) if got is None else got
+    if got is None:
+        got = _core_round("scatter", g, root, s, payloads, loads)
+    fits, items, large = got or _rooted_round("scatter", g, root, s, payloads, loads)
     if g.rank != root:
         return items[0] if large is None else loads(_large(g, (), ((root, large[0][1]),), "scatter")[0])
     large = [] if fits else [(r, p) for r, p in enumerate(payloads) if len(p) > _FITS and r != root]

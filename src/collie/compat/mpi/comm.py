@@ -929,12 +929,7 @@ class Comm(_Handled, _Attributed):
     Reduce_scatter = _by_kind("Reduce_scatter")
 
 
-if core._core is not None:  # the object calls in C (see "point to point: objects" above)
-    core._core.set_comm(Comm, _fill)
-    core._core.set_ops(Op, SUM)  # (reduce's: Intracomm's, below)
-    for _name in ("send", "isend", "recv", "irecv", "sendrecv"):
-        setattr(Comm, _name, core._core.CommMethod(_name, getattr(Comm, _name), getattr(Comm, f"_{_name}_rest")))
-Comm.bsend, Comm.ibsend = Comm.send, Comm.isend
+Comm.bsend, Comm.ibsend = Comm.send, Comm.isend  # (the compiled ones where the core is built: see below)
 
 
 class _Refused:
@@ -1536,12 +1531,17 @@ class Intracomm(Comm):
             items = sendobj if sendobj.__class__ in (list, tuple) and len(sendobj) == g.size else \
                 _scatter_items(sendobj, g.size, "scatter")  # (the common case as it is, written out)
             payloads = list(map(_pickle.dumps, items))
-        got = _objects.scatter_loads(g, payloads, root, _pickle.loads)
+        return self._scatter_rest(g, payloads, root, None)
+
+    def _scatter_rest(self, g: ProcessGroup, payloads: Optional[list], root: int, got) -> Any:
+        """scatter_loads after the core's round (``got``: as _gather_rest's), the root's refusal raised."""
+        got = _objects.scatter_loads(g, payloads, root, _pickle.loads, got)
         return _Refused.check(got) if got.__class__ is _Refused else got
 
-    # gather and reduce: where the compiled core is built, CommMethods too
-    # (see "point to point: objects"), which run the core's round
-    # (objects.gather_loads' first) in C and leave the rest to _gather_rest.
+    # gather, reduce, scatter, scan and exscan: where the compiled core is
+    # built, CommMethods too (see "point to point: objects"), which run the
+    # core's round (objects.gather_loads' first, or scatter_loads',
+    # all_gather_loads') in C, and leave the rest to their _..._rest.
 
     def gather(self, sendobj, root: int = 0) -> Optional[list]:
         """Every rank's object, in a list at root (None elsewhere)."""
@@ -1582,21 +1582,33 @@ class Intracomm(Comm):
 
     def scan(self, sendobj, op=SUM) -> Any:
         fn = _py_op(op)
-        items = self.allgather(sendobj)
-        return functools.reduce(fn, items[:self.Get_rank() + 1])
+        g = self._g("scan")
+        return self._scan_rest(g, _pickle.dumps(sendobj), None, fn)
+
+    def _scan_rest(self, g: ProcessGroup, payload: bytes, got, fn) -> Any:
+        """allgather's round (after the core's: ``got`` as _gather_rest's), folded up to this rank."""
+        items = _objects.all_gather_loads(g, payload, _pickle.loads, got)
+        return functools.reduce(fn, items[:g.rank + 1])
 
     def exscan(self, sendobj, op=SUM) -> Any:
         """The fold over ranks before this one; None on rank 0."""
         fn = _py_op(op)
-        items = self.allgather(sendobj)
-        rank = self.Get_rank()
-        return None if rank == 0 else functools.reduce(fn, items[:rank])
+        g = self._g("exscan")
+        return self._exscan_rest(g, _pickle.dumps(sendobj), None, fn)
+
+    def _exscan_rest(self, g: ProcessGroup, payload: bytes, got, fn) -> Any:
+        items = _objects.all_gather_loads(g, payload, _pickle.loads, got)
+        return None if g.rank == 0 else functools.reduce(fn, items[:g.rank])
 
 
-if core._core is not None:  # gather and reduce in C (see Intracomm.gather)
-    for _name in ("gather", "reduce"):
-        setattr(Intracomm, _name, core._core.CommMethod(_name, Intracomm.__dict__[_name],
-                                                        getattr(Intracomm, f"_{_name}_rest")))
+if core._core is not None:  # the object calls in C: see "point to point: objects" and Intracomm.gather
+    core._core.set_comm(Comm, _fill, _Refused)
+    core._core.set_ops(Op, SUM)
+    for _cls, _names in ((Comm, ("send", "isend", "recv", "irecv", "sendrecv")),
+                         (Intracomm, ("gather", "reduce", "scatter", "scan", "exscan"))):
+        for _name in _names:
+            setattr(_cls, _name, core._core.CommMethod(_name, _cls.__dict__[_name], getattr(_cls, f"_{_name}_rest")))
+    Comm.bsend, Comm.ibsend = Comm.send, Comm.isend
 
 
 COMM_NULL = Comm(None)
