@@ -44,6 +44,15 @@ def _patterns(MPI, comm):
         comm.isend(1, peer, 7).wait()
         r.wait()
 
+    def send_recv():
+        """A round trip on the ring: rank 0 sends first, the others receive first."""
+        if rank == 0:
+            comm.send(1, peer, 9)
+            comm.recv(source=prev, tag=9)
+        else:
+            comm.recv(source=prev, tag=9)
+            comm.send(1, peer, 9)
+
     def overlapped(collective):
         """A receive posted, its peer's message sent, a collective, then the wait."""
         def call():
@@ -61,7 +70,10 @@ def _patterns(MPI, comm):
         "scatter(list)": lambda: comm.scatter(ones, 0),
         "reduce(1)": lambda: comm.reduce(1, root=0),
         "alltoall(list)": lambda: comm.alltoall(ones),
+        "scan(1)": lambda: comm.scan(1),
+        "exscan(1)": lambda: comm.exscan(1),
         "sendrecv(1)": lambda: comm.sendrecv(1, peer, 7, None, prev, 7),
+        "send/recv": send_recv,
         "barrier()": comm.barrier,
         "Sendrecv(8 f8)": lambda: comm.Sendrecv(b, peer, 7, a, prev, 7),
         "Irecv/Isend/Wait": irecv_isend_wait,

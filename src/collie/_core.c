@@ -1197,14 +1197,20 @@ static int move_bytes(CoreProgram *self, char *data, int64_t tag) {
     b.buf = data;
     b.len = self->need[0];
     step_t *s = &self->steps[0];
-    if (s->nsend == 1 && self->peers[s->send[0].peer].shm) {
-        /* A send: straight into the ring where it has room (run()'s way,
-         * below, costs a small isend a third more; it also waits for room) */
-        peer_t *p = &self->peers[s->send[0].peer];
+    msg_t *m = s->nsend ? &s->send[0] : &s->recv[0];
+    peer_t *p = &self->peers[m->peer];
+    if (p->shm) {
+        /* A send straight into the ring where it has room, a receive
+         * straight from it where its message is at the head: run()'s way,
+         * below, cost a small message a third more (it also waits: for
+         * room, for the message, and hands anything else at the head on) */
         p->head0 = *p->out.head;
         p->tail0 = *p->in.tail;
         p->next_id0 = p->next_id;
-        if (put(p, tag, 0, msg_bytes(&s->send[0], &b), s->send[0].nbytes)) return update_books(self) < 0 ? -1 : 1;
+        int done = s->nsend ? put(p, tag, 0, msg_bytes(m, &b), m->nbytes)
+                            : take(p, tag, 0, m, &b, m->reduce && self->op >= 0 ? kernels[self->dtype] : NULL, self->op,
+                                   self->itemsize) == TAKEN;
+        if (done) return update_books(self) < 0 ? -1 : 1;
     }
     outcome_t o;
     if (run_buffers(self, &b, 0, tag, 0, NULL, &o) < 0) return -1;
