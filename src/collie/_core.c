@@ -277,7 +277,7 @@ static void publish_slot(peer_t *p, header_t h) {
 
 /* Fill the next slot with header h and ``len`` payload bytes, publish it
  * and wake the reader; 0 if the ring is full. */
-static int write_slot(peer_t *p, header_t h, const void *payload, int64_t len) {
+static inline __attribute__((always_inline)) int write_slot(peer_t *p, header_t h, const void *payload, int64_t len) {
     char *slot = next_slot(p);
     if (!slot) return 0;
     if (len) memcpy(slot, payload, len);
@@ -381,7 +381,7 @@ static void free_head(peer_t *p, int64_t tail) {
  * then acknowledged). FOREIGN: something else is there (another tag, a
  * mismatch, several slots, a single copy of pieces), or its read failed:
  * Python's turn. */
-static int take(peer_t *p, int64_t tag, uint64_t meta, const msg_t *m, Py_buffer *bufs, kernel_t kernel, int op,
+static inline __attribute__((always_inline)) int take(peer_t *p, int64_t tag, uint64_t meta, const msg_t *m, Py_buffer *bufs, kernel_t kernel, int op,
                 int itemsize) {
     char *dst = msg_bytes(m, bufs);
     int64_t n = m->nbytes;
@@ -847,7 +847,7 @@ static int rings_free(CoreProgram *self) {
 }
 
 /* Tell the Python books where the rings are now (head and tail they cache). */
-static int update_books(CoreProgram *self) {
+static inline __attribute__((always_inline)) int update_books(CoreProgram *self) {
     for (int i = 0; i < self->npeers; i++) {
         peer_t *p = &self->peers[i];
         if (!p->shm) continue;
