@@ -813,7 +813,7 @@ class Comm(_Handled, _Attributed):
     # ---- point to point: objects ----
     #
     # send, isend, recv, irecv and sendrecv: where the compiled core is
-    # built, each is a _core.CommMethod (set after the class), which does
+    # built, each is a _core.CommMethod (set at the end of this module), which does
     # what the body here does up to the core's call, in C: a Python frame
     # and its argument handling were a fifth of a small exchange. Where the
     # core leaves the call, both go on in the same _..._rest method.
