@@ -846,6 +846,13 @@ static int rings_free(CoreProgram *self) {
     return ok;
 }
 
+/* Where a run starts, for update_books to tell what moved. */
+static inline void note_books(peer_t *p) {
+    p->head0 = *p->out.head;
+    p->tail0 = *p->in.tail;
+    p->next_id0 = p->next_id;
+}
+
 /* Tell the Python books where the rings are now (head and tail they cache). */
 static inline __attribute__((always_inline)) int update_books(CoreProgram *self) {
     for (int i = 0; i < self->npeers; i++) {
@@ -1054,14 +1061,12 @@ static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t ta
     for (int i = 0; i < self->npeers; i++) {
         peer_t *p = &self->peers[i];
         if (!p->shm) continue;
-        p->head0 = *p->out.head;
-        p->tail0 = *p->in.tail;
         if (p->rdv) {
             PyObject *v = slot_attr(p->out_obj, out_at, N_NEXT_ID);
             p->next_id = v ? PyLong_AsLongLong(v) : -1;
             if (PyErr_Occurred()) return -1;
         }
-        p->next_id0 = p->next_id;
+        note_books(p);
     }
     memset(self->rids, 0, (self->maxsend + 1) * sizeof(int64_t));
     int locals_done = 0, step;
@@ -1204,9 +1209,7 @@ static int move_bytes(CoreProgram *self, char *data, int64_t tag) {
          * straight from it where its message is at the head: run()'s way,
          * below, cost a small message a third more (it also waits: for
          * room, for the message, and hands anything else at the head on) */
-        p->head0 = *p->out.head;
-        p->tail0 = *p->in.tail;
-        p->next_id0 = p->next_id;
+        note_books(p);
         int done = s->nsend ? put(p, tag, 0, msg_bytes(m, &b), m->nbytes)
                             : take(p, tag, 0, m, &b, m->reduce && self->op >= 0 ? kernels[self->dtype] : NULL, self->op,
                                    self->itemsize) == TAKEN;
@@ -1982,20 +1985,53 @@ static const char *entry_params[NENTRIES][ENTRY_ARGS + 1] = {
 static PyObject *entry_param_names[NENTRIES][ENTRY_ARGS];  /* interned at import */
 static int entry_nparams[NENTRIES];                          /* counted then */
 
-/* Each parameter's default: None, False (async_op), ReduceOp.SUM (op), 0 (tag). */
-enum { IS_NONE, IS_FALSE, IS_SUM, IS_ZERO };
+/* Each parameter's default (see place_args): the tensors (both of the
+ * two-array kinds) required, None, False (async_op), ReduceOp.SUM (op), 0 (tag). */
+enum { IS_REQUIRED, IS_NONE, IS_FALSE, IS_SUM, IS_ZERO, IS_ANY };
 static const char entry_defaults[NENTRIES][ENTRY_ARGS] = {
-    {0, IS_SUM, IS_NONE, IS_FALSE, IS_NONE},
-    {0, IS_NONE, IS_NONE, IS_FALSE, IS_NONE, IS_NONE},
-    {0, IS_NONE, IS_SUM, IS_NONE, IS_FALSE, IS_NONE, IS_NONE},
-    {0, 0, IS_NONE, IS_FALSE, IS_NONE},
-    {0, 0, IS_SUM, IS_NONE, IS_FALSE, IS_NONE},
-    {0, 0, IS_NONE, IS_NONE, IS_NONE, IS_FALSE, IS_NONE},
-    {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
-    {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
-    {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
-    {0, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
+    {IS_REQUIRED, IS_SUM, IS_NONE, IS_FALSE, IS_NONE},
+    {IS_REQUIRED, IS_NONE, IS_NONE, IS_FALSE, IS_NONE, IS_NONE},
+    {IS_REQUIRED, IS_NONE, IS_SUM, IS_NONE, IS_FALSE, IS_NONE, IS_NONE},
+    {IS_REQUIRED, IS_REQUIRED, IS_NONE, IS_FALSE, IS_NONE},
+    {IS_REQUIRED, IS_REQUIRED, IS_SUM, IS_NONE, IS_FALSE, IS_NONE},
+    {IS_REQUIRED, IS_REQUIRED, IS_NONE, IS_NONE, IS_NONE, IS_FALSE, IS_NONE},
+    {IS_REQUIRED, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
+    {IS_REQUIRED, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
+    {IS_REQUIRED, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
+    {IS_REQUIRED, IS_NONE, IS_NONE, IS_ZERO, IS_NONE},
 };
+static PyObject *minus_one;  /* the int -1: MPI.ANY_SOURCE and MPI.ANY_TAG */
+
+/* A call's arguments into v[0..count) by a signature of ``count``
+ * interned parameter names: given positionally or by keyword (each once,
+ * known by identity: the keywords of a call in code are interned), else
+ * its default (``defaults``: IS_NONE, IS_FALSE, IS_SUM: ``sum``, IS_ZERO,
+ * IS_ANY: -1). 1, or 0 where the call does not fit (too many arguments, a
+ * keyword it does not know, a required one missing): then the caller's
+ * Python function takes the call, and explains. */
+static int place_args(PyObject *const *params, const char *defaults, int count, PyObject *sum,
+                      PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **v) {
+    if (nargs > count) return 0;
+    for (int i = 0; i < count; i++) v[i] = i < nargs ? args[i] : NULL;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        PyObject *kw = PyTuple_GET_ITEM(kwnames, j);
+        int at = -1;
+        for (int i = 0; i < count && at < 0; i++)
+            if (kw == params[i]) at = i;
+        if (at < 0 || v[at]) return 0;
+        v[at] = args[nargs + j];
+    }
+    for (int i = 0; i < count; i++) {
+        if (v[i]) continue;
+        char d = defaults[i];
+        v[i] = d == IS_NONE ? Py_None : d == IS_FALSE ? Py_False : d == IS_SUM ? sum : d == IS_ZERO ? zero
+             : d == IS_ANY ? minus_one : NULL;
+        if (!v[i]) return 0;  /* (required, or SUM not known yet) */
+    }
+    return 1;
+}
+
 /* Where each collective kind has its op (-1: none), group and async_op,
  * and the name its lanes are registered under (collectives.py's keys). */
 static const int entry_op_at[ENTRY_P2P] = {1, -1, 2, -1, 2, -1}, entry_group_at[ENTRY_P2P] = {2, 2, 3, 2, 3, 4},
@@ -2406,26 +2442,8 @@ out:
  * in): 1, or 0 where the entry leaves the call to the Python function (an
  * unknown or repeated keyword, a missing array...: it says what is wrong). */
 static int entry_parse(Entry *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **v) {
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    PyObject **params = entry_param_names[self->kind];
-    int count = entry_nparams[self->kind];
-    if (nargs < 1 || nargs > count) return 0;
-    for (Py_ssize_t i = 0; i < nargs; i++) v[i] = args[i];
-    for (Py_ssize_t j = 0; j < nkw; j++) {  /* keywords it knows, each once */
-        PyObject *kw = PyTuple_GET_ITEM(kwnames, j);
-        int at = -1;
-        for (int i = 0; i < count; i++)
-            if (kw == params[i]) { at = i; break; }
-        if (at < 0 || v[at]) return 0;
-        v[at] = args[nargs + j];
-    }
-    if (self->kind >= ENTRY_TWO_ARRAYS && self->kind < ENTRY_P2P && !v[1]) return 0;  /* no input */
-    for (int i = 1; i < count; i++) {
-        if (v[i]) continue;
-        char d = entry_defaults[self->kind][i];
-        v[i] = d == IS_FALSE ? Py_False : d == IS_SUM ? self->sum : d == IS_ZERO ? zero : Py_None;
-    }
-    return 1;
+    return nargs >= 1 && place_args(entry_param_names[self->kind], entry_defaults[self->kind],
+                                    entry_nparams[self->kind], self->sum, args, nargs, kwnames, v);
 }
 
 /* Run a collective's call (arguments ``v``) in its lane: 1 it ran (or
@@ -4268,12 +4286,13 @@ static PyObject *py_mpi_waitall(PyObject *self, PyObject *const *args, Py_ssize_
 
 /* ---- CommMethod: collie.MPI's object calls without a Python frame
  *
- * Comm.send, isend, recv, irecv and sendrecv (compat/mpi/comm.py) are
- * instances of this type where the core is built: a method descriptor
+ * Comm.send, isend, recv, irecv and sendrecv, and Intracomm.gather,
+ * reduce, scatter, scan and exscan (compat/mpi/comm.py) are instances of
+ * this type where the core is built: a method descriptor
  * (Py_TPFLAGS_METHOD_DESCRIPTOR: ``comm.isend(...)`` calls it with the
  * communicator first, making no bound method) that does what the Python
  * method's body does up to its core call (pickle, mpi_send, mpi_isend,
- * mpi_recv, mpi_irecv, mpi_exchange), then, where the core left the call,
+ * mpi_recv, mpi_irecv, mpi_exchange; the slot round: cm_rounds), then, where the core left the call,
  * the Python method's _..._rest. The Python frame and its argument
  * handling were a fifth of a small exchange. Anything unusual (arguments
  * it cannot place, PROC_NULL, a buffer given to recv, a subclass of Comm
@@ -4295,13 +4314,23 @@ static const char *cm_params[NCM][CM_ARGS + 1] = {
     {"sendobj", "op"},
     {"sendobj", "op"},
 };
-static const int cm_required[NCM] = {2, 2, 0, 0, 2, 1, 1, 0, 1, 1};
-/* the defaults: 'n' None, '0' the int 0, 'a' MPI.ANY_SOURCE or ANY_TAG (-1), 's' MPI.SUM; ' ' required */
-static const char cm_defaults[NCM][CM_ARGS + 1] = {"  0", "  0", "naan", "naa", "  0naan", " 0", " s0", "n0", " s",
-                                                   " s"};
+/* (place_args' defaults: IS_ANY is MPI.ANY_SOURCE or ANY_TAG, IS_SUM MPI.SUM) */
+#define R IS_REQUIRED
+static const char cm_defaults[NCM][CM_ARGS] = {
+    {R, R, IS_ZERO},
+    {R, R, IS_ZERO},
+    {IS_NONE, IS_ANY, IS_ANY, IS_NONE},
+    {IS_NONE, IS_ANY, IS_ANY},
+    {R, R, IS_ZERO, IS_NONE, IS_ANY, IS_ANY, IS_NONE},
+    {R, IS_ZERO},
+    {R, IS_SUM, IS_ZERO},
+    {IS_NONE, IS_ZERO},
+    {R, IS_SUM},
+    {R, IS_SUM},
+};
+#undef R
 static PyObject *cm_param_names[NCM][CM_ARGS];  /* interned at import */
 static int cm_nparams[NCM];
-static PyObject *minus_one;                   /* the int -1: MPI.ANY_SOURCE and MPI.ANY_TAG */
 static PyTypeObject *comm_type;               /* compat/mpi's Comm (set_comm) */
 static Py_ssize_t comm_at[NNAMES];
 static const int comm_names[] = {N_COMM_GROUP, N_COMM_MATCHER, -1};
@@ -4336,35 +4365,6 @@ static PyObject *py_set_ops(PyObject *self, PyObject *args) {
     Py_XSETREF(op_type, (PyTypeObject *)Py_NewRef(type));
     Py_XSETREF(op_sum, Py_NewRef(sum));
     Py_RETURN_NONE;
-}
-
-/* The call's arguments after the communicator into v[] (borrowed; the
- * defaults where not given): 1, or 0 where they do not fit the signature
- * (the Python method raises the TypeError). */
-static int cm_parse(CommMethod *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **v) {
-    int n = cm_nparams[self->kind];
-    if (nargs > n) return 0;
-    for (int i = 0; i < n; i++) v[i] = i < nargs ? args[i] : NULL;
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t k = 0; k < nkw; k++) {
-        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
-        int at = -1;
-        for (int i = 0; i < n && at < 0; i++)
-            if (key == cm_param_names[self->kind][i]) at = i;  /* (keywords in a call's code are interned) */
-        for (int i = 0; i < n && at < 0; i++)
-            if (PyUnicode_Check(key) && PyUnicode_Compare(key, cm_param_names[self->kind][i]) == 0) at = i;
-        if (PyErr_Occurred()) PyErr_Clear();
-        if (at < 0 || v[at]) return 0;
-        v[at] = args[nargs + k];
-    }
-    for (int i = 0; i < n; i++) {
-        if (v[i]) continue;
-        if (i < cm_required[self->kind]) return 0;
-        char d = cm_defaults[self->kind][i];
-        v[i] = d == 'n' ? Py_None : d == '0' ? zero : d == 's' ? op_sum : minus_one;
-        if (!v[i]) return 0;  /* (SUM unknown: set_ops not called) */
-    }
-    return 1;
 }
 
 /* A received object from mpi_recv's or mpi_exchange's ((fields), payload):
@@ -4418,7 +4418,7 @@ static PyObject *cm_rounds(CommMethod *self, PyObject *comm, PyObject *g, PyObje
     PyObject *world, *fn = NULL, *size = NULL, *rank = NULL, *slots = NULL, *dumps = NULL, *loads = NULL;
     PyObject *payload = NULL, *payloads = NULL, *got = NULL, *result = NULL;
     PyObject *live = live_group(g, &world);
-    if (!live || live != g) goto out;
+    if (!live) goto out;
     if (op && (!op_type || !Py_IS_TYPE(op, op_type) || !(fn = PyObject_GetAttr(op, names[N_PY])) || fn == Py_None))
         goto out;
     long long n, r, at = -1;
@@ -4468,13 +4468,11 @@ static PyObject *cm_rounds(CommMethod *self, PyObject *comm, PyObject *g, PyObje
         }
     }
     if (!result && !PyErr_Occurred()) {  /* (a payload larger than its slot, no lane, a refusal: the Python rest) */
-        PyObject *rest[] = {comm, g, k == CM_SCATTER ? payloads : payload, root, got == Py_None ? Py_False : got, fn};
-        if (rooted)
-            result = PyObject_Vectorcall(self->rest, rest, k == CM_REDUCE ? 6 : 5, NULL);
-        else {  /* scan, exscan: (g, payload, got, fn) */
-            PyObject *mine[] = {comm, g, payload, rest[4], fn};
-            result = PyObject_Vectorcall(self->rest, mine, 5, NULL);
-        }
+        PyObject *given = got == Py_None ? Py_False : got;
+        PyObject *rooted_rest[] = {comm, g, k == CM_SCATTER ? payloads : payload, root, given, fn};  /* (fn: reduce's) */
+        PyObject *scan_rest[] = {comm, g, payload, given, fn};
+        result = rooted ? PyObject_Vectorcall(self->rest, rooted_rest, k == CM_REDUCE ? 6 : 5, NULL)
+                        : PyObject_Vectorcall(self->rest, scan_rest, 5, NULL);
     }
 out:
     Py_XDECREF(live);
@@ -4494,7 +4492,8 @@ static PyObject *cm_call(CommMethod *self, PyObject *const *args, size_t nargsf,
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *v[CM_ARGS], *comm = nargs ? args[0] : NULL, *m = NULL, *g = NULL;
     int k = self->kind;
-    if (comm && comm_type && PyObject_TypeCheck(comm, comm_type) && cm_parse(self, args + 1, nargs - 1, kwnames, v)) {
+    if (comm && comm_type && PyObject_TypeCheck(comm, comm_type)
+        && place_args(cm_param_names[k], cm_defaults[k], cm_nparams[k], op_sum, args + 1, nargs - 1, kwnames, v)) {
         m = *(PyObject **)((char *)comm + comm_at[N_COMM_MATCHER]);
         g = *(PyObject **)((char *)comm + comm_at[N_COMM_GROUP]);
     }
@@ -4621,7 +4620,8 @@ static PyTypeObject CommMethodType = {
     .tp_name = "collie._core.CommMethod",
     .tp_basicsize = sizeof(CommMethod),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_doc = "CommMethod(kind, full, rest): Comm.<kind> (send, isend, recv, irecv, sendrecv) in C; see _core.c.",
+    .tp_doc = "CommMethod(kind, full, rest): an object call of collie.MPI's Comm (send, recv, gather...) in C; "
+              "see _core.c.",
     .tp_new = cm_new,
     .tp_traverse = (traverseproc)cm_traverse,
     .tp_clear = (inquiry)cm_clear,

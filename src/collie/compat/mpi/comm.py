@@ -929,9 +929,6 @@ class Comm(_Handled, _Attributed):
     Reduce_scatter = _by_kind("Reduce_scatter")
 
 
-Comm.bsend, Comm.ibsend = Comm.send, Comm.isend  # (the compiled ones where the core is built: see below)
-
-
 class _Refused:
     """What a root sends in place of the items it was given when they are
     wrong: every rank then raises the root's error, and the communicator
@@ -1608,7 +1605,7 @@ if core._core is not None:  # the object calls in C: see "point to point: object
                          (Intracomm, ("gather", "reduce", "scatter", "scan", "exscan"))):
         for _name in _names:
             setattr(_cls, _name, core._core.CommMethod(_name, _cls.__dict__[_name], getattr(_cls, f"_{_name}_rest")))
-    Comm.bsend, Comm.ibsend = Comm.send, Comm.isend
+Comm.bsend, Comm.ibsend = Comm.send, Comm.isend  # (buffered sends need no buffer here; the compiled ones where built)
 
 
 COMM_NULL = Comm(None)
