@@ -287,6 +287,82 @@ def test_a_single_copy_read_that_fails_fails_both_ends():
             or sender[0] == "PeerError" and "rank 1 reported" in sender[1] and "rank 0 died" in sender[1]), sender
 
 
+SHARED_CASES = [(dtype, op) for dtype in ("float32", "float64", "float16", "int64", "uint8")
+                for op in ("SUM", "MIN", "MAX", "PRODUCT", "BXOR")
+                if (op == "BXOR") == (dtype in ("int64", "uint8")) or op == "SUM"]
+
+
+def _values(dtype, count, seed):
+    """Random values of ``dtype`` with every special float value among them."""
+    rng = np.random.default_rng(seed)
+    if dtype.startswith("float"):
+        x = (rng.standard_normal(count) * 4).astype(dtype)
+    else:
+        x = rng.integers(0, 200, count).astype(dtype)
+    if dtype.startswith("float"):
+        special = _special(dtype)
+        x[rng.integers(0, count, 50 * len(special))] = np.tile(special, 50)
+    return x
+
+
+def _sharing_body(rank, size, hand_back):
+    """Reduces to rank 0 of messages that go single copy, for every case;
+    with ``hand_back`` the root waits for nothing in the core (its spin is
+    0), so it hands its wait for the writer's chunks to Python."""
+    import time
+
+    import collie
+    from collie.transports.shm import ShmTransport
+    counts = {"adopted": 0, "wrong": []}
+    adopt = ShmTransport.adopt_sharing
+
+    def counted(self, *args):
+        counts["adopted"] += 1
+        return adopt(self, *args)
+
+    ShmTransport.adopt_sharing = counted
+    collie.init_process_group()
+    try:
+        if hand_back and rank == 0:
+            core._core.set_thread_spin(0.0)
+        for k, (dtype, op) in enumerate(SHARED_CASES * 2):
+            count = (1 << 20) // 2 + 7 * k  # 9-17 chunks of 64 KiB; the last one short
+            mine = _values(dtype, count, 100 * k + rank)
+            x = mine.copy()
+            if rank == 0:
+                time.sleep(0.0005)  # the writer is waiting (in its core) when the offer goes up
+            collie.reduce(x, 0, op=getattr(collie.ReduceOp, op), algorithm="direct")
+            want = mine
+            if rank == 0:
+                want = mine.copy()
+                with np.errstate(all="ignore"):
+                    ops.kernel(getattr(ops.ReduceOp, op), dtype)(want, _values(dtype, count, 100 * k + 1))
+            if x.tobytes() != want.tobytes():
+                counts["wrong"].append((dtype, op))
+        counts["chunks"] = core._core.shared_chunks()
+        return counts
+    finally:
+        collie.destroy_process_group()
+
+
+@needs_core
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("hand_back", [False, True], ids=["in the core", "handed to python"])
+def test_a_combining_single_copy_read_is_shared_with_its_writer(hand_back):
+    """The root of a 2-rank reduce offers the writer chunks of each large
+    combining read (_core.c's read_shared), which the writer takes in its
+    core or, asleep there, in Python (shm.py's _help): the results are
+    NumPy's bit for bit (the root's value first, NaNs and signed zeros
+    included), whether the root waits for the writer's last chunks in the
+    core or hands that wait to Python (adopt_sharing)."""
+    root, writer = run_ranks(_sharing_body, 2, hand_back, init=False, timeout=150,
+                             env={"COLLIE_EXECUTOR": "c", "COLLIE_SHM_CMA_BYTES": str(256 << 10)})
+    assert root["wrong"] == [] and writer["wrong"] == [], (root, writer)
+    assert writer["chunks"] > 0 and root["chunks"] == 0, (root, writer)  # the writer did its share
+    if hand_back:
+        assert root["adopted"] > 0, root
+
+
 def _halves_body(rank, size, calls):
     import time
 

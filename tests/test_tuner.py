@@ -82,23 +82,25 @@ def test_all_reduce_bands_for_ranks_sharing_cores():
         ["tree", "tree", "tree", "ring"]
 
 
-def test_two_rank_all_reduce_from_2_mib_takes_dbtree_on_shm():
+def test_two_rank_all_reduce_takes_dbtree_at_2_mib_then_rabenseifner_on_shm():
     pick = lambda nbytes, transport="shm": default_choice("all_reduce", nbytes, 2, transport)
     assert [pick(n).algorithm for n in (64 * KiB, 512 * KiB, MiB, 2 * MiB, 4 * MiB, 64 * MiB)] == \
-        ["direct", "ring", "shm", "dbtree", "dbtree", "dbtree"]
-    assert pick(64 * MiB).segments == 32  # pipelined in 1 MiB messages
+        ["direct", "ring", "shm", "dbtree", "rabenseifner", "rabenseifner"]
+    assert pick(2 * MiB).segments == 1  # dbtree's two halves, 1 MiB each
     assert pick(4 * MiB, "tcp").algorithm == "rabenseifner"
 
 
 def test_two_rank_broadcast_and_reduce_take_dbtree_but_at_1_mib():
     """Over shm, dbtree's halves, one copied in while the other is copied
-    out: broadcast at 256 KiB-4 MiB, reduce from 256 KiB; not at 1 MiB,
-    where one whole message goes through the rings as its halves do."""
+    out: broadcast at 256 KiB-4 MiB, reduce at 256 KiB-1 MiB; not at 1 MiB,
+    where one whole message goes through the rings as its halves do. From
+    2 MiB reduce's messages go single copy, whose combining the root shares
+    with the sender (direct)."""
     pick = lambda collective, nbytes, transport="shm": default_choice(collective, nbytes, 2, transport).algorithm
     sizes = (128 * KiB, 256 * KiB, 512 * KiB, MiB, 2 * MiB, 4 * MiB, 64 * MiB)
     assert [pick("broadcast", n) for n in sizes] == \
         ["direct", "dbtree", "dbtree", "direct", "dbtree", "direct", "direct"]
-    assert [pick("reduce", n) for n in sizes] == ["tree", "dbtree", "dbtree", "tree", "dbtree", "dbtree", "dbtree"]
+    assert [pick("reduce", n) for n in sizes] == ["tree", "dbtree", "dbtree", "tree", "direct", "direct", "direct"]
     assert pick("broadcast", 256 * KiB, "tcp") == "direct" and pick("reduce", 256 * KiB, "tcp") == "tree"
 
 

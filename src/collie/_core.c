@@ -242,6 +242,8 @@ typedef struct {
     int sends, recvs;       /* the program sends to it, receives from it (in its own steps) */
     int64_t behind;         /* the last pass of a receive loop (CoreProgram.passes)
                                in which an earlier receive from it stayed open */
+    int64_t sharing[2];     /* the single-copy receive whose shared combining (read_shared) Python
+                               takes over: its id and the SHARE_DONE that completes it */
     int64_t full;           /* the last pass (CoreProgram.passes) of post_sends in which a send to
                                it found its ring full: the step's later sends to it wait too
                                (for a later pass, or for Python, which posts them in order) */
@@ -318,18 +320,154 @@ static int vm_move(int pid, char *local, int64_t address, int64_t n, int write) 
     return 0;
 }
 
-/* A single-copy message into dst: read whole, or (combining) a chunk at a
- * time into this thread's scratch, each combined in while it is in cache. */
+/* This thread's scratch for a chunk of a combining single-copy message. */
+static char *chunk_scratch(void) {
+    static __thread char *scratch;
+    if (!scratch && !(scratch = malloc(READ_CHUNK))) errno = ENOMEM;
+    return scratch;
+}
+
+/* Chunk k of a combining single-copy message of n bytes at ``address`` in
+ * process pid: read into this thread's scratch, then combined into dst's
+ * chunk k while it is in cache. */
+static int combine_chunk(int pid, char *dst, int64_t address, int64_t k, int64_t n, kernel_t kernel, int op,
+                         int itemsize) {
+    int64_t at = k * READ_CHUNK, len = n - at < READ_CHUNK ? n - at : READ_CHUNK;
+    char *scratch = chunk_scratch();
+    if (!scratch || vm_move(pid, scratch, address + at, len, 0)) return -1;
+    kernel(dst + at, scratch, len / itemsize, op);
+    return 0;
+}
+
+/* A single-copy message into dst: read whole, or (combining) a chunk at a time. */
 static int read_remote(int pid, char *dst, int64_t address, int64_t n, kernel_t kernel, int op, int itemsize) {
     if (!kernel) return vm_move(pid, dst, address, n, 0);
-    static __thread char *scratch;
-    if (!scratch && !(scratch = malloc(READ_CHUNK))) return -1;
-    for (int64_t at = 0; at < n; at += READ_CHUNK) {
-        int64_t len = n - at < READ_CHUNK ? n - at : READ_CHUNK;
-        if (vm_move(pid, scratch, address + at, len, 0)) return -1;
-        kernel(dst + at, scratch, len / itemsize, op);
-    }
+    for (int64_t k = 0; k * READ_CHUNK < n; k++)
+        if (combine_chunk(pid, dst, address, k, n, kernel, op, itemsize)) return -1;
     return 0;
+}
+
+/* ---- the shared combining read
+ *
+ * A combining single-copy read costs its reader three streams (the writer's
+ * bytes, its own buffer read and written back) while the writer's core
+ * idles until the acknowledgement: a 2-rank reduce is the root's work
+ * alone. So the reader of a large one offers its chunks to the writer, in
+ * the ring's offer line after the shared copy's four words (ring.py):
+ *
+ *     SHARE_RID    the rendezvous id of the message on offer
+ *     SHARE_ADDR   where the reader's buffer is (the reader's address)
+ *     SHARE_CLAIM  the chunks not taken yet, [lo, hi), and the id's low 16 bits
+ *     SHARE_DONE   id << 24 | chunks the writer has combined (SHARE_FAILED: it could not)
+ *
+ * The reader takes chunks from the bottom and the writer from the top, each
+ * by a compare-and-swap of SHARE_CLAIM, until they meet: neither waits for
+ * the other to start, a busy writer only means no help, and each side's
+ * share follows its speed. The writer reads a chunk of the reader's buffer,
+ * combines its own bytes into it (in the order the reader would: the
+ * reader's value first), writes it back, and counts it in SHARE_DONE; the
+ * reader acknowledges the message once the count is all the writer took.
+ * The id's bits in SHARE_CLAIM keep a late writer off a later offer. A
+ * writer that stalls mid-chunk (descheduled, stopped, dead) leaves the
+ * reader waiting, which the core does only for as long as it spins: then
+ * it hands the receive to Python as a request in the transport's books
+ * (adopt_shared_combine), where timeouts and dead peers are watched. */
+enum { SHARE_RID, SHARE_ADDR, SHARE_CLAIM, SHARE_DONE };
+static double now_seconds(void);
+#define SHARE_CHUNKS 4                 /* a combining read of fewer chunks is not offered */
+#define SHARE_FAILED 0xffffff          /* SHARE_DONE's count when the writer could not */
+/* SHARE_CLAIM: lo and hi (24 bits each), the id's low 8 bits, and the
+ * combine (dtype << 3 | op), so that a writer needs nothing of its own
+ * program (shm.py's _help takes offers through help_combine() too). */
+#define CLAIM(lo, hi, rid, kind) \
+    ((int64_t)((uint64_t)(lo) | (uint64_t)(hi) << 24 | ((uint64_t)(rid) & 0xff) << 48 | (uint64_t)(kind) << 56))
+#define CLAIM_LO(c) ((int64_t)((uint64_t)(c) & 0xffffff))
+#define CLAIM_HI(c) ((int64_t)((uint64_t)(c) >> 24 & 0xffffff))
+#define CLAIM_RID(c) ((uint64_t)(c) >> 48 & 0xff)
+#define CLAIM_KIND(c) ((int)((uint64_t)(c) >> 56))
+
+/* The ring's four share words (after the shared copy's in its offer line). */
+static int64_t *share_words(ring_t *r) { return r->acks + ACKS + 4; }
+
+static int shareable(int64_t n) { return n >= SHARE_CHUNKS * READ_CHUNK && n / READ_CHUNK < SHARE_FAILED; }
+
+/* The reader's side: combine single-copy message ``rid`` (n bytes at
+ * ``address`` in the writer) into dst with kernels[dtype] and ``op``,
+ * offering the writer its chunks. 0: all combined; 1: the writer's last
+ * chunks are still under way after ``spin`` seconds without progress, or
+ * it failed (*expect: the SHARE_DONE that will say they are in); -1 (errno
+ * set): a read failed. The first chunk is read before anything is
+ * offered, so a message that cannot be read at all leaves nothing shared
+ * (Python reads it again and says why). */
+static int read_shared(peer_t *p, char *dst, int64_t address, int64_t n, int64_t rid, int dtype, int op,
+                       double spin, int64_t *expect) {
+    kernel_t kernel = kernels[dtype];
+    int itemsize = itemsizes[dtype], kind = dtype << 3 | op;
+    int64_t chunks = (n + READ_CHUNK - 1) / READ_CHUNK, *w = share_words(&p->in);
+    if (combine_chunk(p->pid, dst, address, 0, n, kernel, op, itemsize)) return -1;
+    __atomic_store_n(&w[SHARE_ADDR], (int64_t)(uintptr_t)dst, __ATOMIC_RELAXED);
+    __atomic_store_n(&w[SHARE_CLAIM], CLAIM(1, chunks, rid, kind), __ATOMIC_RELAXED);
+    __atomic_store_n(&w[SHARE_RID], rid, __ATOMIC_RELEASE);
+    wake(p);  /* a writer asleep in Python takes offers too */
+    int64_t c = __atomic_load_n(&w[SHARE_CLAIM], __ATOMIC_ACQUIRE);
+    while (CLAIM_LO(c) < CLAIM_HI(c)) {
+        int64_t lo = CLAIM_LO(c);
+        if (!__atomic_compare_exchange_n(&w[SHARE_CLAIM], &c, CLAIM(lo + 1, CLAIM_HI(c), rid, kind), 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;  /* c is the word now */
+        if (combine_chunk(p->pid, dst, address, lo, n, kernel, op, itemsize)) return -1;
+        c = __atomic_load_n(&w[SHARE_CLAIM], __ATOMIC_ACQUIRE);
+    }
+    int64_t theirs = chunks - CLAIM_HI(c);
+    *expect = rid << 24 | theirs;
+    if (!theirs) return 0;
+    int64_t seen = -1;
+    double deadline = 0;
+    for (;;) {
+        int64_t done = __atomic_load_n(&w[SHARE_DONE], __ATOMIC_ACQUIRE);
+        if (done == *expect) return 0;
+        if (done == (rid << 24 | SHARE_FAILED)) return 1;  /* Python says why */
+        double t = now_seconds();
+        if (done != seen) { seen = done; deadline = t + spin; }
+        else if (t >= deadline) return 1;
+        __builtin_ia32_pause();
+    }
+}
+
+static int64_t chunks_helped;  /* by this process (shared_chunks()) */
+
+/* The writer's side: take the chunks that the reader of our single-copy
+ * send ``rid`` (the n bytes at ``ours``) offers in share words w, from the
+ * top, until none is left; each is read from the reader's buffer (process
+ * pid), our bytes combined into it (the reader's value first, as the
+ * reader would) and written back. Whether it took any (then wake the
+ * reader: one that handed its wait to Python sleeps on its doorbell). */
+static int combine_for_reader(int pid, int64_t *w, int64_t rid, const char *ours, int64_t n) {
+    if (__atomic_load_n(&w[SHARE_RID], __ATOMIC_ACQUIRE) != rid) return 0;
+    int64_t address = __atomic_load_n(&w[SHARE_ADDR], __ATOMIC_RELAXED);
+    int64_t done = __atomic_load_n(&w[SHARE_DONE], __ATOMIC_RELAXED);
+    int64_t count = done >> 24 == rid ? done & SHARE_FAILED : 0;
+    int64_t c = __atomic_load_n(&w[SHARE_CLAIM], __ATOMIC_ACQUIRE);
+    int dtype = CLAIM_KIND(c) >> 3, op = CLAIM_KIND(c) & 7, took = 0;
+    char *scratch = chunk_scratch();
+    if (count == SHARE_FAILED || !scratch || dtype >= NDTYPES || !supported(dtype, op)) return 0;
+    while (CLAIM_RID(c) == ((uint64_t)rid & 0xff) && CLAIM_LO(c) < CLAIM_HI(c)) {
+        int64_t hi = CLAIM_HI(c) - 1;
+        if (!__atomic_compare_exchange_n(&w[SHARE_CLAIM], &c, CLAIM(CLAIM_LO(c), hi, rid, CLAIM_KIND(c)), 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;  /* c is the word now */
+        int64_t at = hi * READ_CHUNK, len = n - at < READ_CHUNK ? n - at : READ_CHUNK;
+        int failed = vm_move(pid, scratch, address + at, len, 0);
+        if (!failed) {
+            kernels[dtype](scratch, ours + at, len / itemsizes[dtype], op);
+            failed = vm_move(pid, scratch, address + at, len, 1);
+        }
+        count = failed ? SHARE_FAILED : count + 1;
+        chunks_helped += !failed;
+        __atomic_store_n(&w[SHARE_DONE], rid << 24 | count, __ATOMIC_RELEASE);
+        took = 1;
+        if (failed) break;
+        c = __atomic_load_n(&w[SHARE_CLAIM], __ATOMIC_ACQUIRE);
+    }
+    return took;
 }
 
 /* A message of a program's step: ``nbytes`` at ``off`` in buffer ``buf``
@@ -365,7 +503,7 @@ static void scatter_pieces(const msg_t *m, Py_buffer *bufs, const char *src, ker
     }
 }
 
-enum { TAKEN, EMPTY, FOREIGN };  /* what take() found */
+enum { TAKEN, EMPTY, FOREIGN, SHARING };  /* what take() found */
 
 /* Free the slot at the head of ``p``'s ring (its ``tail``), as ring.freed()
  * does: wake the writer if it may have found the ring full. */
@@ -380,9 +518,12 @@ static void free_head(peer_t *p, int64_t tail) {
  * single copy: copy or combine it into its place (a single-copy one is
  * then acknowledged). FOREIGN: something else is there (another tag, a
  * mismatch, several slots, a single copy of pieces), or its read failed:
- * Python's turn. */
+ * Python's turn. With ``share`` >= 0 a large combining single copy is
+ * shared with its writer (read_shared); SHARING: the writer's part is still
+ * under way after ``share`` seconds without progress, and p->sharing says
+ * which (the slot is freed, the acknowledgement is not sent). */
 static inline __attribute__((always_inline)) int take(peer_t *p, int64_t tag, uint64_t meta, const msg_t *m, Py_buffer *bufs, kernel_t kernel, int op,
-                int itemsize) {
+                int itemsize, int dtype, double share) {
     char *dst = msg_bytes(m, bufs);
     int64_t n = m->nbytes;
     ring_t *r = &p->in;
@@ -397,8 +538,16 @@ static inline __attribute__((always_inline)) int take(peer_t *p, int64_t tag, ui
     if (h.offset == RDV && h.frag == 2 * sizeof(int64_t) && p->pid && !m->npieces) {
         int64_t body[2];
         memcpy(body, src, sizeof body);
-        if (read_remote(p->pid, dst, body[0], n, kernel, op, itemsize)) return FOREIGN;
         rid = body[1];
+        if (kernel && share >= 0 && shareable(n)) {
+            int got = read_shared(p, dst, body[0], n, rid, dtype, op, share, &p->sharing[1]);
+            if (got < 0) return FOREIGN;
+            if (got) {
+                p->sharing[0] = rid;
+                free_head(p, tail);
+                return SHARING;
+            }
+        } else if (read_remote(p->pid, dst, body[0], n, kernel, op, itemsize)) return FOREIGN;
     } else if (h.offset != 0 || h.frag != n) {
         return FOREIGN;
     } else if (m->npieces) {
@@ -441,6 +590,7 @@ typedef struct {
     int64_t passes;         /* passes of the receive loops so far (see peer_t.behind) */
     int64_t *rids;          /* the step's single-copy sends in flight: rids[j] for send j (0: none) */
     char *envelope;         /* a one-message program's own copy of its message (send_envelope) */
+    int sharing;            /* the step's receive whose shared combining Python takes over (-1: none) */
 } CoreProgram;
 
 /* A program refers to the rings' Python ends and their transport, which may
@@ -896,6 +1046,27 @@ static PyObject *adopt_inflight(CoreProgram *self, Py_buffer *bufs, int step, in
     return inflight ? inflight : Py_NewRef(no_requests);
 }
 
+/* The receive of ``step`` whose writer was still combining its part of
+ * the message (read_shared) when the core handed back: put in the
+ * transport's books (its adopt_sharing), and its request added to
+ * ``inflight`` (a new reference, or NULL; ``inflight``'s is taken). */
+static PyObject *adopt_sharing(CoreProgram *self, Py_buffer *bufs, int step, int64_t tag, uint64_t meta,
+                               PyObject *inflight) {
+    msg_t *m = &self->steps[step].recv[self->sharing];
+    peer_t *p = &self->peers[m->peer];
+    self->sharing = -1;
+    PyObject *dst = PyMemoryView_FromMemory(msg_bytes(m, bufs), m->nbytes, PyBUF_WRITE);
+    PyObject *req = dst ? PyObject_CallMethod(self->transport, "adopt_sharing", "OLLOLK", p->in_obj,
+                                              (long long)p->sharing[0], (long long)p->sharing[1], dst,
+                                              (long long)tag, (unsigned long long)meta) : NULL;
+    Py_XDECREF(dst);
+    PyObject *all = req ? PySequence_List(inflight) : NULL;
+    if (all && PyList_Append(all, req) < 0) Py_CLEAR(all);
+    Py_XDECREF(req);
+    Py_DECREF(inflight);
+    return all;
+}
+
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -959,6 +1130,35 @@ static int post_sends(CoreProgram *self, step_t *s, Py_buffer *bufs, int64_t tag
 
 static int envelope_aside(peer_t *p, gil_t *gil);  /* (the MPI layer's, below) */
 
+/* The writer's side of shm.py's shared copy (a plain single-copy read,
+ * done by Python's executor): if the reader offers the second half of one
+ * of our sends to that peer still in flight, and we take its token first,
+ * write that half into the reader's buffer (shm.py's _help). 1 if it took
+ * the offer. */
+static int help_copy(CoreProgram *self, step_t *s, int j, Py_buffer *bufs) {
+    peer_t *p = &self->peers[s->send[j].peer];
+    int64_t *offer = p->out.acks + ACKS;  /* id, address, split, done word; the token on the next line */
+    if (__atomic_load_n(&offer[0], __ATOMIC_ACQUIRE) != self->rids[j]) return 0;
+    if (sem_trywait((sem_t *)(offer + LINE / 8))) return 0;
+    int64_t rid = __atomic_load_n(&offer[0], __ATOMIC_ACQUIRE);  /* read after the take */
+    int64_t address = offer[1], split = offer[2];
+    int k = 0;
+    while (k < s->nsend && !(self->rids[k] == rid && s->send[k].peer == s->send[j].peer)) k++;
+    int ok = k < s->nsend && split >= 0 && split <= s->send[k].nbytes
+             && !vm_move(p->pid, msg_bytes(&s->send[k], bufs) + split, address + split, s->send[k].nbytes - split, 1);
+    __atomic_store_n(&offer[3], ok ? rid : -rid, __ATOMIC_RELEASE);  /* -rid: the reader copies it itself */
+    wake(p);
+    return 1;
+}
+
+/* combine_for_reader() for our single-copy send m, whose id is ``rid``. */
+static int help_combine(CoreProgram *self, const msg_t *m, Py_buffer *bufs, int64_t rid) {
+    peer_t *p = &self->peers[m->peer];
+    if (!combine_for_reader(p->pid, share_words(&p->out), rid, msg_bytes(m, bufs), m->nbytes)) return 0;
+    wake(p);
+    return 1;
+}
+
 /* This thread's own bound on a receive's spin (seconds; < 0: none): see
  * set_thread_spin(). */
 static __thread double thread_spin = -1;
@@ -978,6 +1178,10 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
     double spin = spin_of(self);
     int crowded = self->crowded;
     kernel_t kernel = self->op >= 0 ? kernels[self->dtype] : NULL;
+    /* Large combining reads are shared with their writers (read_shared)
+     * where each rank has a core: where ranks share cores the writer's
+     * core is not idle, it is the reader's. */
+    double share = crowded ? -1 : spin;
     for (int i = start; i < self->nsteps; i++) {
         step_t *s = &self->steps[i];
         *locals_done = 0;
@@ -1011,6 +1215,8 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
             for (int j = 0; unacked && j < s->nsend; j++) {
                 int64_t rid = self->rids[j];
                 if (!rid) continue;
+                if ((share >= 0 && help_combine(self, &s->send[j], bufs, rid))
+                    || help_copy(self, s, j, bufs)) moved = 1;
                 int64_t got = __atomic_load_n(&self->peers[s->send[j].peer].out.acks[rid % ACKS], __ATOMIC_ACQUIRE);
                 if (got == rid) { self->rids[j] = 0; unacked--; moved = 1; }
                 else if (got == -rid) return i;  /* the reader could not: Python says why */
@@ -1025,8 +1231,14 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
                  * one must not take the message meant for the earlier (two
                  * halves of one size would land swapped). */
                 if (p->behind == pass) continue;
-                int got = take(p, tag, meta, m, bufs, m->reduce ? kernel : NULL, self->op, self->itemsize);
+                int got = take(p, tag, meta, m, bufs, m->reduce ? kernel : NULL, self->op, self->itemsize, self->dtype,
+                               share);
                 if (got == TAKEN) { *mask |= bit; open--; moved = 1; }
+                else if (got == SHARING) {  /* Python waits for the writer's part (adopt_sharing) */
+                    *mask |= bit;
+                    self->sharing = j;
+                    return i;
+                }
                 else if (got == FOREIGN) {  /* an MPI envelope goes to its matcher; anything else is Python's */
                     if (envelope_aside(p, gil) <= 0) return i;
                     moved = 1;
@@ -1069,6 +1281,7 @@ static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t ta
         note_books(p);
     }
     memset(self->rids, 0, (self->maxsend + 1) * sizeof(int64_t));
+    self->sharing = -1;
     int locals_done = 0, step;
     uint64_t mask = 0;
     /* The caller holds the network's lock: no Python end moves meanwhile.
@@ -1085,6 +1298,7 @@ static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t ta
         return -1;
     }
     PyObject *inflight = step < self->nsteps ? adopt_inflight(self, bufs, step, tag, meta) : Py_NewRef(no_requests);
+    if (inflight && self->sharing >= 0) inflight = adopt_sharing(self, bufs, step, tag, meta, inflight);
     if (gil.failed) {
         Py_XDECREF(inflight);
         PyErr_Restore(exc_type, exc, tb);
@@ -1212,7 +1426,7 @@ static int move_bytes(CoreProgram *self, char *data, int64_t tag) {
         note_books(p);
         int done = s->nsend ? put(p, tag, 0, msg_bytes(m, &b), m->nbytes)
                             : take(p, tag, 0, m, &b, m->reduce && self->op >= 0 ? kernels[self->dtype] : NULL, self->op,
-                                   self->itemsize) == TAKEN;
+                                   self->itemsize, self->dtype, -1) == TAKEN;
         if (done) return update_books(self) < 0 ? -1 : 1;
     }
     outcome_t o;
@@ -4651,7 +4865,30 @@ static PyObject *comm_attr(PyObject *comm, int name, int method) {
 static PyObject *py_comm_rank(PyObject *self, PyObject *comm) { return comm_attr(comm, N_RANK, N_GET_RANK); }
 static PyObject *py_comm_size(PyObject *self, PyObject *comm) { return comm_attr(comm, N_SIZE, N_GET_SIZE); }
 
+static PyObject *py_shared_chunks(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(chunks_helped); }
+
+/* help_combine(pid, share, rid, data) -> whether it took chunks: shm.py's
+ * writer taking a shared combining offer (combine_for_reader; ``share``:
+ * the address of the ring's share words). */
+static PyObject *py_help_combine(PyObject *self, PyObject *args) {
+    int pid;
+    unsigned long long share;
+    long long rid;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "iKLy*", &pid, &share, &rid, &data)) return NULL;
+    int took;
+    Py_BEGIN_ALLOW_THREADS
+    took = combine_for_reader(pid, (int64_t *)(uintptr_t)share, rid, data.buf, data.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    return PyBool_FromLong(took);
+}
+
 static PyMethodDef methods[] = {
+    {"help_combine", py_help_combine, METH_VARARGS,
+     "help_combine(pid, share, rid, data) -> whether it combined chunks of send rid's reader (read_shared)."},
+    {"shared_chunks", py_shared_chunks, METH_NOARGS,
+     "shared_chunks() -> the chunks this process combined into its readers' buffers (read_shared)."},
     {"vm_read", py_vm_read, METH_VARARGS, "vm_read(pid, dst, address): fill dst from address in process pid."},
     {"vm_write", py_vm_write, METH_VARARGS, "vm_write(pid, address, src): all of src to address in process pid."},
     {"pack_slots", py_pack_slots, METH_VARARGS,

@@ -96,11 +96,12 @@ def choose(environ=os.environ) -> tuple[str, str]:
     return "c", "the compiled core (collie._core)"
 
 
-# A message of at least this size in a step that only sends or only
-# receives (a broadcast's, a scatter's) is left to Python's executor: its
-# reader offers the writer half of the copy (the shared copy, shm.py), so
-# that both ranks copy, which the core does not do. Smaller ones are worth
-# more in the core than the half copy saves. (The transport's own bound.)
+# A plain receive of at least this size in a step that only receives (a
+# broadcast's, a scatter's) is left to Python's executor: it offers the
+# writer half of the copy (the shared copy, shm.py), so that both ranks
+# copy; the core's reader does not offer, though its writer takes such
+# offers (_core.c's help_copy). Smaller ones are worth more in the core
+# than the half copy saves. (The transport's own bound.)
 SHARED_COPY_BYTES = SHARED_READ_BYTES
 
 
@@ -198,8 +199,8 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
                 nbytes = hi - lo
                 if ring is not None and _how(network, ring, nbytes, receiving) == "slots":
                     python = True  # several slots: Python's (single copy is the core's too)
-                elif ring is not None and nbytes >= SHARED_COPY_BYTES and combine is None \
-                        and not (recvs if not receiving else sends):
+                elif receiving and ring is not None and nbytes >= SHARED_COPY_BYTES and combine is None \
+                        and not sends:
                     python = True  # one way and large: Python's, for the shared copy
                 core_msgs.append((k, -1 if buf is None else buffer(buf, hi, receiving), lo, nbytes,
                                   int(combine is not None)))

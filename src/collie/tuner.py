@@ -196,13 +196,20 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
                 return Choice("ring", 1, "two ranks, mid size: halves both ways, two steps")
             if shm and nbytes < 2 * MiB:
                 return Choice("shm", 1, "two ranks on one host: one-sided reads of the halves")
-            if shm:
+            if shm and nbytes < 4 * MiB:
                 # 2026-11-27 (docs/performance.md, "The tuner after the
-                # threshold"): dbtree 0.7-0.8x rabenseifner's time at 4, 8, 16
-                # and 64 MiB in three `--algo all` runs; at 2 MiB the shared
-                # windows took 83-89 us in two runs and 312-369 in the seven
-                # others (dbtree 107-164).
-                return Choice("dbtree", segs, "two ranks, large message: two pipelined halves")
+                # threshold"): at 2 MiB the shared windows took 83-89 us in
+                # two runs and 312-369 in the seven others (dbtree 107-164).
+                # 2026-11-29, two alternating pairs: 569-587 against
+                # rabenseifner's 600-651.
+                return Choice("dbtree", segs, "two ranks, 2-4 MiB: two pipelined halves")
+            # From 4 MiB, since the combining single-copy reads are shared
+            # with their writers (_core.c's read_shared), two alternating
+            # pairs of 15-20 calls each (2026-11-29): 4 MiB 783-823 us
+            # against dbtree's 1100-1183, 8 MiB 1093-1332 against 2151-2420,
+            # 16 MiB 2162-2576 against 3762-4841, 64 MiB 17.7-20.0 ms against
+            # 22.7-23.4 (tree 16.1-18.6). (On 2026-11-27, before the sharing
+            # and on another VM, dbtree took 0.7-0.8x rabenseifner's time.)
             return Choice("rabenseifner", 1, "large message: reduce-scatter then all-gather, single copy")
         if shm and nbytes < 64 * KiB and nranks & (nranks - 1) == 0:
             return Choice("recursive_doubling", 1, "small message, 2^k ranks: log2(n) exchanges, each rank busy in every one")
@@ -277,8 +284,17 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
             return Choice("direct" if nranks <= 4 else "tree", 1, "few ranks or small message: fewest steps")
         return Choice("tree", segs, "pipelined binomial tree")
     if collective == "reduce":
-        if few and shm and (256 * KiB <= nbytes < 1 * MiB or nbytes >= 2 * MiB):
-            return Choice("dbtree", segs, "two ranks from 256 KiB but 1 MiB: two halves, one copied in "
+        # Two ranks from 2 MiB (2026-11-29, three alternating pairs of 20
+        # calls): direct's messages of 2 MiB go single copy, whose
+        # combining the root shares with the sender (_core.c's
+        # read_shared): 4 MiB 0.50-0.52 ms against dbtree's 0.64-0.80, 16
+        # MiB 1.76-1.93 against 2.22-3.02, 64 MiB 11.2-12.6 against
+        # 11.5-14.4.
+        if few and shm and nbytes >= 2 * MiB:
+            return Choice("direct", segs, "two ranks from 2 MiB: single copy, the combining shared "
+                                          "with the sender")
+        if few and shm and 256 * KiB <= nbytes < 1 * MiB:
+            return Choice("dbtree", segs, "two ranks, 256 KiB-1 MiB: two halves, one copied in "
                                           "while the other is combined")
         if mid and 512 * KiB <= nbytes < 1 * MiB:
             return Choice("dbtree", 1, "three or four ranks, 512 KiB-1 MiB: two half-size trees")

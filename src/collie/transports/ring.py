@@ -9,6 +9,8 @@ reads, in the reader's segment (shm.py)::
           fragment offset, fragment nbytes
     then  64 acknowledgement words (int64) for single-copy messages
     then  the shared-copy offer: rendezvous id, address, split, done word,
+          then the shared combining's four words (_core.c's read_shared:
+          id, address, chunks not taken, chunks the writer combined),
           and a one-token semaphore (see "Single copy")
     page  the slots' payloads, ``slot_bytes`` each
 
@@ -148,6 +150,8 @@ class Ring:
         # The shared-copy offer: id, reader's address, split, done word; the token after it.
         self.offer_at = self.headers + slots * LINE + ACKS * 8
         self.offer = np.frombuffer(mm, np.int64, 4, self.offer_at)
+        self.share = np.frombuffer(mm, np.int64, 4, self.offer_at + 32)  # the compiled core's (read_shared)
+        self.share_address = self.share.ctypes.data
         self.token_at = self.offer_at + LINE
         payloads = base + ring_header_bytes(slots)
         self.offsets = [payloads + k * slot_bytes for k in range(slots)]
@@ -162,7 +166,7 @@ class Ring:
             self.head.release()
             self.tail.release()
         self.payload = []
-        self.head = self.tail = self.acks = self.offer = self.mm = None
+        self.head = self.tail = self.acks = self.offer = self.share = self.mm = None
 
 
 class Send(Request):

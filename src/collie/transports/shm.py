@@ -92,6 +92,8 @@ SHARED_READ_BYTES = 2 << 20       # a plain single-copy receive shares its read 
                                   # one-way messages to Python from here)
 
 _MASK64 = (1 << 64) - 1
+SHARE_FAILED = 0xffffff           # the count in the shared combining's done word when the writer could
+                                  # not combine its chunks (_core.c's read_shared)
 _CMA_CHUNK = 256 * 1024           # a combining receive reads this much at a time, then combines
 
 
@@ -392,6 +394,17 @@ class ShmTransport(Transport):
         req = Send(inb.peer, tag, data, meta)
         out.pending[rid] = req
         self._mark_sending(out)
+        return req
+
+    def adopt_sharing(self, inb: In, rid: int, expect: int, dst: memoryview, tag: int, meta: int) -> Recv:
+        """The compiled core combined its part of single-copy message
+        ``rid`` (from ``inb``'s peer) into ``dst`` and handed back while the
+        writer was still combining the rest (_core.c's read_shared): enter
+        it in the books, to complete once the writer's done word reads
+        ``expect``, and return its request."""
+        req = Recv(inb.peer, tag, dst, None, meta)
+        inb.shared.append((req, rid, expect))
+        self._mark_busy(inb)
         return req
 
     def _take_waiting(self, inb: In, req: Recv) -> bool:
@@ -699,10 +712,14 @@ class ShmTransport(Transport):
         return True
 
     def _shared_done(self, inb: In) -> bool:
-        """Complete the receives whose second half the writer has copied."""
+        """Complete the receives whose second half the writer has copied,
+        and those whose chunks the writer has combined (adopt_sharing)."""
         done = inb.ring.offer.item(3)
         moved = False
         for entry in list(inb.shared):
+            if len(entry) == 3:  # the compiled core's shared combining
+                moved |= self._sharing_done(inb, entry)
+                continue
             req, rid, nbytes, address, split, failed = entry
             if done != rid and done != -rid:
                 continue
@@ -721,9 +738,32 @@ class ShmTransport(Transport):
             moved = True
         return moved
 
+    def _sharing_done(self, inb: In, entry: tuple) -> bool:
+        """Complete an adopted receive (adopt_sharing) once the writer has
+        combined its last chunk, or failed."""
+        req, rid, expect = entry
+        done = inb.ring.share.item(3)
+        if done != expect and done != (rid << 24 | SHARE_FAILED):
+            return False
+        inb.shared.remove(entry)
+        if done != expect:
+            req.error = CollieError(f"rank {inb.peer} could not combine its part of a {req.nbytes}-byte "
+                                    f"message into the memory of rank {self.rank}")
+        else:
+            req.done = True
+        acknowledge(inb, rid, done == expect)
+        return True
+
     def _help(self, out: Out) -> bool:
         """Take the reader's offer of a shared copy, if one is up for one of
-        our pending sends, and write its second half into the reader."""
+        our pending sends, and write its second half into the reader; or
+        chunks of the compiled core's shared combining (_core.c's
+        read_shared), which the core combines for us."""
+        rid = out.ring.share.item(0)
+        if rid in out.pending and cma._core is not None \
+                and cma._core.help_combine(out.pid, out.ring.share_address, rid, out.pending[rid].data):
+            out.bell.wake()  # wake the reader, if it sleeps
+            return True
         offer = out.ring.offer
         if offer.item(0) not in out.pending or not out.token.wait(0):
             return False
