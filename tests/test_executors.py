@@ -287,6 +287,75 @@ def test_a_single_copy_read_that_fails_fails_both_ends():
             or sender[0] == "PeerError" and "rank 1 reported" in sender[1] and "rank 0 died" in sender[1]), sender
 
 
+SEVERAL_SLOTS = {"COLLIE_SHM_SLOT_BYTES": "4096", "COLLIE_SHM_SLOTS": "2", "COLLIE_SHM_CMA_BYTES": "0"}
+
+
+def _several_slots_body(rank, size, hand_back):
+    """Collectives whose messages take 2 to 60 slots of 4 KiB in rings of
+    two: each writer waits for room between fragments, each reader for the
+    next fragment. With ``hand_back`` rank 0's core waits for nothing (its
+    spin is 0), so it hands messages it has half written or half taken to
+    Python again and again. Returns the cases that went wrong and how
+    often each side's books adopted a message where it stood."""
+    import collie
+    from collie.transports.shm import ShmTransport
+    counts = {"send": 0, "recv": 0, "wrong": []}
+    adopt_send, adopt_recv = ShmTransport.adopt_partial_send, ShmTransport.adopt_partial_recv
+
+    def counted_send(self, *args):
+        counts["send"] += 1
+        return adopt_send(self, *args)
+
+    def counted_recv(self, *args):
+        counts["recv"] += 1
+        return adopt_recv(self, *args)
+
+    ShmTransport.adopt_partial_send, ShmTransport.adopt_partial_recv = counted_send, counted_recv
+    collie.init_process_group()
+    try:
+        if hand_back and rank == 0:
+            core._core.set_thread_spin(0.0)
+        rng = np.random.default_rng(5)
+        for k in range(12):
+            dtype = ("float64", "int32", "float32")[k % 3]
+            count = int(rng.integers(2 * 4096, 60 * 4096) // np.dtype(dtype).itemsize) + k  # not whole slots
+            xs = [np.arange(count, dtype=dtype) * (r + 1) + k for r in range(size)]
+            x = xs[rank].copy()
+            collie.all_reduce(x, op=collie.ReduceOp.MAX if k % 4 == 3 else collie.ReduceOp.SUM,
+                              algorithm=("ring", "direct", "dbtree", "rabenseifner")[k % 4])
+            want = np.maximum.reduce(xs) if k % 4 == 3 else sum(xs[1:], xs[0].copy())
+            if not np.array_equal(x, want):
+                counts["wrong"].append(("all_reduce", k))
+            y = xs[rank].copy()
+            collie.broadcast(y, src=k % size, algorithm=("direct", "dbtree")[k % 2])
+            if not np.array_equal(y, xs[k % size]):
+                counts["wrong"].append(("broadcast", k))
+            out = np.empty(count * size, dtype)
+            collie.all_gather_into_tensor(out, xs[rank])
+            if not np.array_equal(out, np.concatenate(xs)):
+                counts["wrong"].append(("all_gather", k))
+        return counts
+    finally:
+        collie.destroy_process_group()
+
+
+@needs_core
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("hand_back", [False, True], ids=["in the core", "handed to python"])
+def test_messages_of_several_slots_run_in_the_core(hand_back):
+    """The core writes a message of several slots as the ring makes room
+    and takes it a fragment at a time (in order, combining as it goes);
+    where it hands back mid-message, the transport's books take the message
+    over where it stands (adopt_partial_send, adopt_partial_recv). The
+    results are NumPy's on 2 and 3 ranks either way."""
+    for size in (2, 3):
+        counts = run_ranks(_several_slots_body, size, hand_back, init=False, timeout=150,
+                           env=dict(SEVERAL_SLOTS, COLLIE_EXECUTOR="c"))
+        assert all(c["wrong"] == [] for c in counts), counts
+        if hand_back:
+            assert counts[0]["send"] > 0 and counts[0]["recv"] > 0, counts
+
+
 SHARED_CASES = [(dtype, op) for dtype in ("float32", "float64", "float16", "int64", "uint8")
                 for op in ("SUM", "MIN", "MAX", "PRODUCT", "BXOR")
                 if (op == "BXOR") == (dtype in ("int64", "uint8")) or op == "SUM"]

@@ -503,7 +503,7 @@ static void scatter_pieces(const msg_t *m, Py_buffer *bufs, const char *src, ker
     }
 }
 
-enum { TAKEN, EMPTY, FOREIGN, SHARING };  /* what take() found */
+enum { TAKEN, EMPTY, FOREIGN, SHARING, PARTIAL };  /* what take() found */
 
 /* Free the slot at the head of ``p``'s ring (its ``tail``), as ring.freed()
  * does: wake the writer if it may have found the ring full. */
@@ -516,14 +516,17 @@ static void free_head(peer_t *p, int64_t tail) {
 
 /* Take the message at the ring's head if it is m, whole in one slot or
  * single copy: copy or combine it into its place (a single-copy one is
- * then acknowledged). FOREIGN: something else is there (another tag, a
- * mismatch, several slots, a single copy of pieces), or its read failed:
+ * then acknowledged). With ``got`` (else FOREIGN), a message of several
+ * slots is taken a fragment at a time, in order (a writer writes a
+ * message's fragments one after the other): *got counts its bytes taken,
+ * and PARTIAL says that more are to come. FOREIGN: something else is there
+ * (another tag, a mismatch, a single copy of pieces), or its read failed:
  * Python's turn. With ``share`` >= 0 a large combining single copy is
  * shared with its writer (read_shared); SHARING: the writer's part is still
  * under way after ``share`` seconds without progress, and p->sharing says
  * which (the slot is freed, the acknowledgement is not sent). */
 static inline __attribute__((always_inline)) int take(peer_t *p, int64_t tag, uint64_t meta, const msg_t *m, Py_buffer *bufs, kernel_t kernel, int op,
-                int itemsize, int dtype, double share) {
+                int itemsize, int dtype, double share, int64_t *got) {
     char *dst = msg_bytes(m, bufs);
     int64_t n = m->nbytes;
     ring_t *r = &p->in;
@@ -548,6 +551,13 @@ static inline __attribute__((always_inline)) int take(peer_t *p, int64_t tag, ui
                 return SHARING;
             }
         } else if (read_remote(p->pid, dst, body[0], n, kernel, op, itemsize)) return FOREIGN;
+    } else if (got && n > r->slot_bytes && !m->npieces && h.offset == *got
+               && h.frag == (n - *got < r->slot_bytes ? n - *got : r->slot_bytes)) {
+        if (kernel) kernel(dst + *got, src, h.frag / itemsize, op);
+        else memcpy(dst + *got, src, h.frag);
+        *got += h.frag;
+        free_head(p, tail);
+        return *got == n ? TAKEN : PARTIAL;
     } else if (h.offset != 0 || h.frag != n) {
         return FOREIGN;
     } else if (m->npieces) {
@@ -579,7 +589,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    int nbufs, nsteps, npeers, dtype, op, itemsize, crowded, maxsend;
+    int nbufs, nsteps, npeers, dtype, op, itemsize, crowded, maxsend, maxrecv;
     int small;              /* it moves few bytes: a run keeps the GIL while it is short (see gil_t) */
     double spin;            /* seconds a receive spins before Python takes over */
     int64_t *need;          /* bytes each buffer must have */
@@ -589,8 +599,11 @@ typedef struct {
     PyObject *transport;    /* the ShmTransport (None without shm peers) */
     int64_t passes;         /* passes of the receive loops so far (see peer_t.behind) */
     int64_t *rids;          /* the step's single-copy sends in flight: rids[j] for send j (0: none) */
+    int64_t *sent, *got;    /* the step's messages of several slots: bytes of send j written into
+                               the ring, of receive j taken from it, so far */
     char *envelope;         /* a one-message program's own copy of its message (send_envelope) */
     int sharing;            /* the step's receive whose shared combining Python takes over (-1: none) */
+    int wrote;              /* post_sends wrote fragments of a message of several slots */
 } CoreProgram;
 
 /* A program refers to the rings' Python ends and their transport, which may
@@ -629,6 +642,8 @@ static void program_dealloc(CoreProgram *self) {
     PyMem_Free(self->need);
     PyMem_Free(self->writes);
     PyMem_Free(self->rids);
+    PyMem_Free(self->sent);
+    PyMem_Free(self->got);
     PyMem_Free(self->envelope);
     Py_XDECREF(self->transport);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -795,6 +810,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         Py_DECREF(t);
         if (s->nsend + s->nrecv > 62) s->python = 1;  /* the done mask is one int64 */
         if (s->nsend > self->maxsend) self->maxsend = s->nsend;
+        if (s->nrecv > self->maxrecv) self->maxrecv = s->nrecv;
         for (int j = 0; j < s->nsend; j++) {
             peer_t *p = &self->peers[s->send[j].peer];
             msg_t *m = &s->send[j];
@@ -819,7 +835,9 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     self->small = moved <= SMALL_BYTES;
     self->rids = PyMem_Calloc(self->maxsend + 1, sizeof(int64_t));
-    if (!self->rids) goto fail;
+    self->sent = PyMem_Calloc(self->maxsend + 1, sizeof(int64_t));
+    self->got = PyMem_Calloc(self->maxrecv + 1, sizeof(int64_t));
+    if (!self->rids || !self->sent || !self->got) goto fail;
     return (PyObject *)self;
 fail:
     Py_DECREF(self);
@@ -1046,6 +1064,16 @@ static PyObject *adopt_inflight(CoreProgram *self, Py_buffer *bufs, int step, in
     return inflight ? inflight : Py_NewRef(no_requests);
 }
 
+/* Append ``req`` (a new reference, or NULL) to ``inflight``, a tuple or a
+ * list: the list (a new reference, or NULL), ``inflight``'s reference taken. */
+static PyObject *with_request(PyObject *inflight, PyObject *req) {
+    PyObject *all = req ? (PyList_Check(inflight) ? Py_NewRef(inflight) : PySequence_List(inflight)) : NULL;
+    if (all && PyList_Append(all, req) < 0) Py_CLEAR(all);
+    Py_XDECREF(req);
+    Py_DECREF(inflight);
+    return all;
+}
+
 /* The receive of ``step`` whose writer was still combining its part of
  * the message (read_shared) when the core handed back: put in the
  * transport's books (its adopt_sharing), and its request added to
@@ -1060,11 +1088,45 @@ static PyObject *adopt_sharing(CoreProgram *self, Py_buffer *bufs, int step, int
                                               (long long)p->sharing[0], (long long)p->sharing[1], dst,
                                               (long long)tag, (unsigned long long)meta) : NULL;
     Py_XDECREF(dst);
-    PyObject *all = req ? PySequence_List(inflight) : NULL;
-    if (all && PyList_Append(all, req) < 0) Py_CLEAR(all);
-    Py_XDECREF(req);
-    Py_DECREF(inflight);
-    return all;
+    return with_request(inflight, req);
+}
+
+/* The messages of several slots of ``step`` that the core had begun to
+ * write or take when it handed back: put in the transport's books where
+ * they stand (adopt_partial_send, adopt_partial_recv: Python's progress
+ * goes on from there), their requests added to ``inflight`` and their bits
+ * set in *mask (Python must not post them again). */
+static PyObject *adopt_partial(CoreProgram *self, Py_buffer *bufs, int step, int64_t tag, uint64_t meta,
+                               uint64_t *mask, PyObject *inflight) {
+    step_t *s = &self->steps[step];
+    for (int j = 0; inflight && j < s->nsend; j++) {
+        msg_t *m = &s->send[j];
+        if (!self->sent[j] || self->sent[j] == m->nbytes) continue;
+        peer_t *p = &self->peers[m->peer];
+        PyObject *data = PyMemoryView_FromMemory(msg_bytes(m, bufs), m->nbytes, PyBUF_READ);
+        PyObject *req = data ? PyObject_CallMethod(self->transport, "adopt_partial_send", "OOLKOL", p->out_obj,
+                                                   p->in_obj, (long long)tag, (unsigned long long)meta, data,
+                                                   (long long)self->sent[j]) : NULL;
+        Py_XDECREF(data);
+        self->sent[j] = 0;
+        *mask |= 1ull << j;
+        inflight = with_request(inflight, req);
+    }
+    for (int j = 0; inflight && j < s->nrecv; j++) {
+        msg_t *m = &s->recv[j];
+        if (!self->got[j] || self->got[j] == m->nbytes) continue;
+        peer_t *p = &self->peers[m->peer];
+        PyObject *dst = PyMemoryView_FromMemory(msg_bytes(m, bufs), m->nbytes, PyBUF_WRITE);
+        PyObject *req = dst ? PyObject_CallMethod(self->transport, "adopt_partial_recv", "OLKOLii", p->in_obj,
+                                                  (long long)tag, (unsigned long long)meta, dst,
+                                                  (long long)self->got[j], self->dtype, m->reduce ? self->op : -1)
+                            : NULL;
+        Py_XDECREF(dst);
+        self->got[j] = 0;
+        *mask |= 1ull << (s->nsend + j);
+        inflight = with_request(inflight, req);
+    }
+    return inflight;
 }
 
 static double now_seconds(void) {
@@ -1090,8 +1152,9 @@ static void run_locals(CoreProgram *self, step_t *s, Py_buffer *bufs, kernel_t k
 }
 
 /* Post the step's shm sends not posted yet (``unsent`` of them: bit j of
- * *mask clear), in order: each into its peer's ring, or as a single-copy
- * offer (counted in *unacked until the reader acknowledges it). A send whose
+ * *mask clear), in order: each into its peer's ring (a message of several
+ * slots as far as there is room, self->sent[j] counting), or as a
+ * single-copy offer (counted in *unacked until the reader acknowledges it). A send whose
  * peer's ring is full stays unsent, and so does every later one to that
  * peer, which must not overtake it; run_steps tries them again while it
  * waits, as a receive waits for its message. (Handed back to Python in
@@ -1115,6 +1178,17 @@ static int post_sends(CoreProgram *self, step_t *s, Py_buffer *bufs, int64_t tag
             /* Posted (its bit set, so Python never posts it again), done once acknowledged. */
             posted = (self->rids[j] = rendezvous(p, tag, meta, data, m->nbytes)) != 0;
             *unacked += posted;
+        } else if (m->nbytes > p->out.slot_bytes) {  /* several slots: as many fragments as there is room for */
+            int64_t *at = &self->sent[j], size = p->out.slot_bytes;
+            char *slot;
+            while (*at < m->nbytes && (slot = next_slot(p))) {
+                int64_t len = m->nbytes - *at < size ? m->nbytes - *at : size;
+                memcpy(slot, data + *at, len);
+                publish_slot(p, (header_t){tag, meta, m->nbytes, *at, len});
+                *at += len;
+                self->wrote = 1;
+            }
+            posted = *at == m->nbytes;
         } else {
             posted = put(p, tag, meta, data, m->nbytes);
         }
@@ -1188,6 +1262,8 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
         *mask = 0;
         if (times) times[2 * i] = wall_seconds();
         if (s->python) return i;
+        memset(self->sent, 0, s->nsend * sizeof(int64_t));
+        memset(self->got, 0, s->nrecv * sizeof(int64_t));
         if (!s->sends_first) run_locals(self, s, bufs, kernel);
         int open = 0, handback = 0, unacked = 0, unsent = 0;
         for (int j = 0; j < s->nsend; j++) {
@@ -1207,8 +1283,9 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
         while (open || unacked || unsent) {
             int moved = 0;
             if (unsent) {  /* a ring that was full: the reader may have made room */
+                self->wrote = 0;
                 int left = post_sends(self, s, bufs, tag, meta, mask, &unacked, unsent);
-                moved = left < unsent;
+                moved = left < unsent || self->wrote;
                 unsent = left;
             }
             int64_t pass = ++self->passes;
@@ -1232,8 +1309,9 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
                  * halves of one size would land swapped). */
                 if (p->behind == pass) continue;
                 int got = take(p, tag, meta, m, bufs, m->reduce ? kernel : NULL, self->op, self->itemsize, self->dtype,
-                               share);
+                               share, &self->got[j]);
                 if (got == TAKEN) { *mask |= bit; open--; moved = 1; }
+                else if (got == PARTIAL) { moved = 1; p->behind = pass; }  /* later ones from it wait */
                 else if (got == SHARING) {  /* Python waits for the writer's part (adopt_sharing) */
                     *mask |= bit;
                     self->sharing = j;
@@ -1299,6 +1377,7 @@ static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t ta
     }
     PyObject *inflight = step < self->nsteps ? adopt_inflight(self, bufs, step, tag, meta) : Py_NewRef(no_requests);
     if (inflight && self->sharing >= 0) inflight = adopt_sharing(self, bufs, step, tag, meta, inflight);
+    if (inflight && step < self->nsteps) inflight = adopt_partial(self, bufs, step, tag, meta, &mask, inflight);
     if (gil.failed) {
         Py_XDECREF(inflight);
         PyErr_Restore(exc_type, exc, tb);
@@ -1426,7 +1505,7 @@ static int move_bytes(CoreProgram *self, char *data, int64_t tag) {
         note_books(p);
         int done = s->nsend ? put(p, tag, 0, msg_bytes(m, &b), m->nbytes)
                             : take(p, tag, 0, m, &b, m->reduce && self->op >= 0 ? kernels[self->dtype] : NULL, self->op,
-                                   self->itemsize, self->dtype, -1) == TAKEN;
+                                   self->itemsize, self->dtype, -1, NULL) == TAKEN;
         if (done) return update_books(self) < 0 ? -1 : 1;
     }
     outcome_t o;

@@ -197,9 +197,7 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
                     continue
                 hi = 0 if buf is None else whole(buf) if hi is None else hi
                 nbytes = hi - lo
-                if ring is not None and _how(network, ring, nbytes, receiving) == "slots":
-                    python = True  # several slots: Python's (single copy is the core's too)
-                elif receiving and ring is not None and nbytes >= SHARED_COPY_BYTES and combine is None \
+                if receiving and ring is not None and nbytes >= SHARED_COPY_BYTES and combine is None \
                         and not sends:
                     python = True  # one way and large: Python's, for the shared copy
                 core_msgs.append((k, -1 if buf is None else buffer(buf, hi, receiving), lo, nbytes,
@@ -248,7 +246,8 @@ def _peer(network, g: int) -> Optional[tuple]:
 
 def _how(network, peer: tuple, nbytes: int, receiving: bool) -> str:
     """How the core moves a message of ``nbytes`` to or from ``peer`` (a
-    _peer entry): "single copy", "one slot", or "slots" (several: Python's)."""
+    _peer entry): "single copy", "one slot", or "slots" (several, taken a
+    fragment at a time; a program of one message leaves them to Python)."""
     single_copy = network.shm.cma_bytes if receiving else peer[0].cma_bytes  # 0: never
     if nbytes >= single_copy > 0:
         return "single copy"

@@ -65,6 +65,7 @@ touched only as rings fill.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import mmap
 import os
@@ -95,6 +96,11 @@ _MASK64 = (1 << 64) - 1
 SHARE_FAILED = 0xffffff           # the count in the shared combining's done word when the writer could
                                   # not combine its chunks (_core.c's read_shared)
 _CMA_CHUNK = 256 * 1024           # a combining receive reads this much at a time, then combines
+
+
+def _combine_in_core(dst: memoryview, src: memoryview, dtype: int, op: int) -> None:
+    """A receive's combine with the compiled core's kernel (codes as core.py's _DTYPES, _OPS)."""
+    cma._core.combine(dst, src, dtype, op)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -394,6 +400,32 @@ class ShmTransport(Transport):
         req = Send(inb.peer, tag, data, meta)
         out.pending[rid] = req
         self._mark_sending(out)
+        return req
+
+    def adopt_partial_send(self, out: Out, inb: In, tag: int, meta: int, data: memoryview, offset: int) -> Send:
+        """The compiled core wrote the first ``offset`` bytes of a message of
+        several slots (to ``inb``'s peer) and handed back: queue the rest
+        first (the queue is empty: the core runs only while our end is
+        idle), for progress() to write, and return its request."""
+        req = Send(inb.peer, tag, data, meta)
+        req.offset = offset
+        out.queue.appendleft(req)
+        self._mark_sending(out)
+        return req
+
+    def adopt_partial_recv(self, inb: In, tag: int, meta: int, dst: memoryview, got: int, dtype: int,
+                           op: int) -> Recv:
+        """The compiled core took the first ``got`` bytes of a message of
+        several slots (from ``inb``'s peer) into ``dst``, combining them with
+        its kernel of ``dtype`` and ``op`` (op -1: copying), and handed
+        back: make it the message being read, for progress() to take the
+        rest the same way, and return its request."""
+        combine = None if op < 0 else functools.partial(_combine_in_core, dtype=dtype, op=op)
+        req = Recv(inb.peer, tag, dst, combine, meta)
+        msg = Message(tag, meta, req.nbytes, req=req)
+        msg.got = got
+        inb.current = msg
+        self._mark_busy(inb)
         return req
 
     def adopt_sharing(self, inb: In, rid: int, expect: int, dst: memoryview, tag: int, meta: int) -> Recv:
