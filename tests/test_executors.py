@@ -287,6 +287,19 @@ def test_a_single_copy_read_that_fails_fails_both_ends():
             or sender[0] == "PeerError" and "rank 1 reported" in sender[1] and "rank 0 died" in sender[1]), sender
 
 
+def _count_calls(cls, name: str, counts: dict, key: str) -> None:
+    """Count the calls of ``cls.name`` in ``counts[key]`` (in a rank's process)."""
+    original = getattr(cls, name)
+
+    def counted(self, *args):
+        counts[key] += 1
+        return original(self, *args)
+
+    setattr(cls, name, counted)
+
+
+# Whether rank 0's core waits for nothing (spin 0) and so hands messages under way to Python.
+HAND_BACK = pytest.mark.parametrize("hand_back", [False, True], ids=["in the core", "handed to python"])
 SEVERAL_SLOTS = {"COLLIE_SHM_SLOT_BYTES": "4096", "COLLIE_SHM_SLOTS": "2", "COLLIE_SHM_CMA_BYTES": "0"}
 
 
@@ -300,17 +313,8 @@ def _several_slots_body(rank, size, hand_back):
     import collie
     from collie.transports.shm import ShmTransport
     counts = {"send": 0, "recv": 0, "wrong": []}
-    adopt_send, adopt_recv = ShmTransport.adopt_partial_send, ShmTransport.adopt_partial_recv
-
-    def counted_send(self, *args):
-        counts["send"] += 1
-        return adopt_send(self, *args)
-
-    def counted_recv(self, *args):
-        counts["recv"] += 1
-        return adopt_recv(self, *args)
-
-    ShmTransport.adopt_partial_send, ShmTransport.adopt_partial_recv = counted_send, counted_recv
+    _count_calls(ShmTransport, "adopt_partial_send", counts, "send")
+    _count_calls(ShmTransport, "adopt_partial_recv", counts, "recv")
     collie.init_process_group()
     try:
         if hand_back and rank == 0:
@@ -341,7 +345,7 @@ def _several_slots_body(rank, size, hand_back):
 
 @needs_core
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("hand_back", [False, True], ids=["in the core", "handed to python"])
+@HAND_BACK
 def test_messages_of_several_slots_run_in_the_core(hand_back):
     """The core writes a message of several slots as the ring makes room
     and takes it a fragment at a time (in order, combining as it goes);
@@ -383,13 +387,7 @@ def _sharing_body(rank, size, hand_back):
     import collie
     from collie.transports.shm import ShmTransport
     counts = {"adopted": 0, "wrong": []}
-    adopt = ShmTransport.adopt_sharing
-
-    def counted(self, *args):
-        counts["adopted"] += 1
-        return adopt(self, *args)
-
-    ShmTransport.adopt_sharing = counted
+    _count_calls(ShmTransport, "adopt_sharing", counts, "adopted")
     collie.init_process_group()
     try:
         if hand_back and rank == 0:
@@ -416,7 +414,7 @@ def _sharing_body(rank, size, hand_back):
 
 @needs_core
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("hand_back", [False, True], ids=["in the core", "handed to python"])
+@HAND_BACK
 def test_a_combining_single_copy_read_is_shared_with_its_writer(hand_back):
     """The root of a 2-rank reduce offers the writer chunks of each large
     combining read (_core.c's read_shared), which the writer takes in its

@@ -2,18 +2,21 @@
  *
  * It runs the steps of a bound engine.Program over the shared-memory rings
  * of transports/ring.py (the same layout, so a Python end and a C end of a
- * ring interoperate): local copies, reductions, one-slot sends and
- * receives, and single-copy messages (the rendezvous of ring.py: the
- * writer's slot says where its bytes are, the reader copies them with
- * process_vm_readv and acknowledges), with acquire/release atomics on the
- * ring heads, tails and acknowledgement words and a full fence before
- * deciding whether to wake a peer. Whatever it cannot do (a tcp peer, a
- * message of several slots, a ring whose Python end has work in flight, a
+ * ring interoperate): local copies, reductions, sends and receives of one
+ * slot or of several (a fragment at a time), and single-copy messages (the
+ * rendezvous of ring.py: the writer's slot says where its bytes are, the
+ * reader copies them with process_vm_readv and acknowledges; a large
+ * combining one it shares with the writer, read_shared), with
+ * acquire/release atomics on the ring heads, tails and acknowledgement
+ * words and a full fence before deciding whether to wake a peer. Whatever
+ * it cannot do (a tcp peer, a ring whose Python end has work in flight, a
  * message that is not the expected one, a read that fails, a peer slower
  * than the spin) it hands back to Python at that point of the step:
- * Python's executor finishes the step (a single-copy send still waiting for
- * its acknowledgement is handed over as a request, in the transport's
- * books), so every error surfaces where it always did.
+ * Python's executor finishes the step (a message still under way, a
+ * single-copy send waiting for its acknowledgement, a message half written
+ * or half taken, a shared combining whose writer is not done, is handed
+ * over as a request in the transport's books, where it stands), so every
+ * error surfaces where it always did.
  *
  * The combine kernels reproduce NumPy's results bit for bit (ties and NaNs
  * of minimum/maximum included) and collie's bfloat16 rounding (ops.py).
@@ -357,7 +360,7 @@ static int read_remote(int pid, char *dst, int64_t address, int64_t n, kernel_t 
  *
  *     SHARE_RID    the rendezvous id of the message on offer
  *     SHARE_ADDR   where the reader's buffer is (the reader's address)
- *     SHARE_CLAIM  the chunks not taken yet, [lo, hi), and the id's low 16 bits
+ *     SHARE_CLAIM  the chunks not taken yet, [lo, hi), the id's low bits and the combine
  *     SHARE_DONE   id << 24 | chunks the writer has combined (SHARE_FAILED: it could not)
  *
  * The reader takes chunks from the bottom and the writer from the top, each
@@ -371,7 +374,7 @@ static int read_remote(int pid, char *dst, int64_t address, int64_t n, kernel_t 
  * writer that stalls mid-chunk (descheduled, stopped, dead) leaves the
  * reader waiting, which the core does only for as long as it spins: then
  * it hands the receive to Python as a request in the transport's books
- * (adopt_shared_combine), where timeouts and dead peers are watched. */
+ * (adopt_sharing), where timeouts and dead peers are watched. */
 enum { SHARE_RID, SHARE_ADDR, SHARE_CLAIM, SHARE_DONE };
 static double now_seconds(void);
 #define SHARE_CHUNKS 4                 /* a combining read of fewer chunks is not offered */
@@ -543,9 +546,9 @@ static inline __attribute__((always_inline)) int take(peer_t *p, int64_t tag, ui
         memcpy(body, src, sizeof body);
         rid = body[1];
         if (kernel && share >= 0 && shareable(n)) {
-            int got = read_shared(p, dst, body[0], n, rid, dtype, op, share, &p->sharing[1]);
-            if (got < 0) return FOREIGN;
-            if (got) {
+            int left = read_shared(p, dst, body[0], n, rid, dtype, op, share, &p->sharing[1]);
+            if (left < 0) return FOREIGN;
+            if (left) {
                 p->sharing[0] = rid;
                 free_head(p, tail);
                 return SHARING;
@@ -1154,8 +1157,8 @@ static void run_locals(CoreProgram *self, step_t *s, Py_buffer *bufs, kernel_t k
 /* Post the step's shm sends not posted yet (``unsent`` of them: bit j of
  * *mask clear), in order: each into its peer's ring (a message of several
  * slots as far as there is room, self->sent[j] counting), or as a
- * single-copy offer (counted in *unacked until the reader acknowledges it). A send whose
- * peer's ring is full stays unsent, and so does every later one to that
+ * single-copy offer (counted in *unacked until the reader acknowledges
+ * it). A send whose peer's ring is full stays unsent, and so does every later one to that
  * peer, which must not overtake it; run_steps tries them again while it
  * waits, as a receive waits for its message. (Handed back to Python in
  * order the same way, where the core gives up.) Returns how many are left. */

@@ -4,13 +4,15 @@ The compiled core (collie._core, C in _core.c, built by ``pip install``
 when a compiler is there) runs the steps of an engine.Program, the
 boundary: schedules, plan/bind, the tuner and the verifier stay Python.
 It moves a step's messages to shared-memory peers straight through the
-rings of transports/ring.py (one-slot messages: up to a slot, 256 KiB by
-default), with the local copies and reductions, spinning on the rings for
-as long as the Network would. Whatever it cannot finish (a tcp peer, a
-multi-slot or single-copy message, a ring whose Python end has requests in
-flight, a message that is not the one expected, a peer slower than the
-spin) it hands back at that point: engine.run_step finishes the step
-through network.exchange, so waiting, sleeping on the doorbell, timeouts,
+rings of transports/ring.py (a fragment of a slot, 256 KiB by default, at
+a time) or single copy, with the local copies and reductions, spinning on
+the rings for as long as the Network would. Whatever it cannot finish (a
+tcp peer, a ring whose Python end has requests in flight, a message that
+is not the one expected, a peer slower than the spin) it hands back at
+that point, with the messages still under way entered in the transport's
+books where they stand (_core.c's adopt_inflight, adopt_partial,
+adopt_sharing): engine.run_step finishes the step through
+network.exchange, so waiting, sleeping on the doorbell, timeouts,
 dead peers, aborts and mismatches (the meta word) are noticed and reported
 exactly as under the Python executor, which stays the reference.
 

@@ -56,6 +56,19 @@ unread: in an exchange the writer is busy reading it, and one read of the
 whole message costs less than two halves (each read has a fixed cost of a few
 microseconds, most of it the ctypes call: about 1 us in the kernel).
 
+The compiled core (_core.c) adds two things to this. Its writer, spinning
+for its acknowledgement, takes such offers as progress() would (help_copy).
+And its reader of a large combining message (a reduction's) offers the
+writer the chunks of the combining itself (read_shared), in the offer
+line's other four words: each side takes 64 KiB chunks, the reader from
+the bottom and the writer from the top, by a compare-and-swap, until they
+meet; the writer reads the reader's chunk, combines its own bytes into it
+and writes it back. Neither waits for the other to start, so a writer
+busy elsewhere only means no help; a writer asleep in Python takes them in
+_help (through the core's help_combine). A reader whose core hands back
+while the writer is still at it enters the receive here
+(adopt_sharing), completed once the writer's count says so.
+
 Tuning: COLLIE_SHM_SLOTS (default 8) and COLLIE_SHM_SLOT_BYTES (default
 256 KiB, a multiple of 64) size every ring this rank reads; writers use the
 geometry the reader published. Memory per rank: peers * slots * slot_bytes,
