@@ -150,8 +150,8 @@ class Ring:
         # The shared-copy offer: id, reader's address, split, done word; the token after it.
         self.offer_at = self.headers + slots * LINE + ACKS * 8
         self.offer = np.frombuffer(mm, np.int64, 4, self.offer_at)
-        self.share = np.frombuffer(mm, np.int64, 4, self.offer_at + 32)  # the compiled core's (read_shared)
-        self.share_address = self.share.ctypes.data
+        self.share = view[self.offer_at + 32:self.offer_at + 64].cast("q")  # the compiled core's (read_shared)
+        self.share_address = np.frombuffer(mm, np.int64, 4, self.offer_at + 32).ctypes.data
         self.token_at = self.offer_at + LINE
         payloads = base + ring_header_bytes(slots)
         self.offsets = [payloads + k * slot_bytes for k in range(slots)]
@@ -165,6 +165,7 @@ class Ring:
         if self.head is not None:
             self.head.release()
             self.tail.release()
+            self.share.release()
         self.payload = []
         self.head = self.tail = self.acks = self.offer = self.share = self.mm = None
 

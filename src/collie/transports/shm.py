@@ -787,7 +787,7 @@ class ShmTransport(Transport):
         """Complete an adopted receive (adopt_sharing) once the writer has
         combined its last chunk, or failed."""
         req, rid, expect = entry
-        done = inb.ring.share.item(3)
+        done = inb.ring.share[3]
         if done != expect and done != (rid << 24 | SHARE_FAILED):
             return False
         inb.shared.remove(entry)
@@ -804,13 +804,13 @@ class ShmTransport(Transport):
         our pending sends, and write its second half into the reader; or
         chunks of the compiled core's shared combining (_core.c's
         read_shared), which the core combines for us."""
-        rid = out.ring.share.item(0)
-        if rid in out.pending and cma._core is not None \
-                and cma._core.help_combine(out.pid, out.ring.share_address, rid, out.pending[rid].data):
-            out.bell.wake()  # wake the reader, if it sleeps
-            return True
         offer = out.ring.offer
         if offer.item(0) not in out.pending or not out.token.wait(0):
+            rid = out.ring.share[0]
+            if rid in out.pending and cma._core is not None \
+                    and cma._core.help_combine(out.pid, out.ring.share_address, rid, out.pending[rid].data):
+                out.bell.wake()  # wake the reader, if it sleeps
+                return True
             return False
         rid, address, split = offer.item(0), offer.item(1), offer.item(2)  # read after the take
         send = out.pending.get(rid)
