@@ -402,7 +402,7 @@ static int shareable(int64_t n) { return n >= SHARE_CHUNKS * READ_CHUNK && n / R
  * set): a read failed. The first chunk is read before anything is
  * offered, so a message that cannot be read at all leaves nothing shared
  * (Python reads it again and says why). */
-static int read_shared(peer_t *p, char *dst, int64_t address, int64_t n, int64_t rid, int dtype, int op,
+static __attribute__((noinline)) int read_shared(peer_t *p, char *dst, int64_t address, int64_t n, int64_t rid, int dtype, int op,
                        double spin, int64_t *expect) {
     kernel_t kernel = kernels[dtype];
     int itemsize = itemsizes[dtype], kind = dtype << 3 | op;
