@@ -1488,6 +1488,71 @@ static int nothing_stale(CoreProgram *g, int64_t tag, int64_t max_tag) {
 /* ---- one-message programs (core.p2p_program): point to point, and the
  * MPI layer's envelopes, without run()'s tuples */
 
+/* A point-to-point message of several slots (at most as many as the ring
+ * has): written whole into ``p``'s ring if there is room for all of it
+ * (1), else nothing (0). */
+static int put_whole(peer_t *p, int64_t tag, const char *data, int64_t n) {
+    ring_t *r = &p->out;
+    int64_t size = r->slot_bytes, head = *r->head;  /* only we store head */
+    if (head + (n + size - 1) / size - __atomic_load_n(r->tail, __ATOMIC_ACQUIRE) > r->slots) return 0;
+    for (int64_t at = 0; at < n; at += size, head++) {
+        int64_t len = n - at < size ? n - at : size;
+        memcpy(r->payload + head % r->slots * size, data + at, len);
+        header_t h = {tag, 0, n, at, len};
+        memcpy(r->headers + head % r->slots * LINE, &h, sizeof h);
+    }
+    __atomic_store_n(r->head, head, __ATOMIC_RELEASE);
+    wake(p);
+    return 1;
+}
+
+/* Its receive: taken whole (copied or combined into dst) if every one of
+ * its fragments is in the ring (1), else nothing (0: not all there yet,
+ * or something else at the head, which the full path sorts out). */
+static int take_whole(peer_t *p, int64_t tag, char *dst, int64_t n, kernel_t kernel, int op, int itemsize) {
+    ring_t *r = &p->in;
+    int64_t size = r->slot_bytes, frags = (n + size - 1) / size, tail = *r->tail;  /* only we store tail */
+    if (__atomic_load_n(r->head, __ATOMIC_ACQUIRE) - tail < frags) return 0;
+    for (int64_t f = 0; f < frags; f++) {
+        header_t h;
+        memcpy(&h, r->headers + (tail + f) % r->slots * LINE, sizeof h);
+        int64_t at = f * size, len = n - at < size ? n - at : size;
+        if (h.tag != tag || h.meta != 0 || h.nbytes != n || h.offset != at || h.frag != len) return 0;
+    }
+    for (int64_t at = 0, k = tail; at < n; at += size, k++) {
+        int64_t len = n - at < size ? n - at : size;
+        const char *src = r->payload + k % r->slots * size;
+        if (kernel) kernel(dst + at, src, len / itemsize, op);
+        else memcpy(dst + at, src, len);
+    }
+    __atomic_store_n(r->tail, tail + frags, __ATOMIC_RELEASE);  /* then free_head()'s wake of a writer */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(r->head, __ATOMIC_RELAXED) - tail >= r->slots) sem_post(p->bell);
+    return 1;
+}
+
+/* move_bytes() of a message of several slots: whole or not at all, so that
+ * nothing is ever left half moved for the caller's full path; a receive
+ * waits (the GIL let go) for as long as its program spins. */
+static int move_whole(CoreProgram *self, peer_t *p, const msg_t *m, char *data, int64_t tag) {
+    kernel_t kernel = m->reduce && self->op >= 0 ? kernels[self->dtype] : NULL;
+    double spin = spin_of(self), deadline = 0;
+    PyThreadState *saved = NULL;
+    int done;
+    note_books(p);
+    while (!(done = self->steps[0].nsend ? put_whole(p, tag, data, m->nbytes)
+                                          : take_whole(p, tag, data, m->nbytes, kernel, self->op, self->itemsize))
+           && spin > 0) {
+        double t = now_seconds();
+        if (!deadline) deadline = t + spin;
+        else if (t >= deadline) break;
+        if (!saved) saved = PyEval_SaveThread();
+        __builtin_ia32_pause();
+    }
+    if (saved) PyEval_RestoreThread(saved);
+    return done && update_books(self) < 0 ? -1 : done;
+}
+
 /* Move the program's one message (a send from, or a receive into, the
  * need[0] bytes at ``data``) with ``tag``: 1 moved, 0 not (a Python end
  * busy, a peer late: the caller's full path goes on), -1 on error. */
@@ -1500,6 +1565,8 @@ static int move_bytes(CoreProgram *self, char *data, int64_t tag) {
     step_t *s = &self->steps[0];
     msg_t *m = s->nsend ? &s->send[0] : &s->recv[0];
     peer_t *p = &self->peers[m->peer];
+    if (p->shm && m->nbytes > (s->nsend ? p->out.slot_bytes : p->in.slot_bytes))
+        return move_whole(self, p, m, data, tag);
     if (p->shm) {
         /* A send straight into the ring where it has room, a receive
          * straight from it where its message is at the head: run()'s way,

@@ -261,12 +261,16 @@ def p2p_program(network, peer: int, nbytes: int, receiving: bool, spin: float):
     rank ``peer`` (or into it from ``peer``), run with the call's tag and
     meta 0 as collie.p2p's messages are; receives spin at most ``spin``
     seconds (0: one look). None where the core can't move it, or where it
-    is not worth it: the core takes messages of one slot. (A single-copy
+    is not worth it: the core takes messages that fit its ring. (A single-copy
     send done in C waits in Python all the same, and a batch of them
     measured 10-20% slower: collie bench --op sendrecv, 256 KiB-1 MiB.)"""
     entry = _peer(network, peer)
-    if _core is None or entry is None or _how(network, entry, nbytes, receiving) != "one slot":
+    if _core is None or entry is None:
         return None
+    how = _how(network, entry, nbytes, receiving)
+    ring = entry[3] if receiving else entry[2]  # (head, tail, headers, payload, slots, slot_bytes)
+    if how != "one slot" and not (how == "slots" and nbytes <= ring[4] * ring[5]):
+        return None  # (several slots: moved whole or not at all, _core.c's move_whole)
     message = ((0, 0, 0, nbytes, 0),)
     step = (0, (), () if receiving else message, message if receiving else (), 0)
     return _core.Program((nbytes,), (receiving,), (step,), (entry,), _NO_KERNEL, -1, network.shm, spin,
