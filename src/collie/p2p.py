@@ -59,10 +59,12 @@ def _describe(g: ProcessGroup, what: str, peer, tag: int):
 
 # ---- the compiled core's path ----
 #
-# A message of one ring slot to or from a peer on this host, in a
+# A message that fits the ring to or from a peer on this host, in a
 # contiguous array NumPy can view, goes through the compiled core
 # (core.p2p_program): one call into C puts a send in its ring or takes a
-# receive's message from the ring, with none of the transport's Python.
+# receive's message from the ring, with none of the transport's Python (a
+# message of several slots whole or not at all: it never leaves one half
+# moved for the full path).
 # An irecv takes its message at once if it is there; else it is deferred
 # until it is waited on, so that the core can wait for its message as it
 # does for a collective's. Whatever the core cannot do at once (a full
