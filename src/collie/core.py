@@ -248,8 +248,9 @@ def _peer(network, g: int) -> Optional[tuple]:
 
 def _how(network, peer: tuple, nbytes: int, receiving: bool) -> str:
     """How the core moves a message of ``nbytes`` to or from ``peer`` (a
-    _peer entry): "single copy", "one slot", or "slots" (several, taken a
-    fragment at a time; a program of one message leaves them to Python)."""
+    _peer entry): "single copy", "one slot", or "slots" (several: a
+    program's taken a fragment at a time, a program of one message's whole
+    where it fits the ring)."""
     single_copy = network.shm.cma_bytes if receiving else peer[0].cma_bytes  # 0: never
     if nbytes >= single_copy > 0:
         return "single copy"
