@@ -298,6 +298,47 @@ def _count_calls(cls, name: str, counts: dict, key: str) -> None:
     setattr(cls, name, counted)
 
 
+def _shared_copy_body(rank, size):
+    """Broadcasts of 4 MiB from rank 0: its core sends them (single copy)
+    while rank 1's Python reads them, offering rank 0 half of each copy.
+    Returns how many offers the writer took, how many offers there were,
+    whether the data came, and how many the writer's Python took."""
+    import time
+
+    import collie
+    from collie.transports.shm import ShmTransport
+    taken = []
+    read_shared = ShmTransport._read_shared
+
+    def recorded(self, *args):
+        taken.append(read_shared(self, *args))
+        return taken[-1]
+
+    ShmTransport._read_shared = recorded
+    right = True
+    for k in range(10):
+        x = np.arange(1 << 20, dtype=np.float32) + k if rank == 0 else np.zeros(1 << 20, np.float32)
+        if rank == 0:
+            time.sleep(0.002)  # rank 1 waits for the message, and offers as soon as it comes
+        collie.broadcast(x, 0, algorithm="direct")
+        right &= bool(np.array_equal(x, np.arange(1 << 20, dtype=np.float32) + k))
+    return sum(taken), len(taken), right, collie.group.resolve(None).network.shm.shared_copies
+
+
+@needs_core
+@pytest.mark.timeout(120)
+def test_the_cores_writer_takes_a_python_readers_offer_of_a_shared_copy():
+    """A step that only sends a large message stays in the core, whose
+    writer takes the reader's offer of half the copy as shm.py's _help
+    would (_core.c's help_copy); before, such a step went to Python for
+    that. (Where the offer comes after the writer's core spun out, its
+    Python takes it.)"""
+    writer, reader = run_ranks(_shared_copy_body, 2, env={"COLLIE_EXECUTOR": "c"})
+    took, offers, right, _ = reader
+    assert right and offers == 10 and took >= 5, reader
+    assert took - writer[3] >= took // 2, (writer, reader)  # the writer's core took most, its Python the rest
+
+
 # Whether rank 0's core waits for nothing (spin 0) and so hands messages under way to Python.
 HAND_BACK = pytest.mark.parametrize("hand_back", [False, True], ids=["in the core", "handed to python"])
 SEVERAL_SLOTS = {"COLLIE_SHM_SLOT_BYTES": "4096", "COLLIE_SHM_SLOTS": "2", "COLLIE_SHM_CMA_BYTES": "0"}
