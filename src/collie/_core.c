@@ -295,6 +295,20 @@ static int put(peer_t *p, int64_t tag, uint64_t meta, const char *data, int64_t 
     return write_slot(p, (header_t){tag, meta, n, 0, n}, data, n);
 }
 
+/* Write the fragments of a message of several slots (n bytes at data)
+ * from byte *at on, each published as it is written (the reader may take
+ * it meanwhile), for as long as the ring has room; *at counts. */
+static void write_fragments(peer_t *p, int64_t tag, uint64_t meta, const char *data, int64_t n, int64_t *at) {
+    int64_t size = p->out.slot_bytes;
+    char *slot;
+    while (*at < n && (slot = next_slot(p))) {
+        int64_t len = n - *at < size ? n - *at : size;
+        memcpy(slot, data + *at, len);
+        publish_slot(p, (header_t){tag, meta, n, *at, len});
+        *at += len;
+    }
+}
+
 /* Post a single-copy send: one slot saying where its n bytes are (ring.py's
  * RDV slot). Returns its rendezvous id, whose acknowledgement word says
  * when the reader has copied them; 0 if the ring is full. */
@@ -508,11 +522,12 @@ static void scatter_pieces(const msg_t *m, Py_buffer *bufs, const char *src, ker
 
 enum { TAKEN, EMPTY, FOREIGN, SHARING, PARTIAL };  /* what take() found */
 
-/* Free the slot at the head of ``p``'s ring (its ``tail``), as ring.freed()
- * does: wake the writer if it may have found the ring full. */
-static void free_head(peer_t *p, int64_t tail) {
+/* Free the ``count`` slots at the head of ``p``'s ring (from its
+ * ``tail``), as ring.freed() does: wake the writer if it may have found the
+ * ring full. */
+static void free_slots(peer_t *p, int64_t tail, int64_t count) {
     ring_t *r = &p->in;
-    __atomic_store_n(r->tail, tail + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(r->tail, tail + count, __ATOMIC_RELEASE);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(r->head, __ATOMIC_RELAXED) - tail >= r->slots) sem_post(p->bell);
 }
@@ -550,7 +565,7 @@ static inline __attribute__((always_inline)) int take(peer_t *p, int64_t tag, ui
             if (left < 0) return FOREIGN;
             if (left) {
                 p->sharing[0] = rid;
-                free_head(p, tail);
+                free_slots(p, tail, 1);
                 return SHARING;
             }
         } else if (read_remote(p->pid, dst, body[0], n, kernel, op, itemsize)) return FOREIGN;
@@ -559,7 +574,7 @@ static inline __attribute__((always_inline)) int take(peer_t *p, int64_t tag, ui
         if (kernel) kernel(dst + *got, src, h.frag / itemsize, op);
         else memcpy(dst + *got, src, h.frag);
         *got += h.frag;
-        free_head(p, tail);
+        free_slots(p, tail, 1);
         return *got == n ? TAKEN : PARTIAL;
     } else if (h.offset != 0 || h.frag != n) {
         return FOREIGN;
@@ -570,7 +585,7 @@ static inline __attribute__((always_inline)) int take(peer_t *p, int64_t tag, ui
     } else if (n) {
         memcpy(dst, src, n);
     }
-    free_head(p, tail);
+    free_slots(p, tail, 1);
     if (rid) {  /* ring.acknowledge(): the writer's send is done */
         __atomic_store_n(&r->acks[rid % ACKS], rid, __ATOMIC_RELEASE);
         wake(p);
@@ -1041,94 +1056,72 @@ static inline __attribute__((always_inline)) int update_books(CoreProgram *self)
     return 0;
 }
 
-/* The single-copy sends of ``step`` still waiting for their acknowledgement
- * when the core hands back: put in the transport's books (its
- * adopt_rendezvous), whose requests Python's executor then waits on. */
-static PyObject *adopt_inflight(CoreProgram *self, Py_buffer *bufs, int step, int64_t tag, uint64_t meta) {
-    step_t *s = &self->steps[step];
-    PyObject *inflight = NULL;
-    for (int j = 0; j < s->nsend; j++) {
-        int64_t rid = self->rids[j];
-        if (!rid) continue;
-        self->rids[j] = 0;
-        msg_t *m = &s->send[j];
-        peer_t *p = &self->peers[m->peer];
-        PyObject *data = PyMemoryView_FromMemory((char *)bufs[m->buf].buf + m->off, m->nbytes, PyBUF_READ);
-        PyObject *req = data ? PyObject_CallMethod(self->transport, "adopt_rendezvous", "OOLOLK", p->out_obj,
-                                                   p->in_obj, (long long)rid, data, (long long)tag,
-                                                   (unsigned long long)meta) : NULL;
-        Py_XDECREF(data);
-        if (!req) { Py_XDECREF(inflight); return NULL; }
-        if (!inflight && !(inflight = PyList_New(0))) { Py_DECREF(req); return NULL; }
-        int bad = PyList_Append(inflight, req);
-        Py_DECREF(req);
-        if (bad) { Py_DECREF(inflight); return NULL; }
-    }
-    return inflight ? inflight : Py_NewRef(no_requests);
-}
-
-/* Append ``req`` (a new reference, or NULL) to ``inflight``, a tuple or a
- * list: the list (a new reference, or NULL), ``inflight``'s reference taken. */
-static PyObject *with_request(PyObject *inflight, PyObject *req) {
-    PyObject *all = req ? (PyList_Check(inflight) ? Py_NewRef(inflight) : PySequence_List(inflight)) : NULL;
-    if (all && PyList_Append(all, req) < 0) Py_CLEAR(all);
+/* Add to ``inflight`` (a list, or NULL after an error; its reference is
+ * taken and returned, NULL on error) the request that the transport's
+ * ``method`` (shm.py's adopt_...) returns for ``format``'s arguments,
+ * which are built in any case (so that "N" takes its reference). */
+static PyObject *adopt(PyObject *transport, PyObject *inflight, const char *method, const char *format, ...) {
+    va_list va;
+    va_start(va, format);
+    PyObject *args = Py_VaBuildValue(format, va);
+    va_end(va);
+    PyObject *fn = args && inflight ? PyObject_GetAttrString(transport, method) : NULL;
+    PyObject *req = fn ? PyObject_Call(fn, args, NULL) : NULL;
+    Py_XDECREF(fn);
+    Py_XDECREF(args);
+    if (inflight && (!req || PyList_Append(inflight, req) < 0)) Py_CLEAR(inflight);
     Py_XDECREF(req);
-    Py_DECREF(inflight);
-    return all;
+    return inflight;
 }
 
-/* The receive of ``step`` whose writer was still combining its part of
- * the message (read_shared) when the core handed back: put in the
- * transport's books (its adopt_sharing), and its request added to
- * ``inflight`` (a new reference, or NULL; ``inflight``'s is taken). */
-static PyObject *adopt_sharing(CoreProgram *self, Py_buffer *bufs, int step, int64_t tag, uint64_t meta,
-                               PyObject *inflight) {
-    msg_t *m = &self->steps[step].recv[self->sharing];
-    peer_t *p = &self->peers[m->peer];
-    self->sharing = -1;
-    PyObject *dst = PyMemoryView_FromMemory(msg_bytes(m, bufs), m->nbytes, PyBUF_WRITE);
-    PyObject *req = dst ? PyObject_CallMethod(self->transport, "adopt_sharing", "OLLOLK", p->in_obj,
-                                              (long long)p->sharing[0], (long long)p->sharing[1], dst,
-                                              (long long)tag, (unsigned long long)meta) : NULL;
-    Py_XDECREF(dst);
-    return with_request(inflight, req);
-}
-
-/* The messages of several slots of ``step`` that the core had begun to
- * write or take when it handed back: put in the transport's books where
- * they stand (adopt_partial_send, adopt_partial_recv: Python's progress
- * goes on from there), their requests added to ``inflight`` and their bits
- * set in *mask (Python must not post them again). */
-static PyObject *adopt_partial(CoreProgram *self, Py_buffer *bufs, int step, int64_t tag, uint64_t meta,
-                               uint64_t *mask, PyObject *inflight) {
+/* The messages of ``step`` still under way when the core hands back, put
+ * in the transport's books where they stand, their requests in a list
+ * that Python's executor waits on with the rest of the step (or the empty
+ * tuple; NULL on error): single-copy sends waiting for their
+ * acknowledgement (adopt_rendezvous), the receive whose writer was still
+ * combining its chunks (read_shared; adopt_sharing), and messages of
+ * several slots half written or half taken (adopt_partial_send,
+ * adopt_partial_recv: their bits set in *mask, so that Python does not
+ * post them again). */
+static PyObject *adopt_under_way(CoreProgram *self, Py_buffer *bufs, int step, int64_t tag, uint64_t meta,
+                                 uint64_t *mask) {
+#define VIEW(m, flags) PyMemoryView_FromMemory(msg_bytes(m, bufs), (m)->nbytes, flags)
     step_t *s = &self->steps[step];
-    for (int j = 0; inflight && j < s->nsend; j++) {
+    int any = self->sharing >= 0;
+    for (int j = 0; !any && j < s->nsend; j++) any = self->rids[j] || (self->sent[j] && self->sent[j] != s->send[j].nbytes);
+    for (int j = 0; !any && j < s->nrecv; j++) any = self->got[j] && self->got[j] != s->recv[j].nbytes;
+    if (!any) return Py_NewRef(no_requests);
+    PyObject *inflight = PyList_New(0);
+    long long t = (long long)tag;
+    unsigned long long mt = (unsigned long long)meta;
+    for (int j = 0; j < s->nsend; j++) {
         msg_t *m = &s->send[j];
-        if (!self->sent[j] || self->sent[j] == m->nbytes) continue;
         peer_t *p = &self->peers[m->peer];
-        PyObject *data = PyMemoryView_FromMemory(msg_bytes(m, bufs), m->nbytes, PyBUF_READ);
-        PyObject *req = data ? PyObject_CallMethod(self->transport, "adopt_partial_send", "OOLKOL", p->out_obj,
-                                                   p->in_obj, (long long)tag, (unsigned long long)meta, data,
-                                                   (long long)self->sent[j]) : NULL;
-        Py_XDECREF(data);
-        self->sent[j] = 0;
-        *mask |= 1ull << j;
-        inflight = with_request(inflight, req);
+        if (self->rids[j])
+            inflight = adopt(self->transport, inflight, "adopt_rendezvous", "(OOLNLK)", p->out_obj, p->in_obj,
+                             (long long)self->rids[j], VIEW(m, PyBUF_READ), t, mt);
+        if (self->sent[j] && self->sent[j] != m->nbytes) {
+            inflight = adopt(self->transport, inflight, "adopt_partial_send", "(OOLKNL)", p->out_obj, p->in_obj,
+                             t, mt, VIEW(m, PyBUF_READ), (long long)self->sent[j]);
+            *mask |= 1ull << j;
+        }
+        self->rids[j] = self->sent[j] = 0;
     }
-    for (int j = 0; inflight && j < s->nrecv; j++) {
+    for (int j = 0; j < s->nrecv; j++) {
         msg_t *m = &s->recv[j];
-        if (!self->got[j] || self->got[j] == m->nbytes) continue;
         peer_t *p = &self->peers[m->peer];
-        PyObject *dst = PyMemoryView_FromMemory(msg_bytes(m, bufs), m->nbytes, PyBUF_WRITE);
-        PyObject *req = dst ? PyObject_CallMethod(self->transport, "adopt_partial_recv", "OLKOLii", p->in_obj,
-                                                  (long long)tag, (unsigned long long)meta, dst,
-                                                  (long long)self->got[j], self->dtype, m->reduce ? self->op : -1)
-                            : NULL;
-        Py_XDECREF(dst);
+        if (j == self->sharing)
+            inflight = adopt(self->transport, inflight, "adopt_sharing", "(OLLNLK)", p->in_obj,
+                             (long long)p->sharing[0], (long long)p->sharing[1], VIEW(m, PyBUF_WRITE), t, mt);
+        if (self->got[j] && self->got[j] != m->nbytes) {
+            inflight = adopt(self->transport, inflight, "adopt_partial_recv", "(OLKNLii)", p->in_obj, t, mt,
+                             VIEW(m, PyBUF_WRITE), (long long)self->got[j], self->dtype, m->reduce ? self->op : -1);
+            *mask |= 1ull << (s->nsend + j);
+        }
         self->got[j] = 0;
-        *mask |= 1ull << (s->nsend + j);
-        inflight = with_request(inflight, req);
     }
+#undef VIEW
+    self->sharing = -1;
     return inflight;
 }
 
@@ -1182,16 +1175,10 @@ static int post_sends(CoreProgram *self, step_t *s, Py_buffer *bufs, int64_t tag
             posted = (self->rids[j] = rendezvous(p, tag, meta, data, m->nbytes)) != 0;
             *unacked += posted;
         } else if (m->nbytes > p->out.slot_bytes) {  /* several slots: as many fragments as there is room for */
-            int64_t *at = &self->sent[j], size = p->out.slot_bytes;
-            char *slot;
-            while (*at < m->nbytes && (slot = next_slot(p))) {
-                int64_t len = m->nbytes - *at < size ? m->nbytes - *at : size;
-                memcpy(slot, data + *at, len);
-                publish_slot(p, (header_t){tag, meta, m->nbytes, *at, len});
-                *at += len;
-                self->wrote = 1;
-            }
-            posted = *at == m->nbytes;
+            int64_t before = self->sent[j];
+            write_fragments(p, tag, meta, data, m->nbytes, &self->sent[j]);
+            self->wrote |= self->sent[j] != before;
+            posted = self->sent[j] == m->nbytes;
         } else {
             posted = put(p, tag, meta, data, m->nbytes);
         }
@@ -1315,7 +1302,7 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
                                share, &self->got[j]);
                 if (got == TAKEN) { *mask |= bit; open--; moved = 1; }
                 else if (got == PARTIAL) { moved = 1; p->behind = pass; }  /* later ones from it wait */
-                else if (got == SHARING) {  /* Python waits for the writer's part (adopt_sharing) */
+                else if (got == SHARING) {  /* Python waits for the writer's part (adopt_under_way) */
                     *mask |= bit;
                     self->sharing = j;
                     return i;
@@ -1378,9 +1365,8 @@ static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t ta
         Py_XDECREF(exc_type); Py_XDECREF(exc); Py_XDECREF(tb);
         return -1;
     }
-    PyObject *inflight = step < self->nsteps ? adopt_inflight(self, bufs, step, tag, meta) : Py_NewRef(no_requests);
-    if (inflight && self->sharing >= 0) inflight = adopt_sharing(self, bufs, step, tag, meta, inflight);
-    if (inflight && step < self->nsteps) inflight = adopt_partial(self, bufs, step, tag, meta, &mask, inflight);
+    PyObject *inflight = step < self->nsteps ? adopt_under_way(self, bufs, step, tag, meta, &mask)
+                                             : Py_NewRef(no_requests);
     if (gil.failed) {
         Py_XDECREF(inflight);
         PyErr_Restore(exc_type, exc, tb);
@@ -1438,7 +1424,7 @@ static PyObject *outcome_tuple(outcome_t *o) {
 /* run(buffers, start, tag, meta[, times]) -> (step, locals_done, mask, inflight):
  * the step it stopped at (len(steps): the call is done); bit j of mask: send
  * j posted, bit nsend + j: receive j done; inflight: the requests of that
- * step's sends still waiting for a reader (see adopt_inflight). ``times``: a
+ * step's messages still under way (see adopt_under_way). ``times``: a
  * writable float64 buffer of 2 x len(steps) for each step's start and end. */
 static PyObject *program_run(CoreProgram *self, PyObject *args) {
     PyObject *buffers;
@@ -1493,16 +1479,9 @@ static int nothing_stale(CoreProgram *g, int64_t tag, int64_t max_tag) {
  * (1), else nothing (0). */
 static int put_whole(peer_t *p, int64_t tag, const char *data, int64_t n) {
     ring_t *r = &p->out;
-    int64_t size = r->slot_bytes, head = *r->head;  /* only we store head */
-    if (head + (n + size - 1) / size - __atomic_load_n(r->tail, __ATOMIC_ACQUIRE) > r->slots) return 0;
-    for (int64_t at = 0; at < n; at += size, head++) {
-        int64_t len = n - at < size ? n - at : size;
-        memcpy(r->payload + head % r->slots * size, data + at, len);
-        header_t h = {tag, 0, n, at, len};
-        memcpy(r->headers + head % r->slots * LINE, &h, sizeof h);
-    }
-    __atomic_store_n(r->head, head, __ATOMIC_RELEASE);
-    wake(p);
+    int64_t size = r->slot_bytes, at = 0;
+    if (*r->head + (n + size - 1) / size - __atomic_load_n(r->tail, __ATOMIC_ACQUIRE) > r->slots) return 0;
+    write_fragments(p, tag, 0, data, n, &at);  /* all of it: the room was there */
     return 1;
 }
 
@@ -1525,9 +1504,7 @@ static int take_whole(peer_t *p, int64_t tag, char *dst, int64_t n, kernel_t ker
         if (kernel) kernel(dst + at, src, len / itemsize, op);
         else memcpy(dst + at, src, len);
     }
-    __atomic_store_n(r->tail, tail + frags, __ATOMIC_RELEASE);  /* then free_head()'s wake of a writer */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (__atomic_load_n(r->head, __ATOMIC_RELAXED) - tail >= r->slots) sem_post(p->bell);
+    free_slots(p, tail, frags);
     return 1;
 }
 
@@ -2591,7 +2568,7 @@ static int route_int(PyObject *o, long long *out) {
  * does before its own core_run, with ``b`` the array's buffer (filled here
  * where ``b->obj`` is NULL): 1 found, 0 the call goes to Python, 2 it goes
  * to Python's full path (collie.p2p found before that the core cannot move
- * such a message: a tcp peer, a message of several slots), -1 error. */
+ * such a message: a tcp peer, a message larger than its ring), -1 error. */
 static int route_find(Entry *self, PyObject **v, route_t *r, Py_buffer *b, int receiving) {
     PyObject *target = p2p_target(v[0], v[1], v[4], v[2], v[3], receiving);
     if (!target || target == Py_None) {
@@ -3800,7 +3777,7 @@ static int envelope_aside(peer_t *p, gil_t *gil) {
     int rc = deliver_aside(p, h.tag, head, env);
     if (rc < 0) gil->failed = 1;
     if (saved) gil->saved = PyEval_SaveThread();
-    if (rc == 1) free_head(p, tail);
+    if (rc == 1) free_slots(p, tail, 1);
     return rc;
 }
 

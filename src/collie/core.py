@@ -254,7 +254,13 @@ def _how(network, peer: tuple, nbytes: int, receiving: bool) -> str:
     single_copy = network.shm.cma_bytes if receiving else peer[0].cma_bytes  # 0: never
     if nbytes >= single_copy > 0:
         return "single copy"
-    return "one slot" if nbytes <= (peer[3] if receiving else peer[2])[5] else "slots"
+    return "one slot" if nbytes <= _ring_of(peer, receiving)[5] else "slots"
+
+
+def _ring_of(peer: tuple, receiving: bool) -> tuple:
+    """The ring a message to or from ``peer`` (a _peer entry) goes through:
+    (head, tail, headers, payload, slots, slot_bytes)."""
+    return peer[3] if receiving else peer[2]
 
 
 def p2p_program(network, peer: int, nbytes: int, receiving: bool, spin: float):
@@ -269,7 +275,7 @@ def p2p_program(network, peer: int, nbytes: int, receiving: bool, spin: float):
     if _core is None or entry is None:
         return None
     how = _how(network, entry, nbytes, receiving)
-    ring = entry[3] if receiving else entry[2]  # (head, tail, headers, payload, slots, slot_bytes)
+    ring = _ring_of(entry, receiving)
     if how != "one slot" and not (how == "slots" and nbytes <= ring[4] * ring[5]):
         return None  # (several slots: moved whole or not at all, _core.c's move_whole)
     message = ((0, 0, 0, nbytes, 0),)
