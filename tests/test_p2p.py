@@ -338,6 +338,124 @@ def test_messages_of_several_slots_go_through_the_core_whole_or_not_at_all():
     assert 2 <= sender["isend"] <= 7 and 2 <= receiver["irecv"] <= 7, (sender, receiver)
 
 
+def _core_batches_body(rank, size):
+    """Rounds of batches on a ring of ranks, each sending to both
+    neighbours and receiving from both: messages of 8 bytes to 3 MiB (more
+    than a ring holds) in one batch, in an order that depends on the rank.
+    In each round one rank comes late: not at all, by less than the spin,
+    by far more (then its peers' batches pause, and hand their messages
+    over to Python on the first wait); and the Works are waited on in
+    order, in reverse, or polled. Returns, per round, whether every
+    message arrived and what kinds of Work the batch gave."""
+    import time
+
+    import collie
+    right, left = (rank + 1) % size, (rank - 1) % size
+    sizes = [(1 << 16) // 8, 200_000 // 8, (1 << 20) // 8, (3 << 20) // 8]
+    lateness = [0, 0.0003, 0.03]
+    rounds = []
+    for k in range(12):
+        n = sizes[k % len(sizes)]
+        sent = [np.arange(n, dtype=np.float64) + 1000 * rank + k + side for side in (0, 1)]
+        small = np.full(3, rank * 10 + k, np.int16)
+        got = [np.zeros(n), np.zeros(n)]
+        got_small = np.zeros(3, np.int16)
+        ops = [collie.P2POp(collie.isend, sent[0], right, tag=5),
+               collie.P2POp(collie.irecv, got[0], left, tag=5),
+               collie.P2POp(collie.isend, small, right, tag=5),
+               collie.P2POp(collie.irecv, got_small, left, tag=5),
+               collie.P2POp(collie.irecv, got[1], right, tag=5),
+               collie.P2POp(collie.isend, sent[1], left, tag=5)]
+        if rank % 2:  # receives first: the order of the ops does not matter, that of a peer's messages does
+            ops = [op for op in ops if op.op is collie.irecv] + [op for op in ops if op.op is collie.isend]
+        if rank == k % size:
+            time.sleep(lateness[k // size % len(lateness)])
+        works = collie.batch_isend_irecv(ops)
+        kinds = sorted({type(w).__name__ for w in works})
+        if k % 3 == 0:
+            for w in works:
+                w.wait()
+        elif k % 3 == 1:
+            for w in reversed(works):
+                w.wait()
+        else:
+            while not all(w.is_completed() for w in works):
+                pass
+            for w in works:
+                w.wait()
+        ok = (np.array_equal(got[0], np.arange(n, dtype=np.float64) + 1000 * left + k + 0)
+              and np.array_equal(got[1], np.arange(n, dtype=np.float64) + 1000 * right + k + 1)
+              and (got_small == left * 10 + k).all())
+        receives = [w.result() for w, op in zip(works, ops) if op.op is collie.irecv]
+        rounds.append((bool(ok), kinds, sorted(set(receives)) == sorted({left, right})))
+    return rounds
+
+
+def test_batches_through_the_core(executor):
+    """batch_isend_irecv with a message of 64 KiB or more is one step of a
+    core program (_core.c's batch()): its Works are the core's, whether
+    the batch ended in the call, paused until a wait, or was handed over
+    to Python; every message arrives as sent, whoever comes late."""
+    for rank in run_ranks(_core_batches_body, 3, backend="shm"):
+        for ok, kinds, sources in rank:
+            assert ok and sources
+            if executor == "c":
+                assert set(kinds) <= {"CompletedWork", "_BatchWork"}, kinds
+            else:
+                assert kinds == ["Work"], kinds
+
+
+def _batch_order_body(rank, size):
+    """A batch's receive and an irecv or recv from the same peer, posted in
+    either order: each takes the message meant for it (the one posted
+    first, the first message), and a paused batch lets a collective
+    through. Returns what each received."""
+    import time
+
+    import collie
+    big = 1 << 15  # float64s: 256 KiB, single copy in a batch
+    out = []
+    if rank == 0:
+        time.sleep(0.02)  # rank 1's batch pauses
+        collie.send(np.full(4, 1.0), 1)
+        collie.send(np.full(big, 2.0), 1)
+        collie.send(np.full(big, 3.0), 1)
+        collie.send(np.full(4, 4.0), 1)
+        for w in collie.batch_isend_irecv([collie.P2POp(collie.isend, np.full(big, 5.0), 1),
+                                           collie.P2POp(collie.irecv, np.zeros(big), 1)]):
+            w.wait()
+        x = np.ones(2)
+        collie.all_reduce(x)
+        out.append(float(x[0]))
+        return out
+    first = np.zeros(4)
+    early = collie.irecv(first, 0)  # deferred: it takes the first message
+    second = np.zeros(big)
+    batch = collie.batch_isend_irecv([collie.P2POp(collie.irecv, second, 0)])
+    batch[0].wait()
+    early.wait()
+    out.append((float(first[0]), float(second[0])))
+    third = np.zeros(big)
+    batch = collie.batch_isend_irecv([collie.P2POp(collie.irecv, third, 0)])  # paused or done
+    fourth = np.zeros(4)
+    collie.recv(fourth, 0)  # after the batch's receive, whatever the batch did
+    batch[0].wait()
+    out.append((float(third[0]), float(fourth[0])))
+    got = np.zeros(big)
+    works = collie.batch_isend_irecv([collie.P2POp(collie.irecv, got, 0),
+                                      collie.P2POp(collie.isend, np.full(big, 6.0), 0)])
+    x = np.ones(2)
+    collie.all_reduce(x)  # with the batch perhaps still paused
+    for w in works:
+        w.wait()
+    out.append((float(got[0]), float(x[0])))
+    return out
+
+
+def test_a_batch_takes_its_peers_messages_in_posting_order(executor):
+    assert run_ranks(_batch_order_body, 2, backend="shm")[1] == [(1.0, 2.0), (3.0, 4.0), (5.0, 2.0)]
+
+
 def _dead_sender_body(rank, size, how, dead=0):
     import os
     import time
@@ -352,6 +470,9 @@ def _dead_sender_body(rank, size, how, dead=0):
     try:
         if how == "irecv":
             collie.irecv(buf, dead).wait()  # deferred: the core waits for it, then Python
+        elif how == "batch":  # the core's batch: it pauses, then hands its receive over
+            buf = np.zeros(1 << 15)
+            collie.batch_isend_irecv([collie.P2POp(collie.irecv, buf, dead)])[0].wait()
         elif how == "recv":
             collie.recv(buf, dead)
         else:  # from any source: the others are alive but send nothing
@@ -361,7 +482,7 @@ def _dead_sender_body(rank, size, how, dead=0):
     return "no error"
 
 
-@pytest.mark.parametrize("how", ["irecv", "recv"])
+@pytest.mark.parametrize("how", ["irecv", "recv", "batch"])
 def test_a_receive_from_a_dead_peer_raises_peer_error(how):
     name, _, msg, elapsed = run_ranks(_dead_sender_body, 2, how, backend="shm", expect_errors=True)[1]
     assert name == "PeerError" and "rank 0" in msg, msg

@@ -622,6 +622,10 @@ typedef struct {
     char *envelope;         /* a one-message program's own copy of its message (send_envelope) */
     int sharing;            /* the step's receive whose shared combining Python takes over (-1: none) */
     int wrote;              /* post_sends wrote fragments of a message of several slots */
+    int whole;              /* a batch's program (core.batch_program): its messages of several slots
+                               move whole or not at all, so that it can pause (see batch()) */
+    int timed_out;          /* run_steps stopped because its spin ran out (else: Python must act) */
+    uint64_t paused_mask;   /* a paused batch's mask (see batch()) */
 } CoreProgram;
 
 /* A program refers to the rings' Python ends and their transport, which may
@@ -735,13 +739,15 @@ static int parse_msgs(PyObject *seq, msg_t **out, int *count, int recv, int npee
     return 0;
 }
 
-/* Program(need, writes, steps, peers, dtype, op, transport, spin, crowded): see core.compile(). */
+/* Program(need, writes, steps, peers, dtype, op, transport, spin, crowded[, whole]): see core.compile()
+ * (and core.batch_program for ``whole``). */
 static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *need, *writes, *steps, *peers, *transport;
     int dtype, op, crowded;
     double spin;
-    if (!PyArg_ParseTuple(args, "OOOOiiOdp", &need, &writes, &steps, &peers, &dtype, &op, &transport, &spin,
-                          &crowded)) return NULL;
+    int whole = 0;
+    if (!PyArg_ParseTuple(args, "OOOOiiOdp|p", &need, &writes, &steps, &peers, &dtype, &op, &transport, &spin,
+                          &crowded, &whole)) return NULL;
     if (dtype < 0 || dtype >= NDTYPES || (op >= 0 && !supported(dtype, op))) {
         PyErr_Format(PyExc_ValueError, "no compiled kernel for dtype code %d and op code %d", dtype, op);
         return NULL;
@@ -753,6 +759,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->itemsize = itemsizes[dtype];
     self->spin = spin;
     self->crowded = crowded;
+    self->whole = whole;
     self->transport = Py_NewRef(transport);
     if (transport != Py_None && !hot_known(transport, shm_type, "transport")) {
         Py_DECREF(self);
@@ -872,7 +879,8 @@ enum { N_CLOSED, N_STASH, N_ERROR, N_CURRENT, N_QUEUE, N_PENDING, N_NPOSTED, N_C
        N_ETAG, N_POSTED, N_UNMATCHED, N_ENVELOPES, N_PROBES, N_M_LOST, N_CORE_SENDS, N_CORE_RECVS, N_ENVELOPE_IN,
        N_ENVELOPE, N_CORE_PROGRAM, N_COMM_GROUP, N_GET_RANK, N_GET_SIZE, N_SOURCE, N_TAG, N_DST, N_MSG,
        N_CANCELLED, N_TIMEOUT, N_INTER, N_POST, N_NBYTES, N_DATA, N_REQ, N_MATCHED, N_SYNC_ID, N_LOADS, N_PEER,
-       N_WAIT_REST, N_WAIT_OBJECT, N_COMM_MATCHER, N_DUMPS, N_RECV_REST, N_PY, N_OBJECT_SLOTS, NNAMES };
+       N_WAIT_REST, N_WAIT_OBJECT, N_COMM_MATCHER, N_DUMPS, N_RECV_REST, N_PY, N_OBJECT_SLOTS, N_OP, N_TENSOR,
+       N_GROUP_PEER, NNAMES };
 static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "current", "queue", "pending",
                                            "nposted", "claims", "shared", "stash", "unexpected", "head",
                                            "tail", "next_id", "seq", "_abort", "_lost", "TRACE", "lock",
@@ -885,7 +893,8 @@ static const char *name_strings[NNAMES] = {"_closed", "_stash", "error", "curren
                                            "_group", "Get_rank", "Get_size", "source", "tag", "dst", "msg",
                                            "cancelled", "timeout", "inter", "post", "nbytes",
                                            "data", "req", "matched", "sync", "loads", "peer",
-                                           "_Wait", "_wait", "_matcher", "dumps", "_recv_rest", "_py", "object_slots"};
+                                           "_Wait", "_wait", "_matcher", "dumps", "_recv_rest", "_py", "object_slots", "op",
+                                           "tensor", "group_peer"};
 static PyObject *names[NNAMES];
 static PyObject *no_requests;  /* the empty tuple: what run() hands over most of the time */
 static PyObject *zero;         /* the int 0: a finished call's network.current */
@@ -1147,6 +1156,9 @@ static void run_locals(CoreProgram *self, step_t *s, Py_buffer *bufs, kernel_t k
     }
 }
 
+static int put_whole(peer_t *p, int64_t tag, const char *data, int64_t n);
+static int take_whole(peer_t *p, int64_t tag, char *dst, int64_t n, kernel_t kernel, int op, int itemsize);
+
 /* Post the step's shm sends not posted yet (``unsent`` of them: bit j of
  * *mask clear), in order: each into its peer's ring (a message of several
  * slots as far as there is room, self->sent[j] counting), or as a
@@ -1154,7 +1166,8 @@ static void run_locals(CoreProgram *self, step_t *s, Py_buffer *bufs, kernel_t k
  * it). A send whose peer's ring is full stays unsent, and so does every later one to that
  * peer, which must not overtake it; run_steps tries them again while it
  * waits, as a receive waits for its message. (Handed back to Python in
- * order the same way, where the core gives up.) Returns how many are left. */
+ * order the same way, where the core gives up.) A batch's message of several
+ * slots goes whole or not at all (put_whole). Returns how many are left. */
 static int post_sends(CoreProgram *self, step_t *s, Py_buffer *bufs, int64_t tag, uint64_t meta, uint64_t *mask,
                       int *unacked, int unsent) {
     int64_t pass = ++self->passes;
@@ -1174,6 +1187,8 @@ static int post_sends(CoreProgram *self, step_t *s, Py_buffer *bufs, int64_t tag
             /* Posted (its bit set, so Python never posts it again), done once acknowledged. */
             posted = (self->rids[j] = rendezvous(p, tag, meta, data, m->nbytes)) != 0;
             *unacked += posted;
+        } else if (m->nbytes > p->out.slot_bytes && self->whole) {  /* a batch's: whole or not at all */
+            posted = put_whole(p, tag, data, m->nbytes);
         } else if (m->nbytes > p->out.slot_bytes) {  /* several slots: as many fragments as there is room for */
             int64_t before = self->sent[j];
             write_fragments(p, tag, meta, data, m->nbytes, &self->sent[j]);
@@ -1232,14 +1247,38 @@ static double spin_of(CoreProgram *self) {
     return thread_spin >= 0 && thread_spin < self->spin ? thread_spin : self->spin;
 }
 
+/* Whether the message at the head of p's ring is a single-copy one. */
+static int head_is_rendezvous(peer_t *p) {
+    ring_t *r = &p->in;
+    int64_t tail = *r->tail;
+    if (__atomic_load_n(r->head, __ATOMIC_ACQUIRE) == tail) return 0;
+    header_t h;
+    memcpy(&h, r->headers + tail % r->slots * LINE, sizeof h);
+    return h.offset == RDV;
+}
+
+/* Whether single-copy send ``rid``'s acknowledgement word says it was
+ * read: its id, or a later one of the same word (readers take a writer's
+ * messages in order, so a later one's reader took ours before; only a
+ * paused batch's send waits long enough to see that). */
+static int acknowledged(int64_t got, int64_t rid) {
+    return got == rid || (got > rid && (got - rid) % ACKS == 0);
+}
+
 /* Run steps from ``start`` until one needs Python. Returns the step it
  * stopped at (nsteps: all done), and sets *locals_done and *mask (bit j:
  * send j done, bit nsend + j: receive j done). With ``times``, step i's
  * start and end (seconds since the epoch, as time.time()) go to
- * times[2i] and times[2i + 1]: what a trace records. */
+ * times[2i] and times[2i + 1]: what a trace records. A ``spin`` of 0 or
+ * more bounds the receives' spin in place of the program's. ``resume``:
+ * step ``start`` goes on from where a paused batch left it (*mask says
+ * what was done; self->rids the sends awaiting their acknowledgement).
+ * self->timed_out says whether it stopped for its spin alone. */
 static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag, uint64_t meta,
-                     int *locals_done, uint64_t *mask, double *times, gil_t *gil) {
-    double spin = spin_of(self);
+                     int *locals_done, uint64_t *mask, double *times, gil_t *gil, double spin, int resume) {
+    if (spin < 0) spin = spin_of(self);
+    else if (thread_spin >= 0 && thread_spin < spin) spin = thread_spin;  /* (see set_thread_spin) */
+    self->timed_out = 0;
     int crowded = self->crowded;
     kernel_t kernel = self->op >= 0 ? kernels[self->dtype] : NULL;
     /* Large combining reads are shared with their writers (read_shared)
@@ -1248,25 +1287,29 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
     double share = crowded ? -1 : spin;
     for (int i = start; i < self->nsteps; i++) {
         step_t *s = &self->steps[i];
-        *locals_done = 0;
-        *mask = 0;
-        if (times) times[2 * i] = wall_seconds();
+        int going_on = resume && i == start;
+        *locals_done = going_on;
+        if (!going_on) *mask = 0;
+        if (times && !going_on) times[2 * i] = wall_seconds();
         if (s->python) return i;
-        memset(self->sent, 0, s->nsend * sizeof(int64_t));
-        memset(self->got, 0, s->nrecv * sizeof(int64_t));
-        if (!s->sends_first) run_locals(self, s, bufs, kernel);
+        if (!going_on) {
+            memset(self->sent, 0, s->nsend * sizeof(int64_t));
+            memset(self->got, 0, s->nrecv * sizeof(int64_t));
+            if (!s->sends_first) run_locals(self, s, bufs, kernel);
+        }
         int open = 0, handback = 0, unacked = 0, unsent = 0;
         for (int j = 0; j < s->nsend; j++) {
-            self->rids[j] = 0;
+            if (!going_on) self->rids[j] = 0;
+            unacked += self->rids[j] != 0;
             if (!self->peers[s->send[j].peer].shm) handback = 1;  /* another transport's */
-            else unsent++;
+            else if (!((*mask >> j) & 1)) unsent++;
         }
         unsent = post_sends(self, s, bufs, tag, meta, mask, &unacked, unsent);
-        if (s->sends_first) run_locals(self, s, bufs, kernel);
+        if (s->sends_first && !going_on) run_locals(self, s, bufs, kernel);
         *locals_done = 1;
         for (int j = 0; j < s->nrecv; j++) {
             if (!self->peers[s->recv[j].peer].shm) handback = 1;
-            else open++;
+            else if (!((*mask >> (s->nsend + j)) & 1)) open++;
         }
         double deadline = 0;
         int spun = 0;
@@ -1285,7 +1328,7 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
                 if ((share >= 0 && help_combine(self, &s->send[j], bufs, rid))
                     || help_copy(self, s, j, bufs)) moved = 1;
                 int64_t got = __atomic_load_n(&self->peers[s->send[j].peer].out.acks[rid % ACKS], __ATOMIC_ACQUIRE);
-                if (got == rid) { self->rids[j] = 0; unacked--; moved = 1; }
+                if (acknowledged(got, rid)) { self->rids[j] = 0; unacked--; moved = 1; }
                 else if (got == -rid) return i;  /* the reader could not: Python says why */
             }
             for (int j = 0; j < s->nrecv; j++) {
@@ -1298,7 +1341,12 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
                  * one must not take the message meant for the earlier (two
                  * halves of one size would land swapped). */
                 if (p->behind == pass) continue;
-                int got = take(p, tag, meta, m, bufs, m->reduce ? kernel : NULL, self->op, self->itemsize, self->dtype,
+                int got;
+                if (self->whole && m->nbytes > p->in.slot_bytes && !head_is_rendezvous(p))
+                    got = take_whole(p, tag, msg_bytes(m, bufs), m->nbytes, m->reduce ? kernel : NULL, self->op,
+                                     self->itemsize) ? TAKEN : EMPTY;  /* (meta 0: a batch's) */
+                else
+                    got = take(p, tag, meta, m, bufs, m->reduce ? kernel : NULL, self->op, self->itemsize, self->dtype,
                                share, &self->got[j]);
                 if (got == TAKEN) { *mask |= bit; open--; moved = 1; }
                 else if (got == PARTIAL) { moved = 1; p->behind = pass; }  /* later ones from it wait */
@@ -1317,7 +1365,10 @@ static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag,
             if (moved) { spun = 0; continue; }
             double t = now_seconds();
             if (!spun) { deadline = t + spin; spun = 1; }
-            else if (t >= deadline) return i;  /* Python sleeps on the doorbell and watches for faults */
+            else if (t >= deadline) {  /* Python sleeps on the doorbell and watches for faults */
+                self->timed_out = 1;
+                return i;
+            }
             else if (!gil->saved && t + spin - deadline > GIL_HOLD) gil->saved = PyEval_SaveThread();
             if (crowded) sched_yield();
             else __builtin_ia32_pause();
@@ -1335,9 +1386,14 @@ typedef struct { int step, locals_done; uint64_t mask; PyObject *inflight; } out
  * step ``start``: fills *out (a new reference in out->inflight) and returns
  * 0, or -1 with an exception set. ``times_obj``: None, or a writable
  * float64 buffer of 2 x nsteps (see run()). */
-/* run_core() once the buffers are in hand (the rings already found free). */
+/* How batch() runs a batch's program: its receives' spin, and whether it
+ * goes on from a pause. */
+typedef struct { double spin; int resume; } batch_run_t;
+
+/* run_core() once the buffers are in hand (the rings already found free).
+ * A ``batch``'s run (else NULL) hands nothing over to Python: batch() does. */
 static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag, uint64_t meta, double *times,
-                       outcome_t *out) {
+                       outcome_t *out, const batch_run_t *batch) {
     for (int i = 0; i < self->npeers; i++) {
         peer_t *p = &self->peers[i];
         if (!p->shm) continue;
@@ -1348,16 +1404,17 @@ static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t ta
         }
         note_books(p);
     }
-    memset(self->rids, 0, (self->maxsend + 1) * sizeof(int64_t));
+    int resume = batch && batch->resume;
+    if (!resume) memset(self->rids, 0, (self->maxsend + 1) * sizeof(int64_t));
     self->sharing = -1;
     int locals_done = 0, step;
-    uint64_t mask = 0;
+    uint64_t mask = resume ? self->paused_mask : 0;
     /* The caller holds the network's lock: no Python end moves meanwhile.
      * A thread running asynchronous calls (its own spin bound set) always
      * lets the GIL go: its process computes beside it. */
     gil_t gil = {NULL, self->small && thread_spin < 0, 0};
     if (!gil.hold) gil.saved = PyEval_SaveThread();
-    step = run_steps(self, bufs, start, tag, meta, &locals_done, &mask, times, &gil);
+    step = run_steps(self, bufs, start, tag, meta, &locals_done, &mask, times, &gil, batch ? batch->spin : -1, resume);
     if (gil.saved) PyEval_RestoreThread(gil.saved);
     PyObject *exc_type = NULL, *exc = NULL, *tb = NULL;
     if (gil.failed) PyErr_Fetch(&exc_type, &exc, &tb);  /* raised once the books are right */
@@ -1365,8 +1422,8 @@ static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t ta
         Py_XDECREF(exc_type); Py_XDECREF(exc); Py_XDECREF(tb);
         return -1;
     }
-    PyObject *inflight = step < self->nsteps ? adopt_under_way(self, bufs, step, tag, meta, &mask)
-                                             : Py_NewRef(no_requests);
+    PyObject *inflight = step < self->nsteps && !batch ? adopt_under_way(self, bufs, step, tag, meta, &mask)
+                                                       : Py_NewRef(no_requests);
     if (gil.failed) {
         Py_XDECREF(inflight);
         PyErr_Restore(exc_type, exc, tb);
@@ -1378,7 +1435,7 @@ static int run_buffers(CoreProgram *self, Py_buffer *bufs, int start, int64_t ta
 }
 
 static int run_core(CoreProgram *self, PyObject *const *objs, int start, int64_t tag, uint64_t meta,
-                    PyObject *times_obj, outcome_t *out) {
+                    PyObject *times_obj, outcome_t *out, const batch_run_t *batch) {
     if (start < 0 || start > self->nsteps) {
         PyErr_SetString(PyExc_ValueError, "run(): no such step");
         return -1;
@@ -1386,7 +1443,7 @@ static int run_core(CoreProgram *self, PyObject *const *objs, int start, int64_t
     int free_ = rings_free(self);
     if (free_ < 0) return -1;
     if (!free_) {
-        *out = (outcome_t){start, 0, 0, Py_NewRef(no_requests)};
+        *out = (outcome_t){start, 0, batch && batch->resume ? self->paused_mask : 0, Py_NewRef(no_requests)};
         return 0;
     }
     Py_buffer bufs[self->nbufs + 1], times = {0};
@@ -1408,7 +1465,7 @@ static int run_core(CoreProgram *self, PyObject *const *objs, int start, int64_t
             goto done;
         }
     }
-    rc = run_buffers(self, bufs, start, tag, meta, times.buf, out);
+    rc = run_buffers(self, bufs, start, tag, meta, times.buf, out, batch);
 done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
     if (times.obj) PyBuffer_Release(&times);
@@ -1438,8 +1495,67 @@ static PyObject *program_run(CoreProgram *self, PyObject *args) {
         return NULL;
     }
     outcome_t o;
-    if (run_core(self, ((PyTupleObject *)buffers)->ob_item, start, tag, meta, times_obj, &o) < 0) return NULL;
+    if (run_core(self, ((PyTupleObject *)buffers)->ob_item, start, tag, meta, times_obj, &o, NULL) < 0) return NULL;
     return outcome_tuple(&o);
+}
+
+/* ---- batches (collie.p2p.batch_isend_irecv): one step of sends and
+ * receives, started by the call and finished when one of its Works is
+ * waited on, without the transport's Python in between.
+ *
+ * batch(buffers, tag, resume, spin, final) -> (done, mask, rids) runs the
+ * one step of a program made ``whole`` (core.batch_program), with meta 0:
+ * from the start (sends posted, receives taken where their messages are
+ * there), or with ``resume`` from where the last call paused; receives spin
+ * at most ``spin`` seconds. done: everything moved, sends acknowledged.
+ * Else, where only the spin ran out and not ``final``, it pauses: the
+ * program keeps what is under way for the next call, rids is None, and
+ * mask says what is done (bit j: send j posted; bit nsend + j: receive j
+ * taken). Nothing it leaves is half moved (hence ``whole``), so any other
+ * use of the rings may come between. Else it hands back: rids is a tuple
+ * of (j, id), the single-copy sends posted and not acknowledged, which
+ * Python enters in its books (shm.adopt_rendezvous), and Python posts
+ * what mask says is not done. */
+static PyObject *batch_step(CoreProgram *self, PyObject *const *objs, int64_t tag, int resume, double spin, int final) {
+    batch_run_t how = {spin, resume};
+    outcome_t o;
+    self->timed_out = 0;  /* (stays so where the rings are not free and nothing runs) */
+    if (run_core(self, objs, 0, tag, 0, Py_None, &o, &how) < 0) return NULL;
+    Py_DECREF(o.inflight);
+    unsigned long long mask = o.mask;
+    if (o.step == self->nsteps) return Py_BuildValue("OKO", Py_True, mask, Py_None);
+    if (self->timed_out && !final) {
+        self->paused_mask = o.mask;
+        return Py_BuildValue("OKO", Py_False, mask, Py_None);
+    }
+    step_t *s = &self->steps[0];
+    PyObject *rids = PyList_New(0);
+    for (int j = 0; rids && j < s->nsend; j++) {
+        PyObject *pair = self->rids[j] ? Py_BuildValue("(iL)", j, (long long)self->rids[j]) : NULL;
+        if (self->rids[j] && (!pair || PyList_Append(rids, pair) < 0)) Py_CLEAR(rids);
+        Py_XDECREF(pair);
+        self->rids[j] = 0;
+    }
+    PyObject *result = rids ? Py_BuildValue("OKN", Py_False, mask, PyList_AsTuple(rids)) : NULL;
+    Py_XDECREF(rids);
+    return result;
+}
+
+static PyObject *program_batch(CoreProgram *self, PyObject *args) {
+    PyObject *buffers;
+    long long tag;
+    int resume, final;
+    double spin;
+    if (!PyArg_ParseTuple(args, "OLpdp", &buffers, &tag, &resume, &spin, &final)) return NULL;
+    if (!self->whole || self->nsteps != 1) {
+        PyErr_SetString(PyExc_ValueError, "batch(): not a batch's program (core.batch_program)");
+        return NULL;
+    }
+    if (!PyTuple_Check(buffers) || PyTuple_GET_SIZE(buffers) != self->nbufs) {
+        PyErr_Format(PyExc_ValueError, "batch() needs a tuple of %d buffers", self->nbufs);
+        return NULL;
+    }
+    return batch_step(self, ((PyTupleObject *)buffers)->ob_item, tag, resume, spin, final);
 }
 
 /* For the peers of ``g`` (all on shared
@@ -1556,7 +1672,7 @@ static int move_bytes(CoreProgram *self, char *data, int64_t tag) {
         if (done) return update_books(self) < 0 ? -1 : 1;
     }
     outcome_t o;
-    if (run_buffers(self, &b, 0, tag, 0, NULL, &o) < 0) return -1;
+    if (run_buffers(self, &b, 0, tag, 0, NULL, &o, NULL) < 0) return -1;
     Py_DECREF(o.inflight);  /* (): one slot, never single copy (p2p_program) */
     return o.step == self->nsteps;
 }
@@ -1681,6 +1797,8 @@ static PyObject *program_python_steps(CoreProgram *self, PyObject *unused) {
 
 static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)program_run, METH_VARARGS, "Run steps until one needs Python."},
+    {"batch", (PyCFunction)program_batch, METH_VARARGS,
+     "batch(buffers, tag, resume, spin, final) -> (done, mask, rids): run or go on with a batch's step."},
     {"python_steps", (PyCFunction)program_python_steps, METH_NOARGS,
      "python_steps() -> the steps Python's executor runs whole (what the core cannot)."},
     {"move", (PyCFunction)(void (*)(void))program_move, METH_FASTCALL,
@@ -2012,7 +2130,7 @@ static PyObject *lane_core(Lane *self, PyObject *seq, int64_t tag, PyObject *tag
     for (int i = self->used; i < core->nbufs; i++) objs[i] = PyTuple_GET_ITEM(extra, i - self->used);
     if (lock_take(self->lock) < 0) { Py_DECREF(extra); goto out; }
     outcome_t o;
-    int rc = run_core(core, objs, 0, tag, self->meta, Py_None, &o);
+    int rc = run_core(core, objs, 0, tag, self->meta, Py_None, &o, NULL);
     Py_DECREF(extra);
     if (lock_give(self->lock) < 0) {
         if (rc == 0) Py_DECREF(o.inflight);
@@ -2287,6 +2405,156 @@ static PyObject *py_p2p_target(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     int writable = PyObject_IsTrue(args[5]);
     return writable < 0 ? NULL : p2p_target(args[0], args[1], args[2], args[3], args[4], writable);
+}
+
+/* ---- batch_isend_irecv's common case in C (collie.p2p._core_batch's,
+ * which makes the programs): a batch with a message of at least the
+ * threshold, whose program was made before, nothing deferred. */
+#define MAX_BATCH 62  /* messages: the done mask is one int64 */
+static struct {
+    PyObject *op_type, *irecv, *completed;  /* P2POp, collie.irecv, CompletedWork */
+    long long threshold;                     /* core.BATCH_SINGLE_COPY_BYTES */
+    double spin_per_byte;                    /* the call's own wait (p2p._FIRST_SPIN_PER_BYTE) */
+    int context_shift;
+} batching;
+
+static PyObject *py_set_batching(PyObject *self, PyObject *args) {
+    PyObject *op_type, *irecv, *completed;
+    if (!PyArg_ParseTuple(args, "O!OO!Ldi", &PyType_Type, &op_type, &irecv, &PyType_Type, &completed,
+                          &batching.threshold, &batching.spin_per_byte, &batching.context_shift)) return NULL;
+    Py_XSETREF(batching.op_type, Py_NewRef(op_type));
+    Py_XSETREF(batching.irecv, Py_NewRef(irecv));
+    Py_XSETREF(batching.completed, Py_NewRef(completed));
+    Py_RETURN_NONE;
+}
+
+/* Whether one of the ops' tensors has at least the threshold's bytes (-1: error). */
+static int batch_is_large(PyObject **ops, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (Py_TYPE(ops[i]) != (PyTypeObject *)batching.op_type) return 0;
+        PyObject *tensor = PyObject_GetAttr(ops[i], names[N_TENSOR]);
+        PyObject *nbytes = tensor ? PyObject_GetAttr(tensor, names[N_NBYTES]) : NULL;
+        long long v = nbytes && PyLong_Check(nbytes) ? PyLong_AsLongLong(nbytes) : -1;
+        Py_XDECREF(tensor);
+        Py_XDECREF(nbytes);
+        if (v < 0 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+            PyErr_Clear();  /* no nbytes: the full path explains */
+            return 0;
+        }
+        if (v >= batching.threshold) return 1;
+    }
+    return 0;
+}
+
+/* The op's target (p2p_target's (group, peer, array), or None) and wire tag. */
+static PyObject *batch_target(PyObject *op, int64_t *wire, int *receiving) {
+    PyObject *v[6] = {NULL};
+    static const int at[6] = {N_OP, N_TENSOR, N_PEER, N_GROUP_PEER, N_GROUP, N_TAG};
+    PyObject *target = NULL, *context = NULL;
+    for (int k = 0; k < 6; k++)
+        if (!(v[k] = PyObject_GetAttr(op, names[at[k]]))) goto out;
+    *receiving = v[0] == batching.irecv;
+    target = p2p_target(v[1], v[2], v[3], v[4], v[5], *receiving);
+    if (target && target != Py_None) {
+        context = PyObject_GetAttr(PyTuple_GET_ITEM(target, 0), names[N_CONTEXT]);
+        long long c = context ? PyLong_AsLongLong(context) : -1, t = PyLong_AsLongLong(v[5]);  /* (checked) */
+        *wire = (int64_t)((c << batching.context_shift) | t);
+        if (PyErr_Occurred()) Py_CLEAR(target);
+    }
+out:
+    for (int k = 0; k < 6; k++) Py_XDECREF(v[k]);
+    Py_XDECREF(context);
+    return target;
+}
+
+/* batch_fast(ops) -> the Works of a batch the core ended in the call (a
+ * list); or (program, key, arrays, targets, tag, mask, rids) for one it
+ * paused (rids None; the program is out of the cache) or handed back,
+ * whose Works Python makes (p2p._under_way); or None: Python's way. */
+static PyObject *py_batch_fast(PyObject *self, PyObject *ops) {
+    if (!core_chosen || !batching.op_type || !(PyList_CheckExact(ops) || PyTuple_CheckExact(ops))) Py_RETURN_NONE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ops);
+    PyObject **items = PySequence_Fast_ITEMS(ops);
+    if (n < 1 || n > MAX_BATCH) Py_RETURN_NONE;
+    int large = batch_is_large(items, n);
+    if (large <= 0) return large < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *targets = PyTuple_New(n), *key = PyTuple_New(n), *arrays = PyTuple_New(n);
+    PyObject *network = NULL, *state = NULL, *programs = NULL, *deferred = NULL, *lock = NULL, *result = NULL;
+    CoreProgram *program = NULL;
+    int64_t tag = -1, total = 0;
+    if (!targets || !key || !arrays) goto out;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t wire = 0;
+        int receiving;
+        PyObject *target = batch_target(items[i], &wire, &receiving);
+        if (!target || target == Py_None) { Py_XDECREF(target); goto out; }
+        PyTuple_SET_ITEM(targets, i, target);
+        PyObject *arr = PyTuple_GET_ITEM(target, 2), *nbytes = PyObject_GetAttr(arr, names[N_NBYTES]);
+        if (!nbytes) goto out;
+        total += PyLong_AsLongLong(nbytes);
+        PyObject *entry = PyTuple_Pack(3, receiving ? Py_True : Py_False, PyTuple_GET_ITEM(target, 1), nbytes);
+        Py_DECREF(nbytes);
+        if (!entry) goto out;
+        PyTuple_SET_ITEM(key, i, entry);
+        PyTuple_SET_ITEM(arrays, i, Py_NewRef(arr));
+        if (i == 0) {
+            tag = wire;
+            if (!(network = PyObject_GetAttr(PyTuple_GET_ITEM(target, 0), names[N_NETWORK]))) goto out;
+        } else if (wire != tag) {
+            goto out;
+        }
+    }
+    if (!(state = PyObject_GetAttr(network, names[N_P2P])) || state == Py_None
+        || !(programs = PyObject_GetAttr(state, names[N_PROGRAMS])) || !PyDict_Check(programs)
+        || !(deferred = PyObject_GetAttr(state, names[N_DEFERRED])) || !PyList_Check(deferred)
+        || PyList_GET_SIZE(deferred))
+        goto out;  /* no program made yet, or receives deferred: Python sorts them out */
+    PyObject *found = PyDict_GetItemWithError(programs, key);
+    if (!found || !PyObject_TypeCheck(found, &ProgramType) || !((CoreProgram *)found)->whole) goto out;
+    if (!hot_known(network, network_type, "network") || network_broken(network)
+        || !(lock = PyObject_GetAttr(network, names[N_LOCK])))
+        goto out;
+    program = (CoreProgram *)Py_NewRef(found);
+    if (PyDict_DelItem(programs, key) < 0) goto out;  /* this batch's until it ends */
+    double spin = total * batching.spin_per_byte;
+    if (lock_take(lock) < 0) goto out;
+    PyObject *step = batch_step(program, PySequence_Fast_ITEMS(arrays), tag, 0,
+                                spin < program->spin ? spin : program->spin, 0);
+    if (lock_give(lock) < 0) { Py_XDECREF(step); step = NULL; }
+    if (!step) goto out;
+    int done = PyTuple_GET_ITEM(step, 0) == Py_True, paused = !done && PyTuple_GET_ITEM(step, 2) == Py_None;
+    if (!paused && PyDict_SetItem(programs, key, (PyObject *)program) < 0) { Py_DECREF(step); goto out; }
+    if (!done) {
+        result = Py_BuildValue("(OOOOLOO)", program, key, arrays, targets, (long long)tag, PyTuple_GET_ITEM(step, 1),
+                               PyTuple_GET_ITEM(step, 2));
+        Py_DECREF(step);
+        goto out;
+    }
+    Py_DECREF(step);
+    /* CompletedWorks, made as the entries make them: a receive's result() is its sender */
+    PyTypeObject *type = (PyTypeObject *)batching.completed;
+    if (!(result = PyList_New(n))) goto out;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *work = type->tp_new(type, no_requests, NULL);
+        if (work && PyTuple_GET_ITEM(PyTuple_GET_ITEM(key, i), 0) == Py_True
+            && PyObject_SetAttr(work, names[N_RESULT], PyTuple_GET_ITEM(PyTuple_GET_ITEM(targets, i), 1)) < 0)
+            Py_CLEAR(work);
+        if (!work) { Py_CLEAR(result); goto out; }
+        PyList_SET_ITEM(result, i, work);
+    }
+out:
+    Py_XDECREF(targets);
+    Py_XDECREF(key);
+    Py_XDECREF(arrays);
+    Py_XDECREF(network);
+    Py_XDECREF(state);
+    Py_XDECREF(programs);
+    Py_XDECREF(deferred);
+    Py_XDECREF(lock);
+    Py_XDECREF(program);
+    if (!result && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception) && !program) PyErr_Clear();
+    return result ? result : PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
 }
 
 /* ------------------------------------------------------------ entries */
@@ -5062,6 +5330,10 @@ static PyMethodDef methods[] = {
     {"combine", py_combine, METH_VARARGS, "combine(dst, src, dtype, op): dst = dst op src in place."},
     {"find_lane", (PyCFunction)(void (*)(void))py_find_lane, METH_FASTCALL,
      "find_lane(group, key, tensor) -> the lane of a repeated call, or None (collectives._find_lane)."},
+    {"set_batching", py_set_batching, METH_VARARGS,
+     "set_batching(P2POp, irecv, CompletedWork, threshold, spin_per_byte, context_shift): what batch_fast needs."},
+    {"batch_fast", py_batch_fast, METH_O,
+     "batch_fast(ops) -> batch_isend_irecv's Works, what Python makes them of, or None (see _core.c)."},
     {"p2p_target", (PyCFunction)(void (*)(void))py_p2p_target, METH_FASTCALL,
      "p2p_target(tensor, rank, group_rank, group, tag, writable) -> (group, peer, array) or None (collie.p2p)."},
     {"set_ring_ends", py_set_ring_ends, METH_VARARGS,

@@ -41,6 +41,7 @@ from .work import CompletedWork
 try:
     from . import _core
     Lane, find_lane, p2p_target, set_context = _core.Lane, _core.find_lane, _core.p2p_target, _core.set_context
+    batch_fast, set_batching = _core.batch_fast, _core.set_batching
     pack_slots, unpack_slots, slots_round = _core.pack_slots, _core.unpack_slots, _core.slots_round  # objects.py's
     Entry, forget_world = _core.Entry, _core.forget_world
     _core.set_ring_ends(ring.Out, ring.In)
@@ -48,6 +49,7 @@ try:
     _WHY_NOT = ""
 except ImportError:  # not built: no C compiler (or Python headers) at install time
     _core = Lane = find_lane = p2p_target = set_context = pack_slots = unpack_slots = slots_round = Entry = None
+    batch_fast = set_batching = None
 
     def forget_world() -> None:
         """(What the compiled core's entries keep of a world: there are none.)"""
@@ -268,9 +270,9 @@ def p2p_program(network, peer: int, nbytes: int, receiving: bool, spin: float):
     rank ``peer`` (or into it from ``peer``), run with the call's tag and
     meta 0 as collie.p2p's messages are; receives spin at most ``spin``
     seconds (0: one look). None where the core can't move it, or where it
-    is not worth it: the core takes messages that fit its ring. (A single-copy
-    send done in C waits in Python all the same, and a batch of them
-    measured 10-20% slower: collie bench --op sendrecv, 256 KiB-1 MiB.)"""
+    is not worth it: the core takes messages that fit its ring. (A lone
+    single-copy send done in C would wait in Python all the same; a batch's
+    waits in C with its receives: batch_program.)"""
     entry = _peer(network, peer)
     if _core is None or entry is None:
         return None
@@ -282,6 +284,42 @@ def p2p_program(network, peer: int, nbytes: int, receiving: bool, spin: float):
     step = (0, (), () if receiving else message, message if receiving else (), 0)
     return _core.Program((nbytes,), (receiving,), (step,), (entry,), _NO_KERNEL, -1, network.shm, spin,
                          network._crowded)
+
+
+BATCH_SINGLE_COPY_BYTES = 64 << 10  # a batch's sends go single copy from here (see batch_program)
+
+
+def batch_program(network, messages: tuple):
+    """A core program of one step that moves a batch_isend_irecv's
+    ``messages``, ((receiving, global peer, bytes), ...), message i from or
+    into buffer i, run with _core's batch() (None where the core cannot:
+    a peer not on shared memory, a message that could never move whole).
+    Its sends go single copy from BATCH_SINGLE_COPY_BYTES where the peer can
+    read this process (not from the transport's threshold, 2 MiB):
+    a batch waits in C for its acknowledgements along with its receives,
+    where a lone isend would wait in Python. (An exchange of 1 MiB through
+    the slots takes two copies on each rank, one after the other; single
+    copy reads the peer's bytes once, and both ranks read at once.)"""
+    if _core is None or not 0 < len(messages) <= 62:  # (the done mask is one int64)
+        return None
+    peers, index, sends, recvs = [], {}, [], []
+    for i, (receiving, peer, nbytes) in enumerate(messages):
+        if peer not in index:
+            entry = _peer(network, peer)
+            if entry is None:
+                return None
+            single_copy = min(entry[6], BATCH_SINGLE_COPY_BYTES) if entry[6] > 0 else 0
+            index[peer] = len(peers)
+            peers.append(entry[:6] + (single_copy,))
+        entry = peers[index[peer]]
+        single_copy = network.shm.cma_bytes if receiving else entry[6]
+        head, tail, headers, payload, slots, slot_bytes = _ring_of(entry, receiving)
+        if not 0 < single_copy <= nbytes and nbytes > slots * slot_bytes:
+            return None  # (several slots, more than the ring holds: never whole)
+        (recvs if receiving else sends).append((index[peer], i, 0, nbytes, 0))
+    step = (0, (), tuple(sends), tuple(recvs), 0)
+    return _core.Program(tuple(n for _, _, n in messages), tuple(r for r, _, _ in messages), (step,),
+                         tuple(peers), _NO_KERNEL, -1, network.shm, network.spin_seconds, network._crowded, True)
 
 
 def glance(network, peers: list):

@@ -109,9 +109,9 @@ class _CoreP2P:
         """Hand the deferred receives from ``peer`` (None: from any) to the transport, in order."""
         with self.network.lock:
             waiting = self.deferred[:]
-            self.deferred[:] = [d for d in waiting if peer is not None and d.peer != peer]
+            self.deferred[:] = [d for d in waiting if peer is not None and not d.takes_from(peer)]
             for d in waiting:
-                if peer is None or d.peer == peer:
+                if peer is None or d.takes_from(peer):
                     d.post()
 
 
@@ -176,6 +176,9 @@ class _DeferredRecv(Work):
         with g.network.lock:  # the async calls' thread may be handing the list over (progress)
             state.deferred.append(self)
 
+    def takes_from(self, peer: int) -> bool:
+        return peer == self.peer
+
     def post(self) -> None:
         self._state = None
         try:
@@ -196,7 +199,7 @@ class _DeferredRecv(Work):
             arr = self._keep
             program = self._program if blocking else state.program(self.peer, arr.nbytes, True, False)
             deferred = state.deferred
-            first = deferred[0] is self or next(d for d in deferred if d is self or d.peer == self.peer) is self
+            first = deferred[0] is self or next(d for d in deferred if d is self or d.takes_from(self.peer)) is self
             if first and core_run(net, program, arr, self._tag):
                 deferred.remove(self)
                 self._state, self._finished, self._keep, self._result = None, True, None, self.peer
@@ -215,6 +218,191 @@ class _DeferredRecv(Work):
         if self._state is not None and self._take(False):
             return True
         return super().is_completed()
+
+
+# ---- batches through the core
+#
+# A batch_isend_irecv with a message of at least 64 KiB whose messages the
+# core can all move (peers on this host, arrays it can view, one tag) is
+# one step of a core program (core.batch_program), as a collective's step
+# is: its sends go single copy, and the peers read each other's messages
+# at once. The call posts the sends and takes what receives it can; if
+# anything is left, the first of its Works waited on finishes the whole
+# step in C, receives and acknowledgements together. Meanwhile the batch
+# is deferred as an irecv is: before Python moves messages it is handed
+# over (post), and what it left under way enters the transport's books.
+# It never leaves a message half moved, so other calls may use the rings
+# in between. Smaller batches go call by call (the C entries are quicker
+# for them).
+
+class _Batch:
+    """A batch the core started and paused: its program (out of the cache
+    until the batch ends), buffers, tag, Works, and the peers it receives from."""
+
+    __slots__ = ("network", "state", "program", "key", "bufs", "tag", "works", "sources")
+
+    def __init__(self, state: _CoreP2P, program, key: tuple, bufs: tuple, tag: int, works: list):
+        self.network, self.state, self.program, self.key = state.network, state, program, key
+        self.bufs, self.tag, self.works = bufs, tag, works
+        self.sources = {peer for receiving, peer, _ in key if receiving}
+
+    def takes_from(self, peer: int) -> bool:
+        return peer in self.sources
+
+    def go_on(self, spin: float, final: bool) -> bool:
+        """Go on with the batch's step in the core, under the network's
+        lock: True once it ended (done, or handed back; its Works settled),
+        False where it paused again. ``final``: hand back whatever is left
+        after ``spin`` seconds."""
+        net = self.network
+        if net._abort is not None or net._lost:  # something broke: Python's checks
+            final, spin = True, 0.0
+        done, mask, rids = self.program.batch(self.bufs, self.tag, True, spin, final)
+        if rids is None and not done:
+            return False
+        self.state.programs[self.key] = self.program  # free for the next such batch
+        _settle(self.network, self.key, self.bufs, self.tag, self.works, mask, dict(rids or ()))
+        return True
+
+    def post(self) -> None:
+        """Hand the batch over to Python (Network.progress, or a later call
+        taking messages from its peers; _CoreP2P.post took it off the
+        deferred list)."""
+        self.go_on(0.0, True)
+
+
+def _settle(net, key: tuple, bufs: tuple, tag: int, works: list, mask: int, rids: dict) -> None:
+    """Complete the Works of a batch's messages that moved (``mask``, as
+    _core's batch() returns it); enter the rest in the transport's books:
+    the single-copy sends posted but not acknowledged (``rids``: send j's
+    id), then, in order, whatever was not posted."""
+    shm = net.shm
+    nsend = sum(1 for receiving, _, _ in key if not receiving)
+    sends = recvs = 0
+    for work, (receiving, peer, _), buf in zip(works, key, bufs):
+        work._batch = None
+        try:
+            if receiving:
+                bit, recvs = nsend + recvs, recvs + 1
+                if mask >> bit & 1:
+                    work._finished, work._keep, work._result = True, None, peer
+                else:
+                    work._requests = [net.post_recv(peer, tag, byte_view(buf), None, None)]
+                    work._on_done = lambda peer=peer: peer
+            else:
+                bit, sends = sends, sends + 1
+                if bit in rids:
+                    work._requests = [shm.adopt_rendezvous(shm._out[peer], shm._in[peer], rids[bit],
+                                                           byte_view(buf), tag, 0)]
+                elif mask >> bit & 1:
+                    work._finished, work._keep = True, None
+                else:
+                    work._requests = [net.post_send(peer, tag, byte_view(buf), 0)]
+        except BaseException as exc:  # a lost peer, a closed network: what wait() raises
+            work._error, work._finished, work._keep = exc, True, None
+
+
+class _BatchWork(Work):
+    """One message of a batch the core paused: waiting on it (or asking
+    whether it is done) goes on with the whole batch in the core."""
+
+    _batch: Optional[_Batch] = None
+
+    def _go_on(self, blocking: bool) -> None:
+        batch = self._batch
+        with self._network.lock:
+            if batch is not None and self._batch is batch:  # (another thread may have ended it)
+                if batch.go_on(self._network.spin_seconds if blocking else 0.0, blocking):
+                    batch.state.deferred.remove(batch)
+
+    def wait(self, timeout=None) -> bool:
+        if self._batch is not None:
+            wait_seconds(timeout, self._timeout)  # a bad timeout is refused before anything moves
+            self._go_on(True)
+        return super().wait(timeout)
+
+    def is_completed(self) -> bool:
+        if self._batch is not None:
+            self._go_on(False)
+        return super().is_completed()
+
+
+# The call itself waits for its peers as long as moving its bytes at 1 GB/s
+# would take (64 us for 64 KiB), then leaves the rest to the Works: in a
+# lockstep exchange the peers are there by then and the batch ends in the
+# call, where a receive posted well ahead of its message costs that much once.
+_FIRST_SPIN_PER_BYTE = 1e-9
+
+
+def _core_batch(p2p_op_list) -> Optional[list]:
+    """batch_isend_irecv through the core (see _Batch): its Works, or None
+    where the core does not take the batch (the per-call path does)."""
+    if core.EXECUTE is not core.execute:
+        return None
+    for p in p2p_op_list:
+        if getattr(p.tensor, "nbytes", 0) >= core.BATCH_SINGLE_COPY_BYTES:
+            break
+    else:
+        return None
+    key, ons, tag, total = [], [], None, 0
+    for p in p2p_op_list:
+        receiving = p.op is irecv
+        on = core.p2p_target(p.tensor, p.peer, p.group_peer, p.group, p.tag, receiving)
+        if on is None:
+            return None
+        g = on[0]
+        if tag is None:
+            tag, network = (g.context << CONTEXT_SHIFT) | p.tag, g.network
+        elif (g.context << CONTEXT_SHIFT) | p.tag != tag:
+            return None
+        nbytes = on[2].nbytes
+        key.append((receiving, on[1], nbytes))
+        ons.append(on)
+        total += nbytes
+    key, arrays = tuple(key), tuple(on[2] for on in ons)
+    state = network.p2p or _state(network)
+    program = state.programs.pop(key, False)
+    if program is False:  # none made yet, or a paused batch of this shape holds it
+        if len(state.programs) >= _PROGRAMS:
+            state.programs.clear()
+        program = core.batch_program(network, key)
+    if program is None:
+        state.programs[key] = None
+        return None
+    with network.lock:
+        if state.deferred:  # receives posted before take their messages first
+            for peer in {peer for receiving, peer, _ in key if receiving}:
+                state.post(peer)
+        if network._abort is None and not network._lost:
+            done, mask, rids = program.batch(arrays, tag, False, min(network.spin_seconds, total * _FIRST_SPIN_PER_BYTE),
+                                             False)
+        else:  # something broke: Python's checks
+            done, mask, rids = False, 0, ()
+        if done:
+            state.programs[key] = program
+            return [CompletedWork(peer if receiving else None) for receiving, peer, _ in key]
+        if rids is not None:
+            state.programs[key] = program
+        return _under_way(p2p_op_list, program, key, arrays, ons, tag, mask, rids)
+
+
+def _under_way(p2p_op_list, program, key: tuple, arrays: tuple, ons, tag: int, mask: int, rids) -> list:
+    """The Works of a batch the core started and did not end: paused
+    (``rids`` None), deferred until waited on, or handed back (see _settle)."""
+    network = ons[0][0].network
+    state = network.p2p
+    works = [_BatchWork(network, (), _describe(g, "receive from" if receiving else "send to", peer, p.tag),
+                        keep=arr, timeout=g.timeout)
+             for (g, peer, arr), (receiving, _, _), p in zip(ons, key, p2p_op_list)]
+    with network.lock:
+        if rids is not None:
+            _settle(network, key, arrays, tag, works, mask, dict(rids))
+        else:
+            batch = _Batch(state, program, key, arrays, tag, works)
+            for w in works:
+                w._batch = batch
+            state.deferred.append(batch)
+    return works
 
 
 def _post_send(tensor, dst, group, tag, group_dst, what):
@@ -303,7 +491,7 @@ def recv(tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None
     if on is not None:
         g, peer, arr = on
         program = core_program(g.network, peer, arr.nbytes, True, True)
-        if program is not None and not any(d.peer == peer for d in g.network.p2p.deferred) \
+        if program is not None and not any(d.takes_from(peer) for d in g.network.p2p.deferred) \
                 and core_run(g.network, program, arr, (g.context << CONTEXT_SHIFT) | tag):
             g.p2p_ops += 1
             return peer
@@ -352,7 +540,16 @@ def batch_isend_irecv(p2p_op_list: list) -> list:
     for p in p2p_op_list:  # all checked before anything is posted
         if not isinstance(p, P2POp):
             raise TypeError("batch_isend_irecv takes a list of P2POp")
-    works: list = [None] * len(p2p_op_list)
+    if _batch_fast is not None:
+        works = _batch_fast(p2p_op_list)
+        if works.__class__ is list:
+            return works
+        if works is not None:
+            return _under_way(p2p_op_list, *works)
+    works = _core_batch(p2p_op_list)
+    if works is not None:
+        return works
+    works = [None] * len(p2p_op_list)
     for i, p in enumerate(p2p_op_list):
         if p.op is isend:
             works[i] = isend(p.tensor, p.peer, p.group, p.tag, group_dst=p.group_peer)
@@ -360,6 +557,13 @@ def batch_isend_irecv(p2p_op_list: list) -> list:
         if p.op is irecv:
             works[i] = irecv(p.tensor, p.peer, p.group, p.tag, group_src=p.group_peer)
     return works
+
+
+if core.batch_fast is not None:
+    _batch_fast = core.batch_fast
+    core.set_batching(P2POp, irecv, CompletedWork, core.BATCH_SINGLE_COPY_BYTES, _FIRST_SPIN_PER_BYTE, CONTEXT_SHIFT)
+else:
+    _batch_fast = None
 
 
 def send_object_list(object_list: list, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,

@@ -36,7 +36,11 @@ broadcast, reduce and sendrecv of 1 MiB 69-108 against 30-57 us) and on 4
 (broadcast and reduce of 256 KiB 55-106 against 18-24 us). Where ranks
 share cores the slots' hand-offs cost a switch each, and from 1 MiB single
 copy still wins there (4 ranks, all_to_all of 4 MiB, 1 MiB blocks: 2.6x
-faster) (docs/performance.md, "The single-copy threshold").
+faster) (docs/performance.md, "The single-copy threshold"). A
+batch_isend_irecv run by the compiled core sends single copy from 64 KiB
+(core.batch_program): it waits for the acknowledgements in C along with
+its receives, and the peers of an exchange read each other's messages at
+once (docs/performance.md, "Batches in the core").
 
 A plain (non-combining) receive of at least twice that size (or 2 MiB, if
 less) shares the copy with the writer, whose core is otherwise idle waiting
