@@ -618,3 +618,41 @@ def test_the_networks_lock_behaves_as_threading_rlock():
     with pytest.raises(ValueError):
         lock.acquire(blocking=False, timeout=1)
     assert lock.acquire(timeout=0) and not lock.release()
+
+
+def _exchange_body(rank, size):
+    """How many single-copy sends (rendezvous ids) each call posted to the
+    peer, and whether its result is NumPy's: 2 ranks, messages of 256 KiB."""
+    import collie
+    from collie.group import resolve
+    out = resolve(None).network.shm._out[1 - rank]
+    count = (512 << 10) // 4
+    xs = [np.arange(count, dtype=np.float32) * (r + 1) for r in range(size)]
+    posted = {}
+    for name, call, want in (
+            ("all_gather", lambda: collie.all_gather_into_tensor(np.empty(count * size, np.float32), xs[rank]),
+             None),
+            ("all_to_all", lambda: collie.all_to_all_single(got := np.empty(count, np.float32), xs[rank],
+                                                             algorithm="pairwise") or got,
+             np.concatenate([x[rank * count // 2:(rank + 1) * count // 2] for x in xs])),
+            ("ring all_reduce", lambda: collie.all_reduce(y := xs[rank].copy(), algorithm="ring") or y,
+             xs[0] + xs[1])):
+        before = out.next_id
+        result = call()
+        posted[name] = (out.next_id - before, want is None or bool(np.array_equal(result, want)))
+    return posted
+
+
+@needs_core
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two ranks would share one core: no exchange goes single copy")
+@pytest.mark.parametrize("single_copy", [True, False])
+def test_a_plain_exchange_goes_single_copy(single_copy):
+    """Two ranks, each with a core: the sends of a program's one step that
+    exchanges plain messages with a peer go single copy from 64 KiB
+    (core._exchanges), where that peer can read this process; not a ring
+    all_reduce's (two steps), nor anything where single copy is off."""
+    env = {"COLLIE_EXECUTOR": "c"} if single_copy else {"COLLIE_EXECUTOR": "c", "COLLIE_SHM_CMA_BYTES": "0"}
+    for posted in run_ranks(_exchange_body, 2, backend="shm", env=env):
+        assert all(ok for _, ok in posted.values()), posted
+        assert {name: n for name, (n, _) in posted.items()} == \
+            {"all_gather": int(single_copy), "all_to_all": int(single_copy), "ring all_reduce": 0}, posted

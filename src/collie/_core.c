@@ -215,6 +215,7 @@ typedef struct { PyThreadState *saved; int hold, failed; } gil_t;  /* failed: en
 #define LINE 64
 #define RDV (-1)
 #define ACKS 64             /* acknowledgement words per ring (ring.ACKS) */
+#define NEVER (1LL << 62)   /* Out.cma_bytes of a peer that cannot read us: never single copy */
 #define READ_CHUNK (64 * 1024)  /* a combining single-copy read: this much at a time, then combine */
 
 typedef struct {
@@ -490,9 +491,17 @@ static int combine_for_reader(int pid, int64_t *w, int64_t rid, const char *ours
 /* A message of a program's step: ``nbytes`` at ``off`` in buffer ``buf``
  * (-1 and no pieces: an empty message), or gathered from (scattered to)
  * its ``npieces`` pieces, in order, where it is one slot (engine's staged
- * message: several pieces of the arrays travel as one). */
+ * message: several pieces of the arrays travel as one). ``reduce``: a
+ * receive combines. ``exchange``: a send is half of an exchange, which goes
+ * single copy at any size the peer can read (core.compile says which). */
 typedef struct { int buf; int64_t off, nbytes; } piece_t;
-typedef struct { int peer, buf, reduce, npieces; int64_t off, nbytes; piece_t *pieces; } msg_t;
+typedef struct { int peer, buf, reduce, exchange, npieces; int64_t off, nbytes; piece_t *pieces; } msg_t;
+
+/* Whether send m to p goes single copy: from p's threshold, or at any size
+ * for half of an exchange, where p can read this process. */
+static int goes_single_copy(const peer_t *p, const msg_t *m) {
+    return p->shm && !m->npieces && (m->nbytes >= p->cma_bytes || (m->exchange && p->cma_bytes < INT64_MAX));
+}
 
 /* Where the bytes of message m are in the call's buffers (NULL: none, or in pieces). */
 static char *msg_bytes(const msg_t *m, Py_buffer *bufs) {
@@ -717,19 +726,22 @@ static int parse_msgs(PyObject *seq, msg_t **out, int *count, int recv, int npee
     for (Py_ssize_t i = 0; i < n; i++) {
         msg_t *m = &(*out)[i];
         long long off, nbytes;
+        int flag;
         PyObject *pieces = NULL;
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iiLLi|O", &m->peer, &m->buf, &off, &nbytes,
-                              &m->reduce, &pieces)
+                              &flag, &pieces)
             || (pieces && parse_pieces(pieces, m, nbufs))) {
             Py_DECREF(fast);
             return -1;
         }
         m->off = off;
         m->nbytes = nbytes;
+        if (recv) m->reduce = flag;
+        else m->exchange = flag;
         int64_t total = 0;
         for (int j = 0; j < m->npieces; j++) total += m->pieces[j].nbytes;
-        if (m->peer < 0 || m->peer >= npeers || m->buf < -1 || m->buf >= nbufs || (m->reduce && !recv)
-            || (m->npieces && (m->buf != -1 || total != m->nbytes))) {
+        if (m->peer < 0 || m->peer >= npeers || m->buf < -1 || m->buf >= nbufs
+            || (m->npieces && (m->buf != -1 || total != m->nbytes || m->exchange))) {
             PyErr_SetString(PyExc_ValueError, "a message names no peer or buffer of the program");
             Py_DECREF(fast);
             return -1;
@@ -798,7 +810,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             if (!ends_known(p->out_obj, p->in_obj)) { Py_DECREF(t); goto fail; }
             p->bell = (sem_t *)(uintptr_t)bell;
             p->sleepers = (int64_t *)(uintptr_t)(bell + 64);
-            p->cma_bytes = cma_bytes > 0 && p->pid ? cma_bytes : INT64_MAX;
+            p->cma_bytes = cma_bytes > 0 && cma_bytes < NEVER && p->pid ? cma_bytes : INT64_MAX;
             p->shm = 1;
         }
         Py_DECREF(t);
@@ -841,7 +853,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             msg_t *m = &s->send[j];
             if (m->npieces && (!p->shm || m->nbytes > p->out.slot_bytes || m->nbytes >= p->cma_bytes))
                 s->python = 1;  /* pieces travel in one slot only (core.compile sends no others) */
-            else if (p->shm && m->nbytes >= p->cma_bytes) p->rdv = 1;
+            else if (goes_single_copy(p, m)) p->rdv = 1;
             p->sends = 1;
         }
         for (int j = 0; j < s->nrecv; j++) {
@@ -1183,7 +1195,7 @@ static int post_sends(CoreProgram *self, step_t *s, Py_buffer *bufs, int64_t tag
                 gather_pieces(m, bufs, slot);
                 publish_slot(p, (header_t){tag, meta, m->nbytes, 0, m->nbytes});
             }
-        } else if (m->nbytes >= p->cma_bytes) {
+        } else if (goes_single_copy(p, m)) {
             /* Posted (its bit set, so Python never posts it again), done once acknowledged. */
             posted = (self->rids[j] = rendezvous(p, tag, meta, data, m->nbytes)) != 0;
             *unacked += posted;

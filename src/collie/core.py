@@ -209,6 +209,8 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
             messages.append(core_msgs)
         steps.append((int(python), tuple(core_local), tuple(messages[0]), tuple(messages[1]),
                       int(_sends_may_go_first(core_local, messages[0], names))))
+    if not network._crowded and sum(1 for step in steps if step[2] or step[3]) == 1:
+        steps = [_exchanges(step) for step in steps]
     # Buffers in the order execute() hands them over: the call's arrays, then
     # the scratch, then the windows.
     order = sorted(range(len(names)), key=lambda k: (
@@ -286,6 +288,7 @@ def p2p_program(network, peer: int, nbytes: int, receiving: bool, spin: float):
                          network._crowded)
 
 
+EXCHANGE_SINGLE_COPY_BYTES = 64 << 10  # a plain exchange's sends go single copy from here (see _exchanges)
 BATCH_SINGLE_COPY_BYTES = 64 << 10  # a batch's sends go single copy from here (see batch_program)
 
 
@@ -308,7 +311,7 @@ def batch_program(network, messages: tuple):
             entry = _peer(network, peer)
             if entry is None:
                 return None
-            single_copy = min(entry[6], BATCH_SINGLE_COPY_BYTES) if entry[6] > 0 else 0
+            single_copy = min(entry[6], BATCH_SINGLE_COPY_BYTES) if 0 < entry[6] < ring.NEVER else 0
             index[peer] = len(peers)
             peers.append(entry[:6] + (single_copy,))
         entry = peers[index[peer]]
@@ -329,6 +332,25 @@ def glance(network, peers: list):
     if _core is None or not entries or None in entries:
         return None
     return _core.Program((), (), (), entries, _NO_KERNEL, -1, network.shm, 0.0, network._crowded)
+
+
+def _exchanges(step: tuple) -> tuple:
+    """``step`` (compile()'s) with the sends of EXCHANGE_SINGLE_COPY_BYTES or
+    more that are half of a plain exchange marked so (a receive from the same
+    peer that does not combine): they go single copy, where the peer can
+    read this process. compile() marks them in a program of one step of
+    messages where each rank has a core of its own. Through the ring each
+    rank copies its message in and then its peer's out, one after the
+    other; single copy, both ranks read at once, one copy each. (2 ranks:
+    all_gather, all_to_all, reduce_scatter 1.3-1.9x faster at 128 KiB-2 MiB;
+    ring all_reduce, whose plain exchange is its second step, 1.3x slower,
+    and 3 ranks sharing 2 cores slower too: docs/performance.md, "Batches
+    in the core".)"""
+    python, local, sends, recvs, sends_first = step
+    partners = {m[0] for m in recvs if len(m) == 5 and not m[4]}
+    sends = tuple(m[:4] + (1,) if len(m) == 5 and m[0] in partners and m[3] >= EXCHANGE_SINGLE_COPY_BYTES else m
+                  for m in sends)
+    return python, local, sends, recvs, sends_first
 
 
 def _sends_may_go_first(local: list, sends: list, names: list) -> bool:

@@ -324,8 +324,12 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
         # reduce_scatter 30-46 against 45-58): from 2 MiB one run in three
         # took 3x its time (190 against 60 us), and so did the tuner's own
         # runs. On 4 ranks under 1 MiB, reduce_scatter's direct took 26-49
-        # us where rabenseifner took 60-119 (256-512 KiB).
-        if shm and nranks <= 4 and 1 * MiB <= total < (2 * MiB if few else 8 * MiB):
+        # us where rabenseifner took 60-119 (256-512 KiB). On 2 ranks since
+        # 2026-11-29 (Intel VM, two `--algo all` runs each way): direct's one
+        # exchange goes single copy (core._exchanges), 97-109 us at 1 MiB
+        # against the windows' 140-155 (all_gather), 86-99 against 178-193
+        # (reduce_scatter).
+        if shm and 2 < nranks <= 4 and 1 * MiB <= total < 8 * MiB:
             return Choice("shm", 1, "mid size on one host: one-sided reads of the windows")
         # all_gather on 6 ranks (2026-11-28, one run): 1 MiB 91 us against
         # ring's 202, 4 MiB 498 against 1144, 8 MiB 1528 against 2000, then
@@ -358,13 +362,9 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
                           "small message: log2(n) steps")
         return Choice("ring", 1, "large message: ring moves (n-1)/n of the data per rank")
     if collective == "all_to_all":
-        # Only all_to_all_single with even splits passes its size: with
-        # uneven ones every rank sees another, and all ranks must choose the
-        # same algorithm (the call passes 0). Two ranks at 1-2 MiB: the
-        # shared windows (2026-11-27, three runs: 31-42 us against
-        # pairwise's 45-58); from 2 MiB they were 3x slower in one run of three.
-        if few and shm and 1 * MiB <= nbytes < 2 * MiB:
-            return Choice("shm", 1, "two ranks, 1-2 MiB: one-sided reads of the windows")
+        # Two ranks: pairwise's one exchange goes single copy from 64 KiB
+        # (core._exchanges; 2026-11-29, Intel VM: 95-103 us at 1 MiB against
+        # the shared windows' 163-188, which the tuner took at 1-2 MiB before).
         if 2 < nranks <= 8:
             return Choice("direct", 1, "everyone sends to everyone in one step")
         return Choice("pairwise", 1, "one peer per step keeps every link busy")

@@ -60,6 +60,7 @@ HEADER = struct.Struct("<qQqqq")  # tag, meta, message nbytes, fragment offset, 
 RDV = -1                         # fragment offset of a single-copy message's only slot
 RDV_BODY = struct.Struct("<qq")  # its payload: the bytes' address in the writer, rendezvous id
 ACKS = 64                        # acknowledgement words per ring: single-copy sends in flight
+NEVER = 1 << 62                  # Out.cma_bytes of a peer that cannot read this process's memory
 
 
 def align(n: int, to: int) -> int:
@@ -228,7 +229,7 @@ class Out:
         self.head = ring.head[0]
         self.tail = ring.tail[0]  # last tail seen; re-read when the ring looks full
         self.queue: deque[Send] = deque()
-        self.cma_bytes = 1 << 62  # sends of at least this size go single copy (set in setup)
+        self.cma_bytes = NEVER  # sends of at least this size go single copy (set in setup)
         self.pid = 0              # the peer's process, for shared copies into it
         self.token: Optional[Doorbell] = None  # the peer's offers of a shared copy
         self.next_id = 0          # the last rendezvous id used

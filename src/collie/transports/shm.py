@@ -95,7 +95,7 @@ from ..errors import CollieError, PeerError
 from . import cma
 from .base import Combine, MessageMismatch, Request, Transport
 from .doorbell import Doorbell
-from .ring import (ACKS, HEADER, LINE, PAGE, RDV, RDV_BODY, In, Message, Out, Recv, Ring, Send, Sent,
+from .ring import (ACKS, HEADER, LINE, NEVER, PAGE, RDV, RDV_BODY, In, Message, Out, Recv, Ring, Send, Sent,
                    acknowledge, align, deliver, freed, put, ring_bytes, seen_tail, take_posted)
 from .segment import Segment, close_mapping, map_peer, sweep_segments
 
@@ -319,7 +319,7 @@ class ShmTransport(Transport):
 
     def single_copy_peers(self) -> list[int]:
         """The peers that read what this rank sends them straight from its memory."""
-        return [p for p, out in self._out.items() if out.cma_bytes < (1 << 62)]
+        return [p for p, out in self._out.items() if out.cma_bytes < NEVER]
 
     # ---- windows ----
 
