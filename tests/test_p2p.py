@@ -1,5 +1,7 @@
 """Point-to-point, as torch.distributed defines it, on real ranks."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -592,3 +594,40 @@ def test_point_to_point_entries_look_like_their_functions():
         assert inspect.signature(f) == inspect.signature(wrapped)
         assert f.__name__ == wrapped.__name__ and f.__doc__ == wrapped.__doc__
         assert pickle.loads(pickle.dumps(f)) is f
+
+
+def _adaptive_spin_body(rank, size):
+    """Rank 1 sends after 3 ms (a peer off its core for a time slice), then
+    after 60 ms (a peer at work); rank 0 receives, and says how long it
+    spins after each phase."""
+    import time
+
+    import collie
+    from collie.group import resolve
+    buf = np.zeros(1)
+    spins = []
+    for pause, count in ((0.003, 12), (0.06, 8)):
+        for _ in range(count):
+            if rank == 1:
+                time.sleep(pause)
+                collie.send(buf, 0)
+            else:
+                collie.recv(buf, 1)
+        spins.append(resolve(None).network.spin_seconds)
+    return spins
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two ranks would share one core (no adapting there)")
+@pytest.mark.parametrize("fixed", [False, True])
+def test_a_waiters_spin_adapts_to_waits_that_outlast_it(fixed):
+    """With a core per rank, waits that outlast the spin and end within
+    network.SPIN_LIMIT_SECONDS of the sleep double it (up to that limit),
+    longer ones halve it (down to network.SPIN_SECONDS); COLLIE_SPIN_US
+    fixes it."""
+    from collie import network
+    env = {"COLLIE_SPIN_US": "1000"} if fixed else {}
+    short, long = run_ranks(_adaptive_spin_body, 2, backend="shm", env=env)[0]
+    if fixed:
+        assert short == long == 1e-3
+    else:
+        assert 4e-3 <= short <= network.SPIN_LIMIT_SECONDS and long == network.SPIN_SECONDS, (short, long)

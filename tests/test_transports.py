@@ -210,10 +210,11 @@ def _polling_body(rank, size):
     polls = net.polls([req])
     crowded = size > (os.cpu_count() or 1)
     want = min(network.SPIN_SECONDS, network.CROWDED_SPIN_SECONDS) if crowded else network.SPIN_SECONDS
+    spin_ok = net.spin_seconds == want  # (before a wait that may adapt it)
     _wait(net, [req, net.isend(peer, 9, memoryview(np.ones(1, np.uint8)))])
     from collie.transports import shm
     single_copy = net.shm is None or net.shm.cma_bytes == (shm.CROWDED_CMA_BYTES if crowded else shm.DEFAULT_CMA_BYTES)
-    return polls, net.polls([]), net.spin_seconds == want, single_copy
+    return polls, net.polls([]), spin_ok, single_copy
 
 
 def test_waiters_poll_only_on_shared_memory(backend):
@@ -223,3 +224,4 @@ def test_waiters_poll_only_on_shared_memory(backend):
     crowding lowers the single-copy threshold as it shortens the spin."""
     for polls, polls_nothing, spin_ok, single_copy_ok in run_ranks(_polling_body, 2, backend=backend):
         assert polls == (backend == "shm") and not polls_nothing and spin_ok and single_copy_ok
+

@@ -49,6 +49,16 @@ _SHM_OK = platform.machine().lower() in ("x86_64", "amd64") and sys.platform.sta
 # whose idle cores halt, a wake-up took 50 us at the median and hundreds at
 # the tail, and with a 50 us spin 2% of 8-byte all_reduce calls took 300 us.
 SPIN_SECONDS = float(os.environ.get("COLLIE_SPIN_US", "1000")) * 1e-6
+# Unless COLLIE_SPIN_US sets it, a waiter's spin adapts between
+# SPIN_SECONDS and this: a wait that outlasted the spin but ended within
+# this long after its sleep began doubles the spin, one that slept longer
+# halves it. On a loaded machine (a CPU-bound process beside two ranks on
+# two cores) the peer is off its core for a time slice of a few
+# milliseconds at a time; a rank that sleeps then loses its own core to
+# the load too, and an 8-byte all_reduce took 80-220 us where MPICH, which
+# never stops polling, took 4-9 (2026-11-29). A peer that computes for
+# longer between messages leaves the spin at SPIN_SECONDS.
+SPIN_LIMIT_SECONDS = 20e-3
 # More ranks than cores: spin at most this long, yielding, then sleep, so
 # that oversubscribed ranks do not starve the peer they wait for.
 CROWDED_SPIN_SECONDS = 10e-6
@@ -185,6 +195,7 @@ class Network:
         # a hier all_reduce of 4 MiB from 35 ms to 45-48 (docs/multihost.md).
         self._crowded = max(self.local_world_size, self._same_kernel) > (os.cpu_count() or 1)
         self._spin = min(SPIN_SECONDS, CROWDED_SPIN_SECONDS) if self._crowded else SPIN_SECONDS
+        self._adapt = not self._crowded and "COLLIE_SPIN_US" not in os.environ  # (see SPIN_LIMIT_SECONDS)
 
         self.shm = None
         if shm_peers:
@@ -584,6 +595,7 @@ class Network:
         tag = call[0] if call is not None else 0
         leave = tag >> CONTEXT_SHIFT == LEAVE_CONTEXT  # the leave barrier ignores what broke
         spin = None  # decided the first time nothing moved (most waits end before)
+        slept = None  # when this wait first went to sleep
         while True:
             # Taken before the progress pass: a peer's "leaving" follows all it
             # sent, so after this pass what waits on such a peer never comes.
@@ -606,9 +618,13 @@ class Network:
                     if not req.done:
                         open_.append(req)
                 if not open_:
+                    if slept is not None:
+                        self._adapt_spin(slept)
                     return
                 requests = open_
             elif ready():
+                if slept is not None:
+                    self._adapt_spin(slept)
                 return
             if self._abort is not None and (ready is None or self._abort[1] != "PeerError"):
                 self.check(describe, tag)
@@ -646,6 +662,8 @@ class Network:
             else:
                 woken = lambda: (progress() or ready()  # noqa: E731
                                  or self._abort is not None and self._abort[1] != "PeerError")
+            if slept is None:
+                slept = now
             self.doorbell.sleep(min(SLEEP_SLICE, start + timeout - now), woken)
 
     def _fail_left(self, requests, leaving: set, describe) -> None:
@@ -725,6 +743,16 @@ class Network:
     def spin_seconds(self) -> float:
         """How long a waiter that polls() keeps at it after the last progress."""
         return self._spin
+
+    def _adapt_spin(self, slept: float) -> None:
+        """A wait that went to sleep at ``slept`` just ended: spin longer if
+        the sleep was short, less long if it was long (see SPIN_LIMIT_SECONDS)."""
+        if not self._adapt or hasattr(_this_thread, "spin"):
+            return
+        if time.monotonic() - slept < SPIN_LIMIT_SECONDS:
+            self._spin = min(2 * self._spin, SPIN_LIMIT_SECONDS)
+        else:
+            self._spin = max(self._spin / 2, SPIN_SECONDS)
 
     def pause(self) -> None:
         """One breath of a polling waiter: with more ranks than cores, let the
