@@ -597,16 +597,17 @@ def test_point_to_point_entries_look_like_their_functions():
 
 
 def _adaptive_spin_body(rank, size):
-    """Rank 1 sends after 3 ms (a peer off its core for a time slice), then
+    """Rank 1 sends after 6 ms (a peer off its core for a time slice), then
     after 60 ms (a peer at work); rank 0 receives, and says how long it
-    spins after each phase."""
+    spins after each phase. (Its core spins 1 ms first, then the Network
+    its own spin: 6 ms outlasts both until that is 8 ms.)"""
     import time
 
     import collie
     from collie.group import resolve
     buf = np.zeros(1)
     spins = []
-    for pause, count in ((0.003, 12), (0.06, 8)):
+    for pause, count in ((0.006, 12), (0.06, 8)):
         for _ in range(count):
             if rank == 1:
                 time.sleep(pause)
