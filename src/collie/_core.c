@@ -2419,9 +2419,9 @@ static PyObject *py_p2p_target(PyObject *self, PyObject *const *args, Py_ssize_t
     return writable < 0 ? NULL : p2p_target(args[0], args[1], args[2], args[3], args[4], writable);
 }
 
-/* ---- batch_isend_irecv's common case in C (collie.p2p._core_batch's,
- * which makes the programs): a batch with a message of at least the
- * threshold, whose program was made before, nothing deferred. */
+/* ---- batch_isend_irecv through the core, in C: a batch with a message of
+ * at least the threshold, all of whose messages the core can move, with
+ * one tag (collie.p2p._prepare_batch makes its program, the first time). */
 #define MAX_BATCH 62  /* messages: the done mask is one int64 */
 static struct {
     PyObject *op_type, *irecv, *completed;  /* P2POp, collie.irecv, CompletedWork */
@@ -2480,11 +2480,21 @@ out:
     return target;
 }
 
-/* batch_fast(ops) -> the Works of a batch the core ended in the call (a
- * list); or (program, key, arrays, targets, tag, mask, rids) for one it
- * paused (rids None; the program is out of the cache) or handed back,
- * whose Works Python makes (p2p._under_way); or None: Python's way. */
-static PyObject *py_batch_fast(PyObject *self, PyObject *ops) {
+/* batch_fast(ops[, handed_over]) -> the Works of a batch the core ended in
+ * the call (a list); or (program, key, arrays, targets, tag, mask, rids)
+ * for one it paused (rids None; the program is out of the cache) or handed
+ * back, whose Works Python makes (p2p._under_way); or False where Python
+ * must first make its program or hand over receives deferred before it
+ * (p2p._prepare_batch; ``handed_over``: it did, those from other peers may
+ * stay); or None: not the core's batch, call by call. */
+static PyObject *py_batch_fast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "batch_fast(ops[, handed_over])");
+        return NULL;
+    }
+    PyObject *ops = args[0];
+    int handed_over = nargs == 2 ? PyObject_IsTrue(args[1]) : 0;
+    if (handed_over < 0) return NULL;
     if (!core_chosen || !batching.op_type || !(PyList_CheckExact(ops) || PyTuple_CheckExact(ops))) Py_RETURN_NONE;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(ops);
     PyObject **items = PySequence_Fast_ITEMS(ops);
@@ -2517,12 +2527,19 @@ static PyObject *py_batch_fast(PyObject *self, PyObject *ops) {
             goto out;
         }
     }
-    if (!(state = PyObject_GetAttr(network, names[N_P2P])) || state == Py_None
-        || !(programs = PyObject_GetAttr(state, names[N_PROGRAMS])) || !PyDict_Check(programs)
-        || !(deferred = PyObject_GetAttr(state, names[N_DEFERRED])) || !PyList_Check(deferred)
-        || PyList_GET_SIZE(deferred))
-        goto out;  /* no program made yet, or receives deferred: Python sorts them out */
+    if (!(state = PyObject_GetAttr(network, names[N_P2P]))) goto out;
+    if (state == Py_None) {
+        result = Py_NewRef(Py_False);  /* no program made yet */
+        goto out;
+    }
+    if (!(programs = PyObject_GetAttr(state, names[N_PROGRAMS])) || !PyDict_Check(programs)
+        || !(deferred = PyObject_GetAttr(state, names[N_DEFERRED])) || !PyList_Check(deferred))
+        goto out;
     PyObject *found = PyDict_GetItemWithError(programs, key);
+    if ((!found && !PyErr_Occurred()) || (PyList_GET_SIZE(deferred) && !handed_over)) {
+        result = Py_NewRef(Py_False);  /* none made yet (or a paused batch holds it), or receives deferred */
+        goto out;
+    }
     if (!found || !PyObject_TypeCheck(found, &ProgramType) || !((CoreProgram *)found)->whole) goto out;
     if (!hot_known(network, network_type, "network") || network_broken(network)
         || !(lock = PyObject_GetAttr(network, names[N_LOCK])))
@@ -5344,8 +5361,9 @@ static PyMethodDef methods[] = {
      "find_lane(group, key, tensor) -> the lane of a repeated call, or None (collectives._find_lane)."},
     {"set_batching", py_set_batching, METH_VARARGS,
      "set_batching(P2POp, irecv, CompletedWork, threshold, spin_per_byte, context_shift): what batch_fast needs."},
-    {"batch_fast", py_batch_fast, METH_O,
-     "batch_fast(ops) -> batch_isend_irecv's Works, what Python makes them of, or None (see _core.c)."},
+    {"batch_fast", (PyCFunction)(void (*)(void))py_batch_fast, METH_FASTCALL,
+     "batch_fast(ops[, handed_over]) -> batch_isend_irecv's Works, what Python makes them of, False or None "
+     "(see _core.c)."},
     {"p2p_target", (PyCFunction)(void (*)(void))py_p2p_target, METH_FASTCALL,
      "p2p_target(tensor, rank, group_rank, group, tag, writable) -> (group, peer, array) or None (collie.p2p)."},
     {"set_ring_ends", py_set_ring_ends, METH_VARARGS,

@@ -327,63 +327,36 @@ class _BatchWork(Work):
         return super().is_completed()
 
 
-# The call itself waits for its peers as long as moving its bytes at 1 GB/s
-# would take (64 us for 64 KiB), then leaves the rest to the Works: in a
-# lockstep exchange the peers are there by then and the batch ends in the
-# call, where a receive posted well ahead of its message costs that much once.
+# The call itself (_core.c's batch_fast) waits for its peers as long as
+# moving its bytes at 1 GB/s would take (64 us for 64 KiB), then leaves the
+# rest to the Works: in a lockstep exchange the peers are there by then and
+# the batch ends in the call, where a receive posted well ahead of its
+# message costs that much once.
 _FIRST_SPIN_PER_BYTE = 1e-9
 
 
-def _core_batch(p2p_op_list) -> Optional[list]:
-    """batch_isend_irecv through the core (see _Batch): its Works, or None
-    where the core does not take the batch (the per-call path does)."""
-    if core.EXECUTE is not core.execute:
-        return None
-    for p in p2p_op_list:
-        if getattr(p.tensor, "nbytes", 0) >= core.BATCH_SINGLE_COPY_BYTES:
-            break
-    else:
-        return None
-    key, ons, tag, total = [], [], None, 0
+def _prepare_batch(p2p_op_list):
+    """What batch_fast needs before it takes a batch: its program, made for
+    the batch's shape (None cached where the core cannot move it), and the
+    receives deferred before it from its peers handed over. Then batch_fast
+    runs it (its result, as batch_fast gives it)."""
+    key, network = [], None
     for p in p2p_op_list:
         receiving = p.op is irecv
-        on = core.p2p_target(p.tensor, p.peer, p.group_peer, p.group, p.tag, receiving)
-        if on is None:
-            return None
-        g = on[0]
-        if tag is None:
-            tag, network = (g.context << CONTEXT_SHIFT) | p.tag, g.network
-        elif (g.context << CONTEXT_SHIFT) | p.tag != tag:
-            return None
-        nbytes = on[2].nbytes
-        key.append((receiving, on[1], nbytes))
-        ons.append(on)
-        total += nbytes
-    key, arrays = tuple(key), tuple(on[2] for on in ons)
-    state = network.p2p or _state(network)
-    program = state.programs.pop(key, False)
-    if program is False:  # none made yet, or a paused batch of this shape holds it
-        if len(state.programs) >= _PROGRAMS:
-            state.programs.clear()
-        program = core.batch_program(network, key)
-    if program is None:
-        state.programs[key] = None
-        return None
+        g, peer, arr = core.p2p_target(p.tensor, p.peer, p.group_peer, p.group, p.tag, receiving)  # (batch_fast
+        key.append((receiving, peer, arr.nbytes))                                                  # found them)
+        network = g.network
+    key = tuple(key)
+    state = _state(network)
     with network.lock:
+        if key not in state.programs:  # none made yet, or a paused batch of this shape holds it
+            if len(state.programs) >= _PROGRAMS:
+                state.programs.clear()
+            state.programs[key] = core.batch_program(network, key)
         if state.deferred:  # receives posted before take their messages first
             for peer in {peer for receiving, peer, _ in key if receiving}:
                 state.post(peer)
-        if network._abort is None and not network._lost:
-            done, mask, rids = program.batch(arrays, tag, False, min(network.spin_seconds, total * _FIRST_SPIN_PER_BYTE),
-                                             False)
-        else:  # something broke: Python's checks
-            done, mask, rids = False, 0, ()
-        if done:
-            state.programs[key] = program
-            return [CompletedWork(peer if receiving else None) for receiving, peer, _ in key]
-        if rids is not None:
-            state.programs[key] = program
-        return _under_way(p2p_op_list, program, key, arrays, ons, tag, mask, rids)
+        return core.batch_fast(p2p_op_list, True)
 
 
 def _under_way(p2p_op_list, program, key: tuple, arrays: tuple, ons, tag: int, mask: int, rids) -> list:
@@ -540,15 +513,14 @@ def batch_isend_irecv(p2p_op_list: list) -> list:
     for p in p2p_op_list:  # all checked before anything is posted
         if not isinstance(p, P2POp):
             raise TypeError("batch_isend_irecv takes a list of P2POp")
-    if _batch_fast is not None:
+    if _batch_fast is not None:  # through the core (see _Batch)
         works = _batch_fast(p2p_op_list)
+        if works is False:
+            works = _prepare_batch(p2p_op_list)
         if works.__class__ is list:
             return works
-        if works is not None:
+        if works:
             return _under_way(p2p_op_list, *works)
-    works = _core_batch(p2p_op_list)
-    if works is not None:
-        return works
     works = [None] * len(p2p_op_list)
     for i, p in enumerate(p2p_op_list):
         if p.op is isend:
