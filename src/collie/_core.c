@@ -1254,9 +1254,10 @@ static int help_combine(CoreProgram *self, const msg_t *m, Py_buffer *bufs, int6
  * set_thread_spin(). */
 static __thread double thread_spin = -1;
 
-/* How long a receive of ``self`` spins on this thread before Python takes over. */
-static double spin_of(CoreProgram *self) {
-    return thread_spin >= 0 && thread_spin < self->spin ? thread_spin : self->spin;
+/* How long a receive spins on this thread before Python takes over: ``spin``
+ * (a program's, or a batch's own), within this thread's bound. */
+static double spin_here(double spin) {
+    return thread_spin >= 0 && thread_spin < spin ? thread_spin : spin;
 }
 
 /* Whether the message at the head of p's ring is a single-copy one. */
@@ -1288,8 +1289,7 @@ static int acknowledged(int64_t got, int64_t rid) {
  * self->timed_out says whether it stopped for its spin alone. */
 static int run_steps(CoreProgram *self, Py_buffer *bufs, int start, int64_t tag, uint64_t meta,
                      int *locals_done, uint64_t *mask, double *times, gil_t *gil, double spin, int resume) {
-    if (spin < 0) spin = spin_of(self);
-    else if (thread_spin >= 0 && thread_spin < spin) spin = thread_spin;  /* (see set_thread_spin) */
+    spin = spin_here(spin < 0 ? self->spin : spin);
     self->timed_out = 0;
     int crowded = self->crowded;
     kernel_t kernel = self->op >= 0 ? kernels[self->dtype] : NULL;
@@ -1641,7 +1641,7 @@ static int take_whole(peer_t *p, int64_t tag, char *dst, int64_t n, kernel_t ker
  * waits (the GIL let go) for as long as its program spins. */
 static int move_whole(CoreProgram *self, peer_t *p, const msg_t *m, char *data, int64_t tag) {
     kernel_t kernel = m->reduce && self->op >= 0 ? kernels[self->dtype] : NULL;
-    double spin = spin_of(self), deadline = 0;
+    double spin = spin_here(self->spin), deadline = 0;
     PyThreadState *saved = NULL;
     int done;
     note_books(p);
@@ -4275,7 +4275,7 @@ static PyObject *any_source_take(PyObject *m, long long want, Py_buffer *dst) {
         from[q] = matcher_program(m, q, 1);
         every = from[q] && from[q]->peers[0].shm;
         if (!every) break;
-        spin = fmin(spin, spin_of(from[q]));
+        spin = fmin(spin, spin_here(from[q]->spin));
         crowded |= from[q]->crowded;
     }
     if (!every) {  /* a peer on another transport, or no program: Python's progress watches them all */

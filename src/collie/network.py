@@ -572,14 +572,17 @@ class Network:
         """wait()'s loop: progress, spin a little, then sleep on the doorbell."""
         self._waiting = until[2]() if until is not None else requests  # for the queries of a rank that times out
         try:
-            self._wait_loop(requests, timeout, describe, call, until)
+            slept = self._wait_loop(requests, timeout, describe, call, until)
+            if slept is not None:
+                self._adapt_spin(slept)
             self._stuck_on = ()
         finally:
             self._waiting = []
 
-    def _wait_loop(self, requests, timeout: float, describe: Callable[[], str], call, until) -> None:
+    def _wait_loop(self, requests, timeout: float, describe: Callable[[], str], call, until) -> Optional[float]:
         """The one waiting loop. ``until``: None to wait for ``requests``
-        (raising the first error), or (ready, progress, departed) of wait_until."""
+        (raising the first error), or (ready, progress, departed) of wait_until.
+        Returns when it first went to sleep (None: it never did)."""
         ready = progress = departed = None
         if until is not None:
             ready, progress, departed = until
@@ -618,14 +621,10 @@ class Network:
                     if not req.done:
                         open_.append(req)
                 if not open_:
-                    if slept is not None:
-                        self._adapt_spin(slept)
-                    return
+                    return slept
                 requests = open_
             elif ready():
-                if slept is not None:
-                    self._adapt_spin(slept)
-                return
+                return slept
             if self._abort is not None and (ready is None or self._abort[1] != "PeerError"):
                 self.check(describe, tag)
             if leaving:
