@@ -492,15 +492,16 @@ static int combine_for_reader(int pid, int64_t *w, int64_t rid, const char *ours
  * (-1 and no pieces: an empty message), or gathered from (scattered to)
  * its ``npieces`` pieces, in order, where it is one slot (engine's staged
  * message: several pieces of the arrays travel as one). ``reduce``: a
- * receive combines. ``exchange``: a send is half of an exchange, which goes
- * single copy at any size the peer can read (core.compile says which). */
+ * receive combines. ``single_copy``: a send goes single copy at any size,
+ * where the peer can read this process (core.compile's exchanges,
+ * core.batch_program's sends of 64 KiB or more). */
 typedef struct { int buf; int64_t off, nbytes; } piece_t;
-typedef struct { int peer, buf, reduce, exchange, npieces; int64_t off, nbytes; piece_t *pieces; } msg_t;
+typedef struct { int peer, buf, reduce, single_copy, npieces; int64_t off, nbytes; piece_t *pieces; } msg_t;
 
 /* Whether send m to p goes single copy: from p's threshold, or at any size
- * for half of an exchange, where p can read this process. */
+ * where m says so and p can read this process. */
 static int goes_single_copy(const peer_t *p, const msg_t *m) {
-    return p->shm && !m->npieces && (m->nbytes >= p->cma_bytes || (m->exchange && p->cma_bytes < INT64_MAX));
+    return p->shm && !m->npieces && (m->nbytes >= p->cma_bytes || (m->single_copy && p->cma_bytes < INT64_MAX));
 }
 
 /* Where the bytes of message m are in the call's buffers (NULL: none, or in pieces). */
@@ -737,11 +738,11 @@ static int parse_msgs(PyObject *seq, msg_t **out, int *count, int recv, int npee
         m->off = off;
         m->nbytes = nbytes;
         if (recv) m->reduce = flag;
-        else m->exchange = flag;
+        else m->single_copy = flag;
         int64_t total = 0;
         for (int j = 0; j < m->npieces; j++) total += m->pieces[j].nbytes;
         if (m->peer < 0 || m->peer >= npeers || m->buf < -1 || m->buf >= nbufs
-            || (m->npieces && (m->buf != -1 || total != m->nbytes || m->exchange))) {
+            || (m->npieces && (m->buf != -1 || total != m->nbytes || m->single_copy))) {
             PyErr_SetString(PyExc_ValueError, "a message names no peer or buffer of the program");
             Py_DECREF(fast);
             return -1;

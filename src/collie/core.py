@@ -311,15 +311,15 @@ def batch_program(network, messages: tuple):
             entry = _peer(network, peer)
             if entry is None:
                 return None
-            single_copy = min(entry[6], BATCH_SINGLE_COPY_BYTES) if 0 < entry[6] < ring.NEVER else 0
             index[peer] = len(peers)
-            peers.append(entry[:6] + (single_copy,))
+            peers.append(entry)
         entry = peers[index[peer]]
-        single_copy = network.shm.cma_bytes if receiving else entry[6]
+        readable = 0 < (network.shm.cma_bytes if receiving else entry[6]) < ring.NEVER  # this way, single copy
+        single_copy = readable and nbytes >= BATCH_SINGLE_COPY_BYTES
         head, tail, headers, payload, slots, slot_bytes = _ring_of(entry, receiving)
-        if not 0 < single_copy <= nbytes and nbytes > slots * slot_bytes:
+        if not single_copy and nbytes > slots * slot_bytes:
             return None  # (several slots, more than the ring holds: never whole)
-        (recvs if receiving else sends).append((index[peer], i, 0, nbytes, 0))
+        (recvs if receiving else sends).append((index[peer], i, 0, nbytes, int(single_copy and not receiving)))
     step = (0, (), tuple(sends), tuple(recvs), 0)
     return _core.Program(tuple(n for _, _, n in messages), tuple(r for r, _, _ in messages), (step,),
                          tuple(peers), _NO_KERNEL, -1, network.shm, network.spin_seconds, network._crowded, True)
