@@ -341,10 +341,10 @@ def _prepare_batch(p2p_op_list):
     receives deferred before it from its peers handed over. Then batch_fast
     runs it (its result, as batch_fast gives it)."""
     key, network = [], None
-    for p in p2p_op_list:
+    for p in p2p_op_list:  # (batch_fast found every op's target: it said False)
         receiving = p.op is irecv
-        g, peer, arr = core.p2p_target(p.tensor, p.peer, p.group_peer, p.group, p.tag, receiving)  # (batch_fast
-        key.append((receiving, peer, arr.nbytes))                                                  # found them)
+        g, peer, arr = core.p2p_target(p.tensor, p.peer, p.group_peer, p.group, p.tag, receiving)
+        key.append((receiving, peer, arr.nbytes))
         network = g.network
     key = tuple(key)
     state = _state(network)
