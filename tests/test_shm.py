@@ -875,9 +875,9 @@ def test_shared_copy_when_the_writer_takes_the_offer(local, monkeypatch, write_f
     send = a.isend(1, 1, mv(data))
     read = cma.read
 
-    def reader_while_writer_runs(pid, dst, address):
+    def reader_while_writer_runs(pid, dst, address, registered=()):
         a.progress()  # the writer looks while the reader copies its half
-        read(pid, dst, address)
+        read(pid, dst, address, registered)
 
     monkeypatch.setattr(cma, "read", reader_while_writer_runs)
     if write_fails:
@@ -920,11 +920,11 @@ def test_shared_copy_from_a_writer_that_dies_is_a_peer_error(local, monkeypatch)
     read = cma.read
     calls = []
 
-    def read_then_writer_dies(pid, dst, address):
+    def read_then_writer_dies(pid, dst, address, registered=()):
         calls.append(address)
         if len(calls) == 1:
             a.progress()  # the writer takes the offer, and fails to write
-            return read(pid, dst, address)
+            return read(pid, dst, address, registered)
         raise OSError(errno.ESRCH, "No such process")
 
     def broken(*args):
@@ -945,7 +945,8 @@ def test_shared_copy_fails_with_its_peer(local, monkeypatch):
     a, b = local(2, cma_bytes=64)
     send = a.isend(1, 1, mv(payload(0, 1, 1000)))
     read = cma.read
-    monkeypatch.setattr(cma, "read", lambda pid, dst, address: (a.progress(), read(pid, dst, address)))
+    monkeypatch.setattr(cma, "read", lambda pid, dst, address, registered=(): (a.progress(),
+                                                                                read(pid, dst, address, registered)))
     recv = b.irecv(0, 1, mv(np.zeros(1000, np.uint8)))  # read at once, with an offer
     assert len(b._in[0].shared) == 1 and not recv.finished  # waiting for the writer's half
     err = PeerError("rank 0 died", 0)

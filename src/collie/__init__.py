@@ -30,6 +30,7 @@ from .collectives import (all_gather, all_gather_into_tensor, all_gather_single,
 from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from .tracing import trace
 from .core import config
+from .buffers import empty
 from . import tracing as _tracing
 _tracing.install(_tracing.from_environment())  # COLLIE_TRACE=DIR: trace every call
 
@@ -52,8 +53,8 @@ __all__ = [
     "reduce_scatter_single", "all_to_all", "all_to_all_single", "barrier",
     "monitored_barrier",
     "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
-    # tools
-    "trace", "config",
+    # registered buffers, and tools
+    "empty", "trace", "config",
     # errors
     "errors", "CollieError", "PeerError", "CollieTimeout", "MismatchError", "AuthError", "AbortedError",
 ]

@@ -285,7 +285,7 @@ def p2p_program(network, peer: int, nbytes: int, receiving: bool, spin: float):
     message = ((0, 0, 0, nbytes, 0),)
     step = (0, (), () if receiving else message, message if receiving else (), 0)
     return _core.Program((nbytes,), (receiving,), (step,), (entry,), _NO_KERNEL, -1, network.shm, spin,
-                         network._crowded)
+                         network._crowded, False, True)  # (slots only: never single copy)
 
 
 EXCHANGE_SINGLE_COPY_BYTES = 64 << 10  # a plain exchange's sends go single copy from here (see _exchanges)

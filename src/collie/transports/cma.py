@@ -110,21 +110,33 @@ def _move(name: str, pid: int, local_at: int, remote_at: int, n: int) -> None:
         done += got
 
 
-def read(pid: int, dst, src_address: int) -> None:
+def registered(buffer) -> tuple:
+    """The four words of the registered buffer that ``buffer`` (ours) lies
+    in, as a rendezvous body or an offer gives them (zeros: none; see
+    collie.buffers)."""
+    if _core is None:
+        return (0, 0, 0, 0)
+    return _core.registered_words(address(buffer), memoryview(buffer).nbytes)
+
+
+def read(pid: int, dst, src_address: int, registered: tuple = ()) -> None:
     """Copy ``len(dst)`` bytes from ``src_address`` in process ``pid`` into
     ``dst`` (a writable contiguous buffer). Raises OSError if they cannot
-    all be read (the process is gone, or we may not read it)."""
+    all be read (the process is gone, or we may not read it). ``registered``:
+    the last four words of a rendezvous body sent from a registered buffer,
+    whose mapping the core reads instead where it can (collie.buffers)."""
     if _core is not None:
-        _core.vm_read(pid, dst, src_address)
+        _core.vm_read(pid, dst, src_address, *registered)
     else:
         _move("process_vm_readv", pid, address(dst), src_address, len(dst))
 
 
-def write(pid: int, dst_address: int, src) -> None:
+def write(pid: int, dst_address: int, src, registered: tuple = ()) -> None:
     """Copy all of ``src`` (a contiguous buffer of ours) to ``dst_address``
-    in process ``pid``. Raises OSError if it cannot all be written."""
+    in process ``pid``. Raises OSError if it cannot all be written.
+    ``registered``: as for read(), the other process's buffer's four words."""
     if _core is not None:
-        _core.vm_write(pid, dst_address, src)
+        _core.vm_write(pid, dst_address, src, *registered)
     else:
         _move("process_vm_writev", pid, address(src), dst_address, len(src))
 

@@ -11,7 +11,9 @@ reads, in the reader's segment (shm.py)::
     then  the shared-copy offer: rendezvous id, address, split, done word,
           then the shared combining's four words (_core.c's read_shared:
           id, address, chunks not taken, chunks the writer combined),
-          and a one-token semaphore (see "Single copy")
+          a one-token semaphore (see "Single copy"), and the reader's
+          buffer on offer where it is registered (collie.empty: fd,
+          inode, start, serial; zeros if not)
     page  the slots' payloads, ``slot_bytes`` each
 
 Slot ``k`` holds fragment number ``k % slots``; head - tail is the number of
@@ -59,12 +61,20 @@ LINE = 64
 HEADER = struct.Struct("<qQqqq")  # tag, meta, message nbytes, fragment offset, fragment nbytes
 RDV = -1                         # fragment offset of a single-copy message's only slot
 RDV_BODY = struct.Struct("<qq")  # its payload: the bytes' address in the writer, rendezvous id
+RDV_REGISTERED = struct.Struct("<6q")  # the same, sent from a registered buffer (collie.empty), then
+                                       # its memfd's fd, inode, start and serial (_core.c's rendezvous)
 ACKS = 64                        # acknowledgement words per ring: single-copy sends in flight
 NEVER = 1 << 62                  # Out.cma_bytes of a peer that cannot read this process's memory
 
 
 def align(n: int, to: int) -> int:
     return (n + to - 1) // to * to
+
+
+def rendezvous_body(ring: Ring, k: int, frag: int) -> tuple:
+    """Slot ``k``'s single-copy body of ``frag`` bytes: (address, id), then
+    the four words of a registered buffer where it was sent from one."""
+    return (RDV_REGISTERED if frag == RDV_REGISTERED.size else RDV_BODY).unpack_from(ring.mm, ring.offsets[k])
 
 
 def ring_header_bytes(slots: int) -> int:
@@ -154,6 +164,8 @@ class Ring:
         self.share = view[self.offer_at + 32:self.offer_at + 64].cast("q")  # the compiled core's (read_shared)
         self.share_address = np.frombuffer(mm, np.int64, 4, self.offer_at + 32).ctypes.data
         self.token_at = self.offer_at + LINE
+        # After the token: the reader's buffer on offer, where it is a registered one (_core.c's offer_key).
+        self.offer_key = np.frombuffer(mm, np.int64, 4, self.offer_at + LINE + 32)
         payloads = base + ring_header_bytes(slots)
         self.offsets = [payloads + k * slot_bytes for k in range(slots)]
         self.payload = [view[o:o + slot_bytes] for o in self.offsets]
@@ -168,7 +180,7 @@ class Ring:
             self.tail.release()
             self.share.release()
         self.payload = []
-        self.head = self.tail = self.acks = self.offer = self.share = self.mm = None
+        self.head = self.tail = self.acks = self.offer = self.share = self.offer_key = self.mm = None
 
 
 class Send(Request):
@@ -212,7 +224,7 @@ class Message:
         self.req: Optional[Recv] = req
         self.buf: Optional[bytearray] = buf
         self.claimed: Optional[Recv] = None  # a receive waiting to take this unexpected message
-        self.rdv: Optional[tuple] = rdv        # (address, id): a single-copy message, still in the writer
+        self.rdv: Optional[tuple] = rdv        # (address, id[, registered]): a single-copy message, still in the writer
 
 
 class Out:

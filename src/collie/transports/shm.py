@@ -95,8 +95,9 @@ from ..errors import CollieError, PeerError
 from . import cma
 from .base import Combine, MessageMismatch, Request, Transport
 from .doorbell import Doorbell
-from .ring import (ACKS, HEADER, LINE, NEVER, PAGE, RDV, RDV_BODY, In, Message, Out, Recv, Ring, Send, Sent,
-                   acknowledge, align, deliver, freed, put, ring_bytes, seen_tail, take_posted)
+from .ring import (ACKS, HEADER, LINE, NEVER, PAGE, RDV, RDV_BODY, RDV_REGISTERED, In, Message, Out, Recv, Ring,
+                   Send, Sent, acknowledge, align, deliver, freed, put, rendezvous_body, ring_bytes, seen_tail,
+                   take_posted)
 from .segment import Segment, close_mapping, map_peer, sweep_segments
 
 
@@ -105,6 +106,8 @@ DEFAULT_SLOT_BYTES = 256 * 1024
 DEFAULT_WINDOW_BYTES = 64 << 20
 DEFAULT_CMA_BYTES = 2 << 20       # single copy from here where each rank has a core of its own,
 CROWDED_CMA_BYTES = 1 << 20       # and from here where ranks share cores (see "Why" above)
+REGISTERED_SINGLE_COPY_BYTES = 64 << 10  # from a registered buffer (collie.empty), single copy from here:
+                                         # its reader copies it once, from the mapping (_core.c's goes_single_copy)
 SHARED_READ_BYTES = 2 << 20       # a plain single-copy receive shares its read from twice the
                                   # threshold, or from here if that is less (core.py hands such
                                   # one-way messages to Python from here)
@@ -133,11 +136,23 @@ def _may_rendezvous(out: Out) -> bool:
     return not out.pending or out.next_id + 1 - next(iter(out.pending)) < ACKS
 
 
+def _single_copy(out: Out, data: memoryview) -> bool:
+    """Whether a send of ``data`` to ``out``'s reader goes single copy: from
+    the peer's threshold, or from REGISTERED_SINGLE_COPY_BYTES out of a
+    registered buffer (where the peer can read this process)."""
+    nbytes = data.nbytes
+    return nbytes >= out.cma_bytes or (REGISTERED_SINGLE_COPY_BYTES <= nbytes and out.cma_bytes < NEVER
+                                       and cma.registered(data)[3] != 0)
+
+
 def _rendezvous(out: Out, send: Send) -> None:
     """Post a single-copy send (the ring has room): one slot saying where its
     bytes are. It is done once the reader acknowledges it."""
     out.next_id += 1
-    put(out, send.tag, send.meta, send.nbytes, RDV, RDV_BODY.pack(cma.address(send.data), out.next_id))
+    address, registered = cma.address(send.data), cma.registered(send.data)
+    body = (RDV_REGISTERED.pack(address, out.next_id, *registered) if registered[3]  # (from collie.empty)
+            else RDV_BODY.pack(address, out.next_id))
+    put(out, send.tag, send.meta, send.nbytes, RDV, body)
     out.pending[out.next_id] = send
 
 
@@ -354,7 +369,8 @@ class ShmTransport(Transport):
         ring = out.ring
         room = (out.error is None and not out.queue
                 and (out.head - out.tail < ring.slots or out.head - seen_tail(out) < ring.slots))
-        if room and nbytes <= ring.slot_bytes and nbytes < out.cma_bytes:
+        single_copy = _single_copy(out, data)
+        if room and nbytes <= ring.slot_bytes and not single_copy:
             # The fast path of small messages: the whole message fits in a
             # free slot, and is sent once written there.
             put(out, tag, meta, nbytes, 0, data)
@@ -364,7 +380,7 @@ class ShmTransport(Transport):
         if out.error is not None:
             req.error = out.error
             return req
-        if room and nbytes >= out.cma_bytes and _may_rendezvous(out):
+        if room and single_copy and _may_rendezvous(out):
             # The fast path of single-copy messages: say where the bytes are
             # at once, without the queue; the send is done once the reader
             # acknowledges it.
@@ -469,11 +485,11 @@ class ShmTransport(Transport):
         if ring.head[0] == tail:
             return False
         k = tail % ring.slots
-        tag, meta, nbytes, offset, _ = HEADER.unpack_from(ring.mm, ring.headers + k * LINE)
+        tag, meta, nbytes, offset, frag = HEADER.unpack_from(ring.mm, ring.headers + k * LINE)
         if tag != req.tag:
             return False
         if offset == RDV:
-            rdv = RDV_BODY.unpack_from(ring.mm, ring.offsets[k])
+            rdv = rendezvous_body(ring, k, frag)
             inb.tail = tail + 1
             ring.tail[0] = tail + 1
             freed(inb, tail)
@@ -570,7 +586,7 @@ class ShmTransport(Transport):
                     if out.head - out.tail >= slots:
                         break
                 send = queue[0]
-                if send.nbytes >= out.cma_bytes:
+                if _single_copy(out, send.data):
                     if not _may_rendezvous(out):
                         break  # its acknowledgement word is still taken
                     _rendezvous(out, queue.popleft())
@@ -607,11 +623,11 @@ class ShmTransport(Transport):
             k = tail % slots
             msg = inb.current
             if msg is None:
-                tag, meta, nbytes, offset, _ = HEADER.unpack_from(ring.mm, ring.headers + k * LINE)
+                tag, meta, nbytes, offset, frag = HEADER.unpack_from(ring.mm, ring.headers + k * LINE)
                 queue = inb.posted.get(tag)
                 stale = not queue and self._stale(inb.peer, tag, meta, nbytes)
                 if offset == RDV:
-                    rdv = RDV_BODY.unpack_from(ring.mm, ring.offsets[k])
+                    rdv = rendezvous_body(ring, k, frag)
                     if queue:
                         self._read_single_copy(inb, take_posted(inb, tag, queue), nbytes, meta, rdv)
                     elif stale:
@@ -701,16 +717,16 @@ class ShmTransport(Transport):
         """Take a single-copy message: read its bytes from the writer's memory
         into ``req`` (unless it mismatches), then acknowledge it, so that the
         writer's send completes (it fails only if the read itself failed)."""
-        address, rid = rdv
+        address, rid, *registered = rdv  # (registered: where it was sent from a registered buffer)
         ok = True
         if not self._mismatch(req, nbytes, meta):
             try:
                 if (req.combine is None and nbytes >= min(2 * self.cma_bytes, SHARED_READ_BYTES) and not inb.shared
                         and not self._out[inb.peer].pending):
-                    if self._read_shared(inb, req, nbytes, address, rid):
+                    if self._read_shared(inb, req, nbytes, address, rid, registered):
                         return  # the writer copies the rest; completed in _shared_done
                 elif req.combine is None:
-                    cma.read(inb.pid, req.dst, address)
+                    cma.read(inb.pid, req.dst, address, registered)
                     req.done = True
                 else:
                     if self._scratch is None:
@@ -735,25 +751,26 @@ class ShmTransport(Transport):
         return CollieError(f"rank {self.rank}: could not read a {nbytes}-byte message "
                            f"from the memory of rank {inb.peer}: {exc}")
 
-    def _read_shared(self, inb: In, req: Recv, nbytes: int, address: int, rid: int) -> bool:
+    def _read_shared(self, inb: In, req: Recv, nbytes: int, address: int, rid: int, registered=()) -> bool:
         """Offer the writer the second half of a message and read the first;
         True if the writer took the offer (it is copying the rest), False if
         this rank read everything itself (``req`` is then done)."""
         split = nbytes // 2 // LINE * LINE
         offer = inb.ring.offer
         offer[1], offer[2], offer[3] = cma.address(req.dst), split, 0
+        inb.ring.offer_key[:] = cma.registered(req.dst)  # the writer may write into its mapping
         offer[0] = rid
         inb.token.ring()  # the offer is up (a full barrier: the words above are visible)
         inb.bell.wake()   # and the writer, asleep waiting for its acknowledgement, should look
         failed = None
         try:
-            cma.read(inb.pid, req.dst[:split], address)
+            cma.read(inb.pid, req.dst[:split], address, registered)
         except OSError as exc:
             failed = exc  # reported once the token is settled, so no copy outlives the receive
         if inb.token.wait(0):  # took it back: the writer never started
             if failed is not None:
                 raise failed
-            cma.read(inb.pid, req.dst[split:], address + split)
+            cma.read(inb.pid, req.dst[split:], address + split, registered)
             req.done = True
             return False
         inb.shared.append((req, rid, nbytes, address, split, failed))
@@ -821,7 +838,7 @@ class ShmTransport(Transport):
         try:
             if send is None:
                 raise OSError(errno.EINVAL, "no such pending send")
-            cma.write(out.pid, address + split, send.data[split:])
+            cma.write(out.pid, address + split, send.data[split:], tuple(out.ring.offer_key.tolist()))
             offer[3] = rid
             self.shared_copies += 1
         except OSError:
