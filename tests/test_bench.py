@@ -105,6 +105,22 @@ def test_algo_all_runs_every_all_reduce_algorithm(tmp_path):
     assert all(r["wrong"] == 0 for r in _rows(out))
 
 
+def test_registered_buffers_check_clean_and_say_so(tmp_path):
+    """--registered: collie's buffers from collie.empty, said in the header
+    and in every row; the sizes past the single-copy threshold read them
+    through the peer's mapping."""
+    out = tmp_path / "rows.json"
+    done = _bench("-n", "2", "--op", "all_reduce,broadcast,reduce_scatter,sendrecv", "--sizes", "64K,4M",
+                  "--iters", "2", "--warmup", "1", "--repeats", "1", "--registered", "--check", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "# buffers: collie's from collie.empty" in done.stdout
+    rows = _rows(out)
+    assert len(rows) == 8 and all(r["wrong"] == 0 and r["registered"] is True for r in rows), rows
+    plain = tmp_path / "plain.json"
+    assert _bench(*TINY, "--op", "all_reduce", "--json", str(plain)).returncode == 0
+    assert all(r["registered"] is False for r in _rows(plain))
+
+
 def test_missing_peers_give_a_hint_not_a_failure():
     done = _bench("-n", "2", "--op", "broadcast", "--sizes", "8", "--iters", "1", "--warmup", "0",
                   "--repeats", "1", "--vs", "mpi4py,gloo", env={"COLLIE_BENCH_HIDE": "mpi4py,gloo"})

@@ -65,7 +65,7 @@ REDOPS = ("sum", "prod", "min", "max", "avg")
 PEERS = ("mpi4py", "gloo", "python", "mpi")  # python: collie run by its Python executor;
                                             # mpi: collie's own MPI layer (from collie import MPI)
 JSON_KEYS = ("backend", "op", "nranks", "bytes", "dtype", "algorithm", "time_us", "algbw_GBps",
-             "busbw_GBps", "wrong", "p50_us", "p99_us")
+             "busbw_GBps", "wrong", "p50_us", "p99_us", "registered")
 HINTS = {
     "mpi4py": "mpi4py not found: apt-get install mpich && pip install --no-binary=mpi4py mpi4py",
     "mpiexec": "mpiexec not found: apt-get install mpich (mpi4py needs an MPI launcher)",
@@ -212,6 +212,7 @@ class Comm:
     name = "?"
     rank = 0
     size = 1
+    registers = False  # empty() makes registered buffers when asked
 
     def barrier(self) -> None:
         raise NotImplementedError
@@ -231,6 +232,11 @@ class Comm:
     def algorithms(self, op: str, wanted: Optional[str]) -> list:
         """The algorithm names to run ``op`` with; None means the library's choice."""
         return [None]
+
+    def empty(self, shape, dtype, registered: bool) -> np.ndarray:
+        """A buffer for the calls: a plain array (``registered`` is for
+        libraries that have registered buffers)."""
+        return np.empty(shape, dtype)
 
     def label(self, op: str, lay: Layout, algorithm: Optional[str]) -> str:
         """The algorithm column."""
@@ -260,6 +266,7 @@ class Config(NamedTuple):
     progress: bool
     tty: bool
     percentiles: bool = False  # time each call too: p50/p99 columns
+    registered: bool = False   # collie's buffers from collie.empty (its peers' stay plain)
 
 
 class Progress:
@@ -364,8 +371,8 @@ def run(comm: Comm, cfg: Config, emit: Callable[[dict], None],
         try:
             for k, size in enumerate(cfg.sizes):
                 lay = layout(op, size, dtype.itemsize, n)
-                recv = np.empty(lay.recv, dtype)
-                send = None if op in _IN_PLACE else np.empty(lay.send, dtype)
+                recv = comm.empty(lay.recv, dtype, cfg.registered)
+                send = None if op in _IN_PLACE else comm.empty(lay.send, dtype, cfg.registered)
                 for algo in algos:
                     progress.show(f"{comm.name}: {op} {format_size(lay.nbytes)} "
                                   f"({k + 1}/{len(cfg.sizes)}){' ' + algo if algo else ''}")
@@ -384,7 +391,8 @@ def run(comm: Comm, cfg: Config, emit: Callable[[dict], None],
                           "time_us": seconds * 1e6, "algbw_GBps": algbw,
                           "busbw_GBps": algbw * bus_factor(op, n), "wrong": wrong,
                           "count": lay.count, "redop": redop, "root": 0 if op in _ROOTED else -1,
-                          "iters": iters, "p50_us": _us(timing.p50), "p99_us": _us(timing.p99)})
+                          "iters": iters, "p50_us": _us(timing.p50), "p99_us": _us(timing.p99),
+                          "registered": cfg.registered and comm.registers})
         except Unsupported as exc:
             note(f"{comm.name}: {op}: {exc}; skipped")
     progress.clear()
@@ -506,6 +514,14 @@ class CollieComm(DistComm):
 
     def _extra(self, algorithm):
         return {"algorithm": algorithm} if algorithm else {}
+
+    registers = True
+
+    def empty(self, shape, dtype, registered: bool) -> np.ndarray:
+        if registered:
+            import collie
+            return collie.empty(shape, dtype)
+        return np.empty(shape, dtype)
 
     def label(self, op, lay, algorithm):
         if op == "sendrecv":
@@ -833,6 +849,9 @@ def header(argv: list, nranks: int, where: str, cfg: Config, mem: Optional[tuple
         f"median of {cfg.repeats} repeats; GB/s = 1e9 B/s; size/busbw as in nccl-tests"
         + ("; p50/p99: of every timed call, the slowest rank's" if cfg.percentiles else ""),
     ]
+    if cfg.registered:
+        lines.append("# buffers: collie's from collie.empty (registered: a peer on the host maps them and reads "
+                     "them straight from memory); the peers' (--vs) plain NumPy arrays")
     if hogs:
         lines.append(f"# load: {hogs} CPU-bound process(es) ran beside the ranks and the peers "
                      f"throughout (--hog); the memory figures were taken before them")
@@ -1136,6 +1155,9 @@ def _parse(argv: list) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     p.add_argument("--check", action="store_true", help="validate every result (the #wrong column)")
     p.add_argument("--percentiles", action="store_true",
                    help="also time each call: the slowest rank's p50 and p99 per call (columns p50, p99)")
+    p.add_argument("--registered", action="store_true",
+                   help="collie's buffers from collie.empty, which peers on the host read straight from "
+                        "memory (like nccl-tests -R); the peers' stay plain arrays")
     p.add_argument("--hog", type=int, default=0, metavar="N",
                    help="run N CPU-bound processes beside the ranks (and the peers) while measuring: "
                         "how each holds up on a shared machine")
@@ -1196,7 +1218,8 @@ def _config(opts: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
     return Config(ops=ops, sizes=sizes, dtype=dtype.name, redop=opts.redop, iters=opts.iters,
                   warmup=opts.warmup, repeats=opts.repeats, time_budget=opts.time_budget,
                   algo=opts.algo, check=opts.check, transport=opts.transport,
-                  progress=opts.progress or tty, tty=tty, percentiles=opts.percentiles)
+                  progress=opts.progress or tty, tty=tty, percentiles=opts.percentiles,
+                  registered=opts.registered)
 
 
 def main(argv: Optional[list] = None) -> int:
