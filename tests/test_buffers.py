@@ -16,6 +16,11 @@ from harness import reduced, run_ranks, same, small_ints
 BIG = 3 << 20  # bytes: past the single-copy threshold (2 MiB; 1 MiB where ranks share cores)
 
 
+def _moves() -> int:
+    """Moves this process made through a peer's registered buffer's mapping."""
+    return core._core.registered_moves()[0]
+
+
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -63,7 +68,7 @@ def _collectives_body(rank, size, registered_in, registered_out):
     count = BIG // 4 * size + 3  # float32s, not a multiple of the world
     block = BIG // 4             # what every rank sends every other in all_to_all, all_gather...
     inputs = [small_ints(f"reg-{r}", count, "float32") for r in range(size)]
-    before = core._core.registered_moves()
+    before = _moves()
     wrong = []
     for algo in algorithms.algorithms_for("all_reduce"):
         x = mk_in(count, np.float32)
@@ -106,7 +111,7 @@ def _collectives_body(rank, size, registered_in, registered_out):
         work.wait()
     if not same(got, inputs[(rank - 1) % size]):
         wrong.append("sendrecv")
-    return wrong, core._core.registered_moves() - before
+    return wrong, _moves() - before
 
 
 @pytest.mark.parametrize("executor", ["c", "python"])
@@ -129,7 +134,7 @@ def _mid_body(rank, size):
     (through the mapping) where plain ones go through the rings."""
     count = (256 << 10) // 4 + 5
     inputs = [small_ints(f"mid-{r}", count, "float32") for r in range(size)]
-    before = core._core.registered_moves()
+    before = _moves()
     wrong = []
     x = collie.empty(count, np.float32)
     x[:] = inputs[rank]
@@ -150,7 +155,7 @@ def _mid_body(rank, size):
             collie.recv(got, 0)
             if not same(got, inputs[0]):
                 wrong.append("recv")
-    return wrong, core._core.registered_moves() - before
+    return wrong, _moves() - before
 
 
 @pytest.mark.parametrize("executor", ["c", "python"])
@@ -164,9 +169,9 @@ def _torch_body(rank, size):
     import torch
     t = torch.from_numpy(collie.empty(4 * BIG // 4, np.float32))  # halves of 6 MiB: single copy
     t.fill_(rank + 1)
-    before = core._core.registered_moves()
+    before = _moves()
     collie.all_reduce(t)
-    return float(t[0]), float(t[-1]), core._core.registered_moves() - before
+    return float(t[0]), float(t[-1]), _moves() - before
 
 
 def test_a_torch_tensor_on_a_registered_buffer():
@@ -179,7 +184,8 @@ def test_a_torch_tensor_on_a_registered_buffer():
 def _rounds_body(rank, size, rounds):
     """Buffers made and dropped round after round (more than a reader keeps
     mappings of), the root's fd numbers and addresses coming round again:
-    every round's data arrives, never an earlier buffer's."""
+    every round's data arrives, never an earlier buffer's; and how many
+    mappings this rank holds then, and after destroy_process_group."""
     wrong = []
     for k in range(rounds):
         x = collie.empty(2 * BIG // 4 + k, np.float32)
@@ -194,12 +200,17 @@ def _rounds_body(rank, size, rounds):
             wrong.append(("all_reduce", k))
         del x, y
         gc.collect()
-    return wrong, core._core.registered_moves()
+    mapped = core._core.registered_moves()[1]
+    collie.destroy_process_group()
+    return wrong, _moves(), mapped, core._core.registered_moves()[1]
 
 
 def test_buffers_made_and_dropped_never_read_stale():
     results = run_ranks(_rounds_body, 2, 40, backend="shm", timeout=120)
-    assert not any(wrong for wrong, _ in results) and sum(moves for _, moves in results) >= 40, results
+    assert not any(wrong for wrong, *_ in results) and sum(moves for _, moves, *_ in results) >= 40, results
+    # A peer's freed buffer's mapping goes when its fd comes back in a new
+    # one (not after 16), and every mapping with the world.
+    assert all(mapped <= 4 and after == 0 for *_, mapped, after in results), results
 
 
 def _fallback_body(rank, size):
@@ -214,9 +225,9 @@ def _fallback_body(rank, size):
     out = []
     for bad in ([words[0], words[1] + 1, *words[2:]], [1 << 20, *words[1:]], words):
         got = np.zeros(1 << 16, np.uint8)
-        before = core._core.registered_moves()
+        before = _moves()
         cma.read(pid, got, address, tuple(bad))
-        out.append((bool((got == np.arange(1 << 16) % 251).all()), core._core.registered_moves() - before))
+        out.append((bool((got == np.arange(1 << 16) % 251).all()), _moves() - before))
     collie.barrier()
     return out
 

@@ -486,9 +486,15 @@ static pthread_mutex_t views_lock = PTHREAD_MUTEX_INITIALIZER;  /* over the tabl
 
 static int view_free(const view_t *v) { return !v->map && !v->failed; }
 
+/* Unmap v (not busy), leaving it free. */
+static void drop_view(view_t *v) {
+    if (v->map) munmap(v->map, v->nbytes);
+    *v = (view_t){0};
+}
+
 /* Map the registered buffer ``key`` (a body's last four words) of process pid into v. */
 static void map_view(view_t *v, int pid, const int64_t *key) {
-    if (v->map) munmap(v->map, v->nbytes);
+    drop_view(v);
     *v = (view_t){.pid = pid, .failed = 1};
     memcpy(v->key, key, sizeof v->key);
     char path[64];
@@ -505,14 +511,19 @@ static void map_view(view_t *v, int pid, const int64_t *key) {
 
 /* Where the ``n`` bytes at ``address`` in process pid's registered buffer
  * ``key`` are mapped here, or NULL: move them the other way. The caller
- * moves them, then lets go of *held (view_done). */
+ * moves them, then lets go of *held (view_done). A buffer's owner keeps its
+ * fd open while it lives, so a new buffer of pid's with the fd of one
+ * mapped here means that one is gone: its mapping goes too (else it waits
+ * for the least recently used turn, or destroy_process_group). */
 static char *view_of(int pid, const int64_t *key, int64_t address, int64_t n, view_t **held) {
     pthread_mutex_lock(&views_lock);
     view_t *v = NULL, *spare = NULL;
     for (int i = 0; i < MAX_VIEWS && !v; i++) {
         view_t *w = &views[i];
-        if (!view_free(w) && w->pid == pid && !memcmp(w->key, key, sizeof w->key)) v = w;
-        else if (!w->busy && (!spare || (!view_free(spare) && (view_free(w) || w->used < spare->used)))) spare = w;
+        int same_fd = !view_free(w) && w->pid == pid && w->key[0] == key[0];
+        if (same_fd && !memcmp(w->key, key, sizeof w->key)) v = w;
+        else if (same_fd && !w->busy) drop_view(w);  /* the fd is another buffer's now: the one it mapped is gone */
+        if (!v && !w->busy && (!spare || (!view_free(spare) && (view_free(w) || w->used < spare->used)))) spare = w;
     }
     if (!v && spare) map_view(v = spare, pid, key);  /* (none spare: every view is in use) */
     int64_t at = address - key[2];
@@ -534,11 +545,13 @@ static void view_done(view_t *v) {
     pthread_mutex_unlock(&views_lock);
 }
 
+/* registered_moves() -> (moves through a view, views mapped now) */
 static PyObject *py_registered_moves(PyObject *self, PyObject *unused) {
     pthread_mutex_lock(&views_lock);
-    int64_t n = views_moved;
+    int64_t n = views_moved, mapped = 0;
+    for (int i = 0; i < MAX_VIEWS; i++) mapped += views[i].map != NULL;
     pthread_mutex_unlock(&views_lock);
-    return PyLong_FromLongLong(n);
+    return Py_BuildValue("(LL)", (long long)n, (long long)mapped);
 }
 
 /* n bytes between ``local`` and ``address`` in process pid (process_vm_readv,
@@ -3063,6 +3076,10 @@ static PyObject *py_forget_world(PyObject *self, PyObject *unused) {
             route_clear(&entries[i]->routes[j]);
             memo_clear(&entries[i]->memos[j]);
         }
+    pthread_mutex_lock(&views_lock);  /* and the peers' buffers mapped here */
+    for (int i = 0; i < MAX_VIEWS; i++)
+        if (!views[i].busy) drop_view(&views[i]);
+    pthread_mutex_unlock(&views_lock);
     Py_RETURN_NONE;
 }
 
@@ -5688,7 +5705,8 @@ static PyMethodDef methods[] = {
     {"registered_words", py_registered_words, METH_VARARGS,
      "registered_words(address, nbytes) -> (fd, inode, start, serial) of the registered buffer they lie in, or zeros."},
     {"registered_moves", py_registered_moves, METH_NOARGS,
-     "registered_moves() -> how many moves this process made through a peer's registered buffer's mapping."},
+     "registered_moves() -> (moves this process made through peers' registered buffers' mappings, "
+     "how many it has mapped now)."},
     {"set_thread_spin", py_set_thread_spin, METH_VARARGS,
      "set_thread_spin(seconds) -> previous: bound this thread's receive spin (negative: none)."},
     {NULL, NULL, 0, NULL},
