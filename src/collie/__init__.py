@@ -30,7 +30,7 @@ from .collectives import (all_gather, all_gather_into_tensor, all_gather_single,
 from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from .tracing import trace
 from .core import config
-from .buffers import empty
+from .registered import empty
 from . import tracing as _tracing
 _tracing.install(_tracing.from_environment())  # COLLIE_TRACE=DIR: trace every call
 

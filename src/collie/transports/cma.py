@@ -113,7 +113,7 @@ def _move(name: str, pid: int, local_at: int, remote_at: int, n: int) -> None:
 def registered(buffer) -> tuple:
     """The four words of the registered buffer that ``buffer`` (ours) lies
     in, as a rendezvous body or an offer gives them (zeros: none; see
-    collie.buffers)."""
+    collie.registered)."""
     if _core is None:
         return (0, 0, 0, 0)
     return _core.registered_words(address(buffer), memoryview(buffer).nbytes)
@@ -124,7 +124,7 @@ def read(pid: int, dst, src_address: int, registered: tuple = ()) -> None:
     ``dst`` (a writable contiguous buffer). Raises OSError if they cannot
     all be read (the process is gone, or we may not read it). ``registered``:
     the last four words of a rendezvous body sent from a registered buffer,
-    whose mapping the core reads instead where it can (collie.buffers)."""
+    whose mapping the core reads instead where it can (collie.registered)."""
     if _core is not None:
         _core.vm_read(pid, dst, src_address, *registered)
     else:
