@@ -666,14 +666,6 @@ static char *offered_view(const int64_t *words, int pid, int64_t address, int64_
 
 static int shareable(int64_t n) { return n >= SHARE_CHUNKS * READ_CHUNK && n / READ_CHUNK < SHARE_FAILED; }
 
-/* The reader's side: combine single-copy message ``rid`` (n bytes at
- * ``address`` in the writer) into dst with kernels[dtype] and ``op``,
- * offering the writer its chunks. 0: all combined; 1: the writer's last
- * chunks are still under way after ``spin`` seconds without progress, or
- * it failed (*expect: the SHARE_DONE that will say they are in); -1 (errno
- * set): a read failed. The first chunk is read before anything is
- * offered, so a message that cannot be read at all leaves nothing shared
- * (Python reads it again and says why). */
 /* The reader's chunk k: combined straight from ``mapped`` (a registered
  * buffer's mapping, at the message's start) or read by combine_chunk. */
 static int reader_chunk(int pid, char *dst, int64_t address, const char *mapped, int64_t k, int64_t n, kernel_t kernel,
@@ -684,6 +676,15 @@ static int reader_chunk(int pid, char *dst, int64_t address, const char *mapped,
     return 0;
 }
 
+/* The reader's side: combine single-copy message ``rid`` (n bytes at
+ * ``address`` in the writer) into dst with kernels[dtype] and ``op``
+ * (straight from ``mapped`` where the writer's buffer is registered),
+ * offering the writer its chunks. 0: all combined; 1: the writer's last
+ * chunks are still under way after ``spin`` seconds without progress, or
+ * it failed (*expect: the SHARE_DONE that will say they are in); -1 (errno
+ * set): a read failed. The first chunk is read before anything is
+ * offered, so a message that cannot be read at all leaves nothing shared
+ * (Python reads it again and says why). */
 static __attribute__((noinline)) int read_shared(peer_t *p, char *dst, int64_t address, const char *mapped, int64_t n,
                        int64_t rid, int dtype, int op, double spin, int64_t *expect) {
     kernel_t kernel = kernels[dtype];
