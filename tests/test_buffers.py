@@ -235,3 +235,30 @@ def _fallback_body(rank, size):
 def test_a_read_with_words_that_do_not_match_falls_back():
     for out in run_ranks(_fallback_body, 2, backend="shm"):
         assert out == [(True, 0), (True, 0), (True, 1)], out
+
+
+def _alloc_mem_body(rank, size):
+    """collie.MPI's Alloc_mem gives registered memory from 64 KiB, zeroed,
+    an MPI.buffer as before; smaller ones stay plain."""
+    from collie.compat import mpi as MPI
+    comm = MPI.COMM_WORLD
+    mem = MPI.Alloc_mem(4 << 20)
+    small = MPI.Alloc_mem(100)
+    assert type(mem) is MPI.buffer and len(mem) == 4 << 20 and mem.address and not mem.readonly
+    assert cma.registered(mem)[3] and not cma.registered(small)[3] and len(small) == 100
+    a = np.frombuffer(mem, np.float32)
+    assert not a.any()
+    before = _moves()
+    if rank == 0:
+        a[:] = np.arange(a.size)
+        comm.Send(mem, dest=1)
+    else:
+        comm.Recv(mem, source=0)
+    ok = bool((a == np.arange(a.size)).all())
+    MPI.Free_mem(mem)
+    return ok, _moves() - before
+
+
+def test_mpi_alloc_mem_is_registered():
+    results = run_ranks(_alloc_mem_body, 2, backend="shm")
+    assert results[0][0] and results[1][0] and results[1][1] > 0, results

@@ -147,13 +147,22 @@ def Get_hw_resource_info():
 
 
 def Alloc_mem(size: int, info=None):
-    """``size`` bytes of memory, an MPI.buffer (Free_mem gives it back)."""
+    """``size`` bytes of zeroed memory, an MPI.buffer (Free_mem gives it
+    back). From 64 KiB it is a registered buffer (collie.empty), which the
+    other ranks of the host map and move straight from memory, as MPI
+    implementations' Alloc_mem gives memory suited to communication."""
+    from ...registered import empty
+    from ...transports.shm import REGISTERED_SINGLE_COPY_BYTES
     from .memory import buffer
     size = operator.index(size)
     if size < 0:
         from .exceptions import ERR_ARG, Exception
         raise Exception(ERR_ARG, f"Alloc_mem: size {size} is negative")
-    return buffer.allocate(size, clear=True)
+    if size < REGISTERED_SINGLE_COPY_BYTES:  # (smaller messages move through the rings either way)
+        return buffer.allocate(size, clear=True)
+    memory = empty(size, "uint8")
+    memory.fill(0)
+    return buffer._wrap(memory, memory)
 
 
 def Free_mem(mem) -> None:
