@@ -494,8 +494,10 @@ class DistComm(Comm):
 
 
 class CollieComm(DistComm):
-    """collie itself: algorithms can be forced, and the table names the
-    one the tuner picked when they are not."""
+    """collie itself: algorithms can be forced, the table names the one the
+    tuner picked when they are not, and buffers may be registered."""
+
+    registers = True
 
     def __init__(self, name: str = "collie"):
         import collie
@@ -515,13 +517,8 @@ class CollieComm(DistComm):
     def _extra(self, algorithm):
         return {"algorithm": algorithm} if algorithm else {}
 
-    registers = True
-
     def empty(self, shape, dtype, registered: bool) -> np.ndarray:
-        if registered:
-            import collie
-            return collie.empty(shape, dtype)
-        return np.empty(shape, dtype)
+        return self.dist.empty(shape, dtype) if registered else np.empty(shape, dtype)
 
     def label(self, op, lay, algorithm):
         if op == "sendrecv":
