@@ -362,6 +362,7 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
  * four words of the rendezvous body go to ``words``. */
 static int registered_body(const char *data, int64_t n, int64_t *words) {
     int64_t at = (int64_t)(uintptr_t)data, found = 0;
+    if (!__atomic_load_n(&nregistry, __ATOMIC_ACQUIRE)) return 0;  /* (a plain array's send: no lock) */
     pthread_mutex_lock(&registry_lock);
     for (Py_ssize_t i = 0; i < nregistry && !found; i++) {
         const registered_t *b = &registry[i];
@@ -381,7 +382,8 @@ static int registry_set(int64_t base, int64_t nbytes, int64_t fd, int64_t ino) {
     if (!nbytes) {
         for (Py_ssize_t i = 0; i < nregistry; i++)
             if (registry[i].base == base) {
-                registry[i] = registry[--nregistry];
+                registry[i] = registry[nregistry - 1];
+                __atomic_store_n(&nregistry, nregistry - 1, __ATOMIC_RELEASE);
                 break;
             }
     } else {
@@ -390,8 +392,10 @@ static int registry_set(int64_t base, int64_t nbytes, int64_t fd, int64_t ino) {
             registered_t *grown = realloc(registry, room * sizeof *grown);
             if (grown) registry = grown, registry_room = room;
         }
-        if ((ok = nregistry < registry_room))
-            registry[nregistry++] = (registered_t){base, nbytes, fd, ino, ++registry_serial};
+        if ((ok = nregistry < registry_room)) {
+            registry[nregistry] = (registered_t){base, nbytes, fd, ino, ++registry_serial};
+            __atomic_store_n(&nregistry, nregistry + 1, __ATOMIC_RELEASE);  /* (read unlocked: registered_body) */
+        }
     }
     pthread_mutex_unlock(&registry_lock);
     return ok;
@@ -459,14 +463,14 @@ static PyTypeObject SharedMemoryType = {
     .tp_as_buffer = &shared_memory_as_buffer,
 };
 
-/* registered_words(address, nbytes) -> the four words registered_body gives
- * the n bytes at address (fd, inode, start, serial), or zeros. */
-static PyObject *py_registered_words(PyObject *self, PyObject *args) {
-    unsigned long long address;
-    long long n;
-    if (!PyArg_ParseTuple(args, "KL", &address, &n)) return NULL;
+/* registered_words(buffer) -> the four words registered_body gives the
+ * buffer's bytes (fd, inode, start, serial), or zeros. */
+static PyObject *py_registered_words(PyObject *self, PyObject *obj) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0) return NULL;
     int64_t w[RDV_WORDS_REGISTERED - RDV_WORDS] = {0};
-    registered_body((const char *)(uintptr_t)address, n, w);
+    registered_body(view.buf, view.len, w);
+    PyBuffer_Release(&view);
     return Py_BuildValue("(LLLL)", (long long)w[0], (long long)w[1], (long long)w[2], (long long)w[3]);
 }
 
@@ -573,6 +577,19 @@ static int vm_move(int pid, char *local, int64_t address, int64_t n, int write) 
     return 0;
 }
 
+/* vm_move(), through the mapping of process pid's registered buffer
+ * ``key`` (a rendezvous body's or an offer's four words) where it has
+ * one and this process can map it. */
+static int move_registered(int pid, const int64_t *key, char *local, int64_t address, int64_t n, int write) {
+    view_t *held = NULL;
+    char *mapped = key && key[3] ? view_of(pid, key, address, n, &held) : NULL;
+    if (!mapped) return vm_move(pid, local, address, n, write);
+    if (write) memcpy(mapped, local, n);
+    else memcpy(local, mapped, n);
+    view_done(held);
+    return 0;
+}
+
 /* This thread's scratch for a chunk of a combining single-copy message. */
 static char *chunk_scratch(void) {
     static __thread char *scratch;
@@ -656,12 +673,9 @@ static void publish_offer_key(ring_t *r, const char *dst, int64_t n) {
         __atomic_store_n(&offer_key(r)[i], key[i], __ATOMIC_RELAXED);
 }
 
-/* The reader's buffer on offer (``words``: an offer_key): its mapping here
- * at ``address`` (view_done(*held) after), or NULL. */
-static char *offered_view(const int64_t *words, int pid, int64_t address, int64_t n, view_t **held) {
-    int64_t key[RDV_WORDS_REGISTERED - RDV_WORDS];
+/* The reader's buffer on offer: ``words`` (an offer_key) into key. */
+static void load_offer_key(const int64_t *words, int64_t *key) {
     for (int i = 0; i < RDV_WORDS_REGISTERED - RDV_WORDS; i++) key[i] = __atomic_load_n(&words[i], __ATOMIC_RELAXED);
-    return key[3] ? view_of(pid, key, address, n, held) : NULL;
 }
 
 static int shareable(int64_t n) { return n >= SHARE_CHUNKS * READ_CHUNK && n / READ_CHUNK < SHARE_FAILED; }
@@ -737,8 +751,10 @@ static int combine_for_reader(int pid, int64_t *w, int64_t rid, const char *ours
     int dtype = CLAIM_KIND(c) >> 3, op = CLAIM_KIND(c) & 7, took = 0;
     char *scratch = chunk_scratch();
     if (count == SHARE_FAILED || !scratch || dtype >= NDTYPES || !supported(dtype, op)) return 0;
+    int64_t key[RDV_WORDS_REGISTERED - RDV_WORDS];
     view_t *held = NULL;
-    char *theirs = offered_view(key_after_share(w), pid, address, n, &held);  /* the reader's registered buffer */
+    load_offer_key(key_after_share(w), key);
+    char *theirs = key[3] ? view_of(pid, key, address, n, &held) : NULL;  /* the reader's registered buffer */
     while (CLAIM_RID(c) == ((uint64_t)rid & 0xff) && CLAIM_LO(c) < CLAIM_HI(c)) {
         int64_t hi = CLAIM_HI(c) - 1;
         if (!__atomic_compare_exchange_n(&w[SHARE_CLAIM], &c, CLAIM(CLAIM_LO(c), hi, rid, CLAIM_KIND(c)), 0,
@@ -1530,19 +1546,11 @@ static int help_copy(CoreProgram *self, step_t *s, int j, Py_buffer *bufs) {
     int64_t address = offer[1], split = offer[2];
     int k = 0;
     while (k < s->nsend && !(self->rids[k] == rid && s->send[k].peer == s->send[j].peer)) k++;
-    int ok = k < s->nsend && split >= 0 && split <= s->send[k].nbytes;
-    if (ok) {
-        char *ours = msg_bytes(&s->send[k], bufs) + split, *theirs;
-        int64_t n = s->send[k].nbytes - split;
-        view_t *held = NULL;
-        theirs = offered_view(offer_key(&p->out), p->pid, address + split, n, &held);  /* the reader's, registered */
-        if (theirs) {
-            memcpy(theirs, ours, n);
-            view_done(held);
-        } else {
-            ok = !vm_move(p->pid, ours, address + split, n, 1);
-        }
-    }
+    int64_t key[RDV_WORDS_REGISTERED - RDV_WORDS];
+    load_offer_key(offer_key(&p->out), key);  /* (the reader's buffer, where registered) */
+    int ok = k < s->nsend && split >= 0 && split <= s->send[k].nbytes
+             && !move_registered(p->pid, key, msg_bytes(&s->send[k], bufs) + split, address + split,
+                                 s->send[k].nbytes - split, 1);
     __atomic_store_n(&offer[3], ok ? rid : -rid, __ATOMIC_RELEASE);  /* -rid: the reader copies it itself */
     wake(p);
     return 1;
@@ -3538,17 +3546,8 @@ static PyObject *vm_call(PyObject *args, int write) {
         return NULL;
     Py_BEGIN_ALLOW_THREADS
     int64_t words[RDV_WORDS_REGISTERED - RDV_WORDS] = {key[0], key[1], key[2], key[3]};
-    view_t *held = NULL;
-    char *mapped = keyed && key[3] ? view_of(pid, words, (int64_t)address, buf.len, &held) : NULL;
-    if (mapped) {  /* the other process's registered buffer: through its mapping */
-        if (write) memcpy(mapped, buf.buf, buf.len);
-        else memcpy(buf.buf, mapped, buf.len);
-        view_done(held);
-        rc = 0;
-    } else {
-        rc = vm_move(pid, buf.buf, (int64_t)address, buf.len, write);
-        if (rc) err = errno;
-    }
+    rc = move_registered(pid, keyed ? words : NULL, buf.buf, (int64_t)address, buf.len, write);
+    if (rc) err = errno;
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buf);
     if (rc) {
@@ -5703,8 +5702,8 @@ static PyMethodDef methods[] = {
      "set_executor(core_chosen): whether the entries may run the core (core.select)."},
     {"forget_world", py_forget_world, METH_NOARGS,
      "forget_world(): drop the entries' routes and memos (destroy_process_group)."},
-    {"registered_words", py_registered_words, METH_VARARGS,
-     "registered_words(address, nbytes) -> (fd, inode, start, serial) of the registered buffer they lie in, or zeros."},
+    {"registered_words", py_registered_words, METH_O,
+     "registered_words(buffer) -> (fd, inode, start, serial) of the registered buffer it lies in, or zeros."},
     {"registered_moves", py_registered_moves, METH_NOARGS,
      "registered_moves() -> (moves this process made through peers' registered buffers' mappings, "
      "how many it has mapped now)."},

@@ -114,9 +114,7 @@ def registered(buffer) -> tuple:
     """The four words of the registered buffer that ``buffer`` (ours) lies
     in, as a rendezvous body or an offer gives them (zeros: none; see
     collie.registered)."""
-    if _core is None:
-        return (0, 0, 0, 0)
-    return _core.registered_words(address(buffer), memoryview(buffer).nbytes)
+    return _core.registered_words(buffer) if _core is not None else (0, 0, 0, 0)
 
 
 def read(pid: int, dst, src_address: int, registered: tuple = ()) -> None:

@@ -184,13 +184,14 @@ class Ring:
 
 
 class Send(Request):
-    __slots__ = ("data", "meta", "offset")  # offset: bytes written so far
+    __slots__ = ("data", "meta", "offset", "registered")  # offset: bytes written so far
 
-    def __init__(self, peer: int, tag: int, data: memoryview, meta: int):
+    def __init__(self, peer: int, tag: int, data: memoryview, meta: int, registered: tuple = (0, 0, 0, 0)):
         # Request.__init__'s fields, set here to spare a call on the fast path.
         self.kind, self.peer, self.tag, self.nbytes = "send", peer, tag, data.nbytes
         self.done, self.error = False, None
         self.data, self.meta, self.offset = data, meta, 0
+        self.registered = registered  # cma.registered's words for data (looked up once, in isend)
 
 
 class Sent(Request):

@@ -136,20 +136,27 @@ def _may_rendezvous(out: Out) -> bool:
     return not out.pending or out.next_id + 1 - next(iter(out.pending)) < ACKS
 
 
-def _single_copy(out: Out, data: memoryview) -> bool:
-    """Whether a send of ``data`` to ``out``'s reader goes single copy: from
-    the peer's threshold, or from REGISTERED_SINGLE_COPY_BYTES out of a
-    registered buffer (where the peer can read this process)."""
-    nbytes = data.nbytes
-    return nbytes >= out.cma_bytes or (REGISTERED_SINGLE_COPY_BYTES <= nbytes and out.cma_bytes < NEVER
-                                       and cma.registered(data)[3] != 0)
+_UNREGISTERED = (0, 0, 0, 0)
+
+
+def _registered(out: Out, data: memoryview) -> tuple:
+    """cma.registered's words for a send of ``data`` (of at least
+    REGISTERED_SINGLE_COPY_BYTES) to ``out``'s reader, where they matter:
+    where it can read this process."""
+    return cma.registered(data) if out.cma_bytes < NEVER else _UNREGISTERED
+
+
+def _single_copy(out: Out, nbytes: int, registered: tuple) -> bool:
+    """Whether a send goes single copy: from the peer's threshold, or from
+    REGISTERED_SINGLE_COPY_BYTES out of a registered buffer (_registered)."""
+    return nbytes >= out.cma_bytes or registered[3] != 0
 
 
 def _rendezvous(out: Out, send: Send) -> None:
     """Post a single-copy send (the ring has room): one slot saying where its
     bytes are. It is done once the reader acknowledges it."""
     out.next_id += 1
-    address, registered = cma.address(send.data), cma.registered(send.data)
+    address, registered = cma.address(send.data), send.registered
     body = (RDV_REGISTERED.pack(address, out.next_id, *registered) if registered[3]  # (from collie.empty)
             else RDV_BODY.pack(address, out.next_id))
     put(out, send.tag, send.meta, send.nbytes, RDV, body)
@@ -369,14 +376,16 @@ class ShmTransport(Transport):
         ring = out.ring
         room = (out.error is None and not out.queue
                 and (out.head - out.tail < ring.slots or out.head - seen_tail(out) < ring.slots))
-        single_copy = _single_copy(out, data)
+        # (_single_copy's rule, inline: no call for a small message)
+        registered = _registered(out, data) if nbytes >= REGISTERED_SINGLE_COPY_BYTES else _UNREGISTERED
+        single_copy = nbytes >= out.cma_bytes or registered[3] != 0
         if room and nbytes <= ring.slot_bytes and not single_copy:
             # The fast path of small messages: the whole message fits in a
             # free slot, and is sent once written there.
             put(out, tag, meta, nbytes, 0, data)
             out.bell.wake()
             return Sent(peer, tag, nbytes)
-        req = Send(peer, tag, data, meta)
+        req = Send(peer, tag, data, meta, registered)
         if out.error is not None:
             req.error = out.error
             return req
@@ -586,7 +595,7 @@ class ShmTransport(Transport):
                     if out.head - out.tail >= slots:
                         break
                 send = queue[0]
-                if _single_copy(out, send.data):
+                if _single_copy(out, send.nbytes, send.registered):
                     if not _may_rendezvous(out):
                         break  # its acknowledgement word is still taken
                     _rendezvous(out, queue.popleft())
