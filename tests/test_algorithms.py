@@ -191,6 +191,7 @@ def test_pairwise_and_direct():
             assert steps("barrier", "direct", n, r) == 1
             assert steps("all_reduce", "direct", n, r) == n - 1
             assert sent("all_reduce", "direct", n, r, {"out": [10]}) == 10 * (n - 1)
+            assert steps("reduce_scatter", "direct", n, r) == (2 if n == 2 else 1)  # a combining group from 3
         assert rounds("broadcast", "direct", n) == 1
         assert sent("broadcast", "direct", n, 0, {"out": [10]}) == 10 * (n - 1)
 

@@ -656,3 +656,51 @@ def test_a_plain_exchange_goes_single_copy(single_copy):
         assert all(ok for _, ok in posted.values()), posted
         assert {name: n for name, (n, _) in posted.items()} == \
             {"all_gather": int(single_copy), "all_to_all": int(single_copy), "ring all_reduce": 0}, posted
+
+
+def _group_body(rank, size, count, registered):
+    """Three direct reduce_scatters (a combining group: every peer's block
+    combined into "out" in one step); the outputs and the executor."""
+    import collie
+    collie.core.select()
+    collie.init_process_group()
+    try:
+        x = _group_input(rank, size, count)
+        inp = collie.empty(x.shape, x.dtype) if registered else np.empty_like(x)
+        out = collie.empty(count, x.dtype) if registered else np.empty(count, x.dtype)
+        inp[:] = x
+        outs = []
+        for _ in range(3):
+            collie.reduce_scatter_tensor(out, inp, algorithm="direct")
+            outs.append(out.copy())
+        return collie.config()["executor"], outs
+    finally:
+        collie.destroy_process_group()
+
+
+def _group_input(rank, size, count):
+    return (np.random.default_rng([5, rank]).standard_normal(count * size) * 1000).astype(np.float32)
+
+
+@needs_core
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("size,count,registered,env", [
+    (4, 655360, False, {}),     # blocks of 2.5 MiB: single copy, combined a chunk at a time
+    (4, 655360, True, {}),      # the same from registered buffers, through their mappings
+    (3, 30000, False, SMALL_SHM),  # single copy from 8 KiB, tiny rings: Python takes steps over
+], ids=["plain", "registered", "small-rings"])
+def test_a_combining_group_adds_in_its_order_under_both_executors(size, count, registered, env):
+    """Rank r's result is its own block plus those of r-1, r-2, ... in that
+    order (float32 shows the order in its last bits), bit for bit, whatever
+    order the messages arrive in and whichever executor runs the step."""
+    inputs = [_group_input(r, size, count) for r in range(size)]
+    for executor in ("c", "python"):
+        got = run_ranks(_group_body, size, count, registered, init=False, timeout=200,
+                        env=dict(env, COLLIE_EXECUTOR=executor))
+        for rank, (used, outs) in enumerate(got):
+            assert used == executor
+            want = inputs[rank][rank * count:(rank + 1) * count].copy()
+            for k in range(1, size):
+                np.add(want, inputs[(rank - k) % size][rank * count:(rank + 1) * count], out=want)
+            for out in outs:
+                assert out.tobytes() == want.tobytes(), (executor, rank)

@@ -129,11 +129,29 @@ def test_race_within_a_step():
 
 def test_two_receives_into_one_chunk_race():
     steps = [
-        [[Recv(1, OUT, reduce=True), Recv(2, OUT, reduce=True)]],
+        [[Recv(1, OUT), Recv(2, OUT, reduce=True)]],
         [[Send(0, OUT)]],
         [[Send(0, OUT)]],
     ]
     fails(hand_made("reduce", 3, steps), "race", "ops 0 and 1")
+
+
+def test_reducing_receives_into_the_same_chunks_combine_in_order():
+    # A combining group (collie.schedule): the root takes every contribution in one step.
+    steps = [
+        [[Recv(1, OUT, reduce=True), Recv(2, OUT, reduce=True)]],
+        [[Send(0, OUT)]],
+        [[Send(0, OUT)]],
+    ]
+    verify_schedules(hand_made("reduce", 3, steps))
+    # ... but only into the very same chunks: overlapping ones still race.
+    two = (Chunk("out", 0, 0), Chunk("out", 0, 1))
+    steps = [
+        [[Recv(1, two, reduce=True), Recv(2, two[:1], reduce=True)]],
+        [[Send(0, two)]],
+        [[Send(0, two[:1])]],
+    ]
+    fails(hand_made("reduce", 3, steps, parts=2), "race", "ops 0 and 1")
 
 
 def test_size_mismatch():

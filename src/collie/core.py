@@ -190,6 +190,11 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
             for g, buf, lo, hi, combine, staged in msgs:
                 k = peer(g)
                 ring = peers[k]
+                if staged is not None and len(staged.pieces) == 1:
+                    # A later receive of a combining group (engine.bind stages it for
+                    # Python): the core combines it in place, after the earlier ones.
+                    (buf, lo, hi), = staged.pieces
+                    lo, hi, combine, staged = lo * itemsize, hi * itemsize, True, None
                 if staged is not None:  # several pieces: gathered into one slot, or staged through Python
                     nbytes = staged.count * itemsize
                     if ring is None or _how(network, ring, nbytes, receiving) != "one slot":

@@ -20,7 +20,8 @@ schedule is three stages:
    waiting on this rank gets its data soonest), then every receive, and
    wait for all of them. Receives that reduce combine the incoming bytes
    into the destination piece by piece as they arrive, straight from where
-   the transport holds them.
+   the transport holds them (but the later ones of a combining group,
+   which land in staging and are combined in order at the step's end).
 
 A schedule with a shared window ("win", the shm algorithm) whose call needs
 more window than the host's windows hold runs in slices: slice k covers part
@@ -269,10 +270,23 @@ def bind(plan_: Plan, dtype: np.dtype, reduce_kernel: Optional[Callable], peers)
         viewed.add(buf)
         return buf, lo * itemsize, None if lo == 0 and hi == plan_.counts[buf] else hi * itemsize
 
-    def bound(msg: PlannedMessage) -> BoundMessage:
-        if len(msg.pieces) == 1:
+    def bound(msg: PlannedMessage, staged: bool = False) -> BoundMessage:
+        if len(msg.pieces) == 1 and not staged:
             return BoundMessage(peers[msg.peer], *in_bytes(*msg.pieces[0]), combine if msg.reduce else None, None)
         return BoundMessage(peers[msg.peer], None, 0, 0, None, msg if msg.pieces else None)
+
+    def received(recvs: tuple) -> tuple:
+        """A step's receives, those of a combining group (collie.schedule)
+        after its first staged: they arrive in any order, and execute()
+        combines them, in order, once all are in."""
+        first: set = set()
+        out = []
+        for m in recvs:
+            grouped = m.reduce and m.pieces and m.pieces in first
+            if m.reduce:
+                first.add(m.pieces)
+            out.append(bound(m, staged=grouped))
+        return tuple(out)
 
     steps = []
     nsteps = len(plan_.steps)
@@ -286,7 +300,7 @@ def bind(plan_: Plan, dtype: np.dtype, reduce_kernel: Optional[Callable], peers)
                     pairs = tuple(zip(src, dst))
                 local.append((kind, peer, pairs))
             steps.append(BoundStep(k * nsteps + index, tuple(local),
-                                   tuple(bound(m) for m in step.recvs), tuple(bound(m) for m in step.sends)))
+                                   received(step.recvs), tuple(bound(m) for m in step.sends)))
     by_name = any(kind != COPY for step in steps for kind, _, _ in step.local) or any(
         m.staged is not None for step in steps for m in step.recvs + step.sends)
     return Program(plan_, dtype, reduce_kernel, tuple(peers), tuple(steps), tuple(sorted(viewed)),

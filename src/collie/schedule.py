@@ -34,6 +34,15 @@ Messages from one rank to another are matched in the order they are posted.
 Zero-byte messages are sent like any other, so every rank takes the same
 steps whatever the sizes.
 
+Two ops of a step must not both write one chunk, with one exception: the
+reducing receives of a step whose chunks are the same (a *combining
+group*) all combine into them, in the order they are listed, whatever the
+order their messages arrive in (so the result is the same bits every time).
+A rank that combines n-1 contributions can then take them in one step, and
+an executor combine them a cache-sized piece at a time, every message's
+piece while the destination's is in cache, where one per step streams the
+whole destination through memory n-1 times.
+
 A Read is one-sided: it copies from a peer's "win" without the peer taking
 part, so the schedule must order it with messages, typically zero-byte
 ones: the peer writes its window, then sends; the reader receives, then
@@ -70,7 +79,8 @@ class Send(NamedTuple):
 class Recv(NamedTuple):
     """Receive a message from ``peer`` into ``chunks``; with ``reduce`` the
     incoming values are combined (with the call's reduce op) into what the
-    chunks hold, instead of overwriting them."""
+    chunks hold, instead of overwriting them (several such receives of one
+    step into the same chunks combine in the order listed: see above)."""
 
     peer: int
     chunks: Chunks

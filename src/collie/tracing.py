@@ -94,7 +94,8 @@ def _messages(program, step) -> tuple[list, list]:
             return 0 if m.staged is None else m.staged.count * itemsize
         return (counts[m.buf] * itemsize if m.hi is None else m.hi) - m.lo
     return ([(m.peer, nbytes(m)) for m in step.sends],
-            [(m.peer, nbytes(m), m.combine is not None) for m in step.recvs])
+            [(m.peer, nbytes(m), m.combine is not None or (m.staged is not None and m.staged.reduce))
+             for m in step.recvs])
 
 
 class _TracedNetwork:

@@ -19,8 +19,10 @@ While running it also checks what symbols cannot see:
   receive (no buffering), and messages between two ranks match in posting
   order; if no rank can move while some are unfinished, the error lists where
   each stuck rank is and what it waits for;
-- races: within a step, two sends/receives writing one chunk, or one writing
-  a chunk another reads; a Copy or Reduce whose destination overlaps itself;
+- races: within a step, two sends/receives writing one chunk (but reducing
+  receives into the very same chunks: a combining group, see
+  collie.schedule), or one writing a chunk another reads; a Copy or Reduce
+  whose destination overlaps itself;
 - bad references: a peer outside [0, n) or the rank itself, a buffer the rank
   does not have (gather's "out" off the root...), a block or part out of
   range, any write to "in" (inputs are read-only);
@@ -432,13 +434,14 @@ class _Machine:
 
     def _race(self, r, s, comm):
         seen: dict = {}
-        for is_send, _peer, locs, _red, i, _op, _key in comm:
+        for is_send, _peer, locs, reduce, i, _op, _key in comm:
+            group = locs if reduce else None  # reducing receives into the same chunks combine in order
             for loc in locs:
-                for j, other_write in seen.get(loc, ()):
-                    if other_write or not is_send:
+                for j, other_write, other_group in seen.get(loc, ()):
+                    if (other_write or not is_send) and (group is None or group != other_group):
                         _fail(self.ctx, f"race: ops {j} and {i} both touch {self._name(loc)} "
                               f"and at least one writes it", r, s)
-                seen.setdefault(loc, []).append((i, not is_send))
+                seen.setdefault(loc, []).append((i, not is_send, group))
 
     # -- symbols -------------------------------------------------------------
 
