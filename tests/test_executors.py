@@ -658,14 +658,14 @@ def test_a_plain_exchange_goes_single_copy(single_copy):
             {"all_gather": int(single_copy), "all_to_all": int(single_copy), "ring all_reduce": 0}, posted
 
 
-def _group_body(rank, size, count, registered):
+def _group_body(rank, size, count, registered, dtype):
     """Three direct reduce_scatters (a combining group: every peer's block
     combined into "out" in one step); the outputs and the executor."""
     import collie
     collie.core.select()
     collie.init_process_group()
     try:
-        x = _group_input(rank, size, count)
+        x = _group_input(rank, size, count, dtype)
         inp = collie.empty(x.shape, x.dtype) if registered else np.empty_like(x)
         out = collie.empty(count, x.dtype) if registered else np.empty(count, x.dtype)
         inp[:] = x
@@ -678,24 +678,28 @@ def _group_body(rank, size, count, registered):
         collie.destroy_process_group()
 
 
-def _group_input(rank, size, count):
-    return (np.random.default_rng([5, rank]).standard_normal(count * size) * 1000).astype(np.float32)
+def _group_input(rank, size, count, dtype):
+    rng = np.random.default_rng([5, rank])
+    if dtype.startswith("int"):  # near the top of the range: the sums wrap
+        return rng.integers(np.iinfo(dtype).max // 2, np.iinfo(dtype).max, count * size, dtype=dtype)
+    return (rng.standard_normal(count * size) * 1000).astype(dtype)
 
 
 @needs_core
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("size,count,registered,env", [
-    (4, 655360, False, {}),     # blocks of 2.5 MiB: single copy, combined a chunk at a time
-    (4, 655360, True, {}),      # the same from registered buffers, through their mappings
-    (3, 30000, False, SMALL_SHM),  # single copy from 8 KiB, tiny rings: Python takes steps over
-], ids=["plain", "registered", "small-rings"])
-def test_a_combining_group_adds_in_its_order_under_both_executors(size, count, registered, env):
+@pytest.mark.parametrize("size,count,registered,dtype,env", [
+    (4, 655360, False, "float32", {}),     # blocks of 2.5 MiB: single copy, combined a chunk at a time
+    (4, 655360, True, "float32", {}),      # the same from registered buffers, through their mappings
+    (5, 100000, True, "int64", {}),        # four messages (three in one loop, then one), wrapping
+    (3, 30000, False, "float64", SMALL_SHM),  # single copy from 8 KiB, tiny rings: Python takes steps over
+], ids=["plain", "registered", "registered-int64-5", "small-rings"])
+def test_a_combining_group_adds_in_its_order_under_both_executors(size, count, registered, dtype, env):
     """Rank r's result is its own block plus those of r-1, r-2, ... in that
     order (float32 shows the order in its last bits), bit for bit, whatever
     order the messages arrive in and whichever executor runs the step."""
-    inputs = [_group_input(r, size, count) for r in range(size)]
+    inputs = [_group_input(r, size, count, dtype) for r in range(size)]
     for executor in ("c", "python"):
-        got = run_ranks(_group_body, size, count, registered, init=False, timeout=200,
+        got = run_ranks(_group_body, size, count, registered, dtype, init=False, timeout=200,
                         env=dict(env, COLLIE_EXECUTOR=executor))
         for rank, (used, outs) in enumerate(got):
             assert used == executor
