@@ -189,9 +189,10 @@ def test_pairwise_and_direct():
             assert sent("all_to_all", "direct", n, r, sizes) == 4 * (n - 1)
             assert steps("all_gather", "direct", n, r) == 1
             assert steps("barrier", "direct", n, r) == 1
-            assert steps("all_reduce", "direct", n, r) == n - 1
+            assert steps("all_reduce", "direct", n, r) == min(n - 1, 1)  # a combining group
             assert sent("all_reduce", "direct", n, r, {"out": [10]}) == 10 * (n - 1)
-            assert steps("reduce_scatter", "direct", n, r) == (2 if n == 2 else 1)  # a combining group from 3
+            assert steps("reduce_scatter", "direct", n, r) == (2 if n == 2 else 1)  # a group from 3 ranks
+            assert steps("reduce", "direct", n, r) == min(n - 1, 1)
         assert rounds("broadcast", "direct", n) == 1
         assert sent("broadcast", "direct", n, 0, {"out": [10]}) == 10 * (n - 1)
 

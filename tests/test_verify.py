@@ -212,7 +212,7 @@ def test_wrong_result_is_described():
     # A reduce whose root forgets one contribution.
     broken = schedules("reduce", "direct", 3)
     root = broken[0]
-    broken[0] = with_steps(root, root.steps[:1])
+    broken[0] = with_steps(root, [root.steps[0][:1]])  # its one step receives from rank 1 only
     broken[2] = with_steps(broken[2], [])
     fails(broken, "rank 0", "out block 0 part 0 holds {out block 0 part 0 of ranks 0-1}",
           "expected {out block 0 part 0 of ranks 0-2}")

@@ -329,7 +329,13 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
         # exchange goes single copy (core._exchanges), 97-109 us at 1 MiB
         # against the windows' 140-155 (all_gather), 86-99 against 178-193
         # (reduce_scatter).
-        if shm and 2 < nranks <= 4 and 1 * MiB <= total < 8 * MiB:
+        # reduce_scatter's direct combines its messages as a group since
+        # 2026-11-29 (night, two --algo all runs each on 3 and 4 ranks): 4
+        # MiB 1.04-1.31 ms against the windows' 1.37-1.59, 8 MiB 1.91-2.17
+        # against 2.61-3.40; level at 1-2 MiB (1 MiB on 4 ranks: 473-607 us
+        # against 432-436).
+        top = 4 * MiB if collective == "reduce_scatter" else 8 * MiB
+        if shm and 2 < nranks <= 4 and 1 * MiB <= total < top:
             return Choice("shm", 1, "mid size on one host: one-sided reads of the windows")
         # all_gather on 6 ranks (2026-11-28, one run): 1 MiB 91 us against
         # ring's 202, 4 MiB 498 against 1144, 8 MiB 1528 against 2000, then

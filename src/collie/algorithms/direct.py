@@ -2,34 +2,30 @@
 that needs it. Latency-optimal for small messages and few ranks.
 
 Rooted collectives talk to the root only; the others are everyone to
-everyone. Where nothing is combined, every send and receive of the call is
-posted in one step. reduce_scatter's n-1 incoming messages combine into one
-place as a combining group (collie.schedule): in the order listed, r-1,
-r-2, ..., whatever order they arrive in, so that an executor may combine
-them a cache-sized piece at a time. reduce and all_reduce take one per step
-instead: as a group, on 4 ranks sharing 2 cores, reduce took up to 1.5x as
-long at 1-16 MiB and all_reduce 1.24x at 16 MiB (the senders wait for the
-whole group to be read, where one per step frees the first ones early).
+everyone. Every send and receive of the call is posted in one step. The
+reducing collectives (reduce, all_reduce, reduce_scatter) combine their n-1
+incoming messages into one place as a combining group (collie.schedule):
+in the order listed, r-1, r-2, ..., whatever order they arrive in, so that
+an executor may combine them a cache-sized piece at a time.
 
-    all_gather, n=4 (one step)           all_reduce, n=4 (step k: r -> r+k)
-    r0 ─┬─> r1 r2 r3                     k=1: 0->1 1->2 2->3 3->0
-    r1 ─┼─> r0 r2 r3                     k=2: 0->2 1->3 2->0 3->1
-    ...                                  k=3: 0->3 1->0 2->1 3->2
+    all_gather, n=4 (one step)           reduce_scatter, n=4 (one step)
+    r0 ─┬─> r1 r2 r3                     out = block r of in; then, as a
+    r1 ─┼─> r0 r2 r3                     group, out += block r of the in
+    ...                                  of r-1, r-2, r-3
 
-    reduce_scatter, n=4 (one step): out = block r of in, then, as a group,
-    out += block r of the in of r-1, r-2, r-3 (n=2: the one message lands
-    in out, and block r of in is added in a second step: one plain
-    exchange, which goes single copy, core._exchanges)
+(reduce_scatter on 2 ranks: its one message lands in "out", and block r of
+"in" is added in a second step: a plain exchange, which goes single copy,
+core._exchanges.)
 
 n ranks, S = bytes of a rank's "out" (all_gather, gather: of its "in"):
 
   collective       rounds           bytes sent per rank
   broadcast        1                root (n-1)S, others 0
-  reduce           n-1 (root)       non-root S, root 0
+  reduce           1                non-root S, root 0
   gather, scatter  1                non-root S, root (n-1)S received/sent
   all_gather       1                (n-1)S
   all_to_all       1                S (n-1)/n for equal blocks
-  all_reduce       n-1              (n-1)S
+  all_reduce       1                (n-1)S
   reduce_scatter   1 (n=2: 2)       S (n-1)/n  (S of "in")
   barrier          1                zero-byte messages to every rank
 
@@ -62,10 +58,8 @@ def broadcast(nranks, rank, root, segments):
 @register("reduce", NAME)
 def reduce(nranks, rank, root, segments):
     if rank == root:
-        # One contribution per step, so that the first senders are done
-        # early (see the module docstring).
-        events = [(k, Recv(q, block("out", 0), reduce=True))
-                  for k, q in enumerate(_others(nranks, rank))]
+        # Every contribution in one step, combined into "out" in this order.
+        events = [(0, Recv(q, block("out", 0), reduce=True)) for q in _others(nranks, rank)]
     else:
         events = [(0, Send(root, block("out", 0)))]
     return make_schedule("reduce", NAME, nranks, rank, root, events)
@@ -75,10 +69,10 @@ def reduce(nranks, rank, root, segments):
 def all_reduce(nranks, rank, root, segments):
     # Keep the input in "tmp" so that what is sent stays this rank's own
     # contribution while "out" accumulates everyone's.
-    events = [(1, Copy(block("out", 0), block("tmp", 0)))] if nranks > 1 else []
+    events = [(0, Copy(block("out", 0), block("tmp", 0)))] if nranks > 1 else []
     for k in range(1, nranks):
-        events.append((k, Send((rank + k) % nranks, block("tmp", 0))))
-        events.append((k, Recv((rank - k) % nranks, block("out", 0), reduce=True)))
+        events.append((0, Send((rank + k) % nranks, block("tmp", 0))))
+        events.append((0, Recv((rank - k) % nranks, block("out", 0), reduce=True)))
     return make_schedule("all_reduce", NAME, nranks, rank, root, events,
                          tmp_like="out" if nranks > 1 else None)
 
