@@ -990,6 +990,7 @@ typedef struct {
 
 /* A combining group's receives at most (step_t's done mask holds 62 messages). */
 #define MAX_GROUP 16
+#define GROUP_WAITS (MAX_GROUP + 1)  /* take_group: not yet */
 
 /* This thread's scratch for a chunk of each of a group's messages. */
 static char *group_scratch(void) {
@@ -997,7 +998,7 @@ static char *group_scratch(void) {
     if (!scratch && !(scratch = malloc(MAX_GROUP * READ_CHUNK))) errno = ENOMEM;
     return scratch;
 }
-#define GROUP_WAITS (MAX_GROUP + 1)
+
 /* How long a receive loop waits, at least, for a combining group's last
  * messages once the others are there, before Python takes the step over
  * (Python stages all but the first and combines them after, one pass over
