@@ -882,6 +882,27 @@ static void free_slots(peer_t *p, int64_t tail, int64_t count) {
     if (__atomic_load_n(r->head, __ATOMIC_RELAXED) - tail >= r->slots) sem_post(p->bell);
 }
 
+/* Whether the slot with header h is a single-copy message's (ring.py's RDV
+ * slot): its body the address and id, and where the bytes lie in a
+ * registered buffer, that buffer's four words. */
+static int is_rendezvous(const header_t *h) {
+    return h->offset == RDV && (h->frag == (int64_t)(RDV_WORDS * sizeof(int64_t))
+                                || h->frag == (int64_t)(RDV_WORDS_REGISTERED * sizeof(int64_t)));
+}
+
+/* Where the n bytes of a rendezvous ``body`` (of ``frag`` bytes) from
+ * process pid are mapped here (view_of), or NULL: not registered, or not
+ * mappable. */
+static const char *rendezvous_view(int pid, const int64_t *body, int64_t frag, int64_t n, view_t **held) {
+    return frag > (int64_t)(RDV_WORDS * sizeof(int64_t)) ? view_of(pid, body + RDV_WORDS, body[0], n, held) : NULL;
+}
+
+/* ring.acknowledge(): single-copy send ``rid`` from p is read, its writer's send done. */
+static void acknowledge(peer_t *p, int64_t rid) {
+    __atomic_store_n(&p->in.acks[rid % ACKS], rid, __ATOMIC_RELEASE);
+    wake(p);
+}
+
 /* Take the message at the ring's head if it is m, whole in one slot or
  * single copy: copy or combine it into its place (a single-copy one is
  * then acknowledged). With ``got`` (else FOREIGN), a message of several
@@ -906,15 +927,12 @@ static inline __attribute__((always_inline)) int take(peer_t *p, int64_t tag, ui
     if (h.tag != tag || h.meta != meta || h.nbytes != n) return FOREIGN;
     const char *src = r->payload + k * r->slot_bytes;
     int64_t rid = 0;
-    if (h.offset == RDV && (h.frag == (int64_t)(RDV_WORDS * sizeof(int64_t))
-                            || h.frag == (int64_t)(RDV_WORDS_REGISTERED * sizeof(int64_t)))
-        && p->pid && !m->npieces) {
+    if (is_rendezvous(&h) && p->pid && !m->npieces) {
         int64_t body[RDV_WORDS_REGISTERED];
         memcpy(body, src, h.frag);
         rid = body[1];
         view_t *held = NULL;
-        const char *mapped = h.frag > (int64_t)(RDV_WORDS * sizeof(int64_t))
-                             ? view_of(p->pid, body + RDV_WORDS, body[0], n, &held) : NULL;
+        const char *mapped = rendezvous_view(p->pid, body, h.frag, n, &held);
         if (kernel && share >= 0 && shareable(n)) {
             int left = read_shared(p, dst, body[0], mapped, n, rid, dtype, op, share, &p->sharing[1]);
             if (mapped) view_done(held);
@@ -946,10 +964,7 @@ static inline __attribute__((always_inline)) int take(peer_t *p, int64_t tag, ui
         memcpy(dst, src, n);
     }
     free_slots(p, tail, 1);
-    if (rid) {  /* ring.acknowledge(): the writer's send is done */
-        __atomic_store_n(&r->acks[rid % ACKS], rid, __ATOMIC_RELEASE);
-        wake(p);
-    }
+    if (rid) acknowledge(p, rid);
     return TAKEN;
 }
 
@@ -1041,16 +1056,13 @@ static int take_group(CoreProgram *self, step_t *s, int j, Py_buffer *bufs, int6
         }
         header_t h;
         if (ok) memcpy(&h, r->headers + tail % r->slots * LINE, sizeof h);
-        ok = ok && h.tag == tag && h.meta == meta && h.nbytes == n && h.offset == RDV
-             && (h.frag == (int64_t)(RDV_WORDS * sizeof(int64_t))
-                 || h.frag == (int64_t)(RDV_WORDS_REGISTERED * sizeof(int64_t)));
+        ok = ok && h.tag == tag && h.meta == meta && h.nbytes == n && is_rendezvous(&h);
         if (!ok) break;
         int64_t body[RDV_WORDS_REGISTERED];
         memcpy(body, r->payload + tail % r->slots * r->slot_bytes, h.frag);
         g[count].k = k, g[count].p = p, g[count].tail = tail, g[count].address = body[0], g[count].rid = body[1];
         g[count].held = NULL;
-        g[count].mapped = h.frag > (int64_t)(RDV_WORDS * sizeof(int64_t))
-                          ? view_of(p->pid, body + RDV_WORDS, body[0], n, &g[count].held) : NULL;
+        g[count].mapped = rendezvous_view(p->pid, body, h.frag, n, &g[count].held);
         count++;
     }
     if (ok && missing) {
@@ -1078,8 +1090,7 @@ static int take_group(CoreProgram *self, step_t *s, int j, Py_buffer *bufs, int6
         if (g[i].held) view_done(g[i].held);
         if (rc <= 0) continue;
         free_slots(g[i].p, g[i].tail, 1);
-        __atomic_store_n(&g[i].p->in.acks[g[i].rid % ACKS], g[i].rid, __ATOMIC_RELEASE);  /* ring.acknowledge() */
-        wake(g[i].p);
+        acknowledge(g[i].p, g[i].rid);
         *mask |= 1ull << (first + g[i].k);
     }
     return rc;

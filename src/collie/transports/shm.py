@@ -742,7 +742,7 @@ class ShmTransport(Transport):
                         self._scratch = memoryview(np.empty(_CMA_CHUNK, np.uint8))
                     for at in range(0, nbytes, _CMA_CHUNK):
                         piece = self._scratch[:min(_CMA_CHUNK, nbytes - at)]
-                        cma.read(inb.pid, piece, address + at)
+                        cma.read(inb.pid, piece, address + at, registered)
                         if not deliver(req, at, piece):
                             break  # combine failed: req.error says why
                     else:
