@@ -322,6 +322,23 @@ def test_memory_bandwidth_measures_cores_at_once():
     assert len(rates) == 3 and all(r > 1e8 for r in rates)
 
 
+def test_every_core_starts_each_kernel_together_and_the_slowest_sets_the_time():
+    """The cores' rate at once: every repeat of every kernel starts after a
+    barrier, and lasts until the slowest core is done. (The best of each
+    core's own repeats is most often a repeat that ran alone: the copy rate
+    of two cores at once read twice what it is on a 2-core VM.)"""
+    class Barrier:
+        waits = 0
+
+        def wait(self, timeout=None):
+            Barrier.waits += 1
+
+    assert len(bench._kernel_times(1 << 16, 4, Barrier())) == 4 and Barrier.waits == 4 * 3
+    # core 0 was fast while core 1 was slow and the other way round: the rate is of both at it
+    each = [[(1.0, 1.0, 1.0), (2.0, 3.0, 2.0)], [(2.0, 2.5, 3.0), (1.0, 1.0, 1.0)]]
+    assert bench.slowest_then_best(each) == [2.0, 2.5, 2.0]
+
+
 def test_the_layers_script_of_docs_perf_runs():
     """docs/perf/layers.py reaches into collie's internals to time each layer
     of a small call (docs/performance.md quotes it): keep it working."""
@@ -333,6 +350,35 @@ def test_the_layers_script_of_docs_perf_runs():
     rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines() if not line.startswith("#")}
     assert list(rows) == ["ring", "transport", "exchange", "engine", "execute", "run", "api"]
     assert all(float(cells[0]) > 0 for cells in rows.values())
+
+
+def test_the_tables_script_of_docs_perf_takes_each_ratio_within_its_run(tmp_path):
+    """docs/perf/tables.py makes docs/performance.md's tables from the
+    bench's JSON rows: the median (range) of each run's own ratio."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "perf", "tables.py")
+    spec = importlib.util.spec_from_file_location("perf_tables", path)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    files = []
+    # collie's busbw moves between runs; each run's peer moves with it
+    for k, (ours, mpich, gloo, small_us) in enumerate([(4.0, 2.0, 1.0, 3.0), (2.0, 2.0, 0.5, 4.0),
+                                                       (8.0, 2.0, 2.0, 2.0)]):
+        rows = [dict(backend="collie", op="all_gather", bytes=1 << 20, busbw_GBps=ours, time_us=1.0),
+                dict(backend="mpi4py", op="all_gather", bytes=1 << 20, busbw_GBps=mpich, time_us=1.0),
+                dict(backend="gloo", op="all_gather", bytes=1 << 20, busbw_GBps=gloo, time_us=1.0),
+                dict(backend="collie", op="all_gather", bytes=8, busbw_GBps=0.0, time_us=small_us),
+                dict(backend="mpi4py", op="all_gather", bytes=8, busbw_GBps=0.0, time_us=2.0)]
+        files.append(tmp_path / f"run{k}.json")
+        files[-1].write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    text = tables.table([tables.load(str(f)) for f in files])
+    lines = text.splitlines()
+    assert lines[0] == "| op | size | collie busbw (GB/s) | collie/MPICH | collie/Gloo |"
+    assert lines[2] == "| all_gather | 8 B | 3.0 us | 0.67 (0.50-1.00) | - |"  # by time: MPICH's 2 us / ours
+    assert lines[3] == "| all_gather | 1 MiB | 4.00 | 2.00 (1.00-4.00) | 4.00 (4.00-4.00) |"
+    assert tables.below([tables.load(str(f)) for f in files]) == []
+    files[0].write_text(files[0].read_text().replace('"busbw_GBps": 4.0', '"busbw_GBps": 1.0'))
+    files[2].write_text(files[2].read_text().replace('"busbw_GBps": 8.0', '"busbw_GBps": 1.5'))
+    assert tables.below([tables.load(str(f)) for f in files]) == [("all_gather", "1 MiB", 0.75)]
 
 
 def _hog_pids() -> set:

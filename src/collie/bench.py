@@ -543,13 +543,19 @@ def memory_bandwidth(nbytes: int = 64 << 20, repeats: int = 5, cores: int = 1) -
     """(copy, add, read): bytes a core reads plus writes per second, best of
     ``repeats``, for np.copyto of ``nbytes`` (read S, write S), an in-place
     np.add (read 2S, write S) and a reduction that only reads (read S).
-    ``cores`` processes measure at once (the mean of theirs is returned):
-    cores share the last-level cache and DRAM, and a large last-level cache
-    may hold the whole working set, so these are the rates of this size on
-    this many cores, as the benchmark runs it."""
+    ``cores`` processes measure at once: cores share the last-level cache
+    and DRAM, and a large last-level cache may hold the whole working set,
+    so these are the rates of this size on this many cores, as the
+    benchmark runs it. Each repeat of each kernel starts on every core at
+    once (a barrier) and counts until the slowest core is done: the best of
+    repeats that merely started together may be a repeat that ran while
+    the other cores did something else (a 2-core AMD EPYC VM, within a
+    minute: 42-43 GB/s a core copying so, 21-23 this way; at other times,
+    when both cores copy at full speed at once, the two ways agree)."""
     if cores > 1:
         return _memory_bandwidth_together(nbytes, repeats, cores)
-    return _memory_bandwidth_one(nbytes, repeats)
+    times = _kernel_times(nbytes, repeats)
+    return _rates(nbytes, [min(t[k] for t in times) for k in range(3)])
 
 
 def _memory_bandwidth_together(nbytes: int, repeats: int, cores: int) -> tuple[float, float, float]:
@@ -562,35 +568,52 @@ def _memory_bandwidth_together(nbytes: int, repeats: int, cores: int) -> tuple[f
     for p in procs:
         p.start()
     try:
-        rates = [out.get() for _ in procs]
+        each = [out.get() for _ in procs]
     finally:
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    return tuple(sum(r[k] for r in rates) / cores for k in range(3))
+    return _rates(nbytes, slowest_then_best(each))
+
+
+def slowest_then_best(each: list) -> list:
+    """Per kernel, from each core's seconds per repeat (``each[core][repeat]``
+    a (copy, add, read) row): a repeat lasts until its slowest core is done,
+    and the best repeat counts."""
+    return [min(max(times[i][k] for times in each) for i in range(len(each[0]))) for k in range(3)]
 
 
 def _memory_bandwidth_child(nbytes: int, repeats: int, start, out) -> None:
-    start.wait(timeout=60)
-    out.put(_memory_bandwidth_one(nbytes, repeats))
+    out.put(_kernel_times(nbytes, repeats, start))
 
 
-def _memory_bandwidth_one(nbytes: int, repeats: int) -> tuple[float, float, float]:
+def _kernel_times(nbytes: int, repeats: int, start=None) -> list:
+    """Seconds of each repeat's (copy, add, read), each begun after
+    ``start.wait()`` where a barrier is given."""
     a = np.ones(nbytes // 8)
     b = np.ones_like(a)  # ones, not empty: touch the pages before timing
     c = np.ones_like(a)
-    copy = add = read = float("inf")
+    kernels = (lambda: np.copyto(b, a),
+               lambda: np.add(c, a, out=c),  # in place, as reductions are: no separate destination to fetch
+               lambda: np.maximum.reduce(a))
+    times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.copyto(b, a)
-        t1 = time.perf_counter()
-        np.add(c, a, out=c)  # in place, as reductions are: no separate destination to fetch
-        t2 = time.perf_counter()
-        np.maximum.reduce(a)
-        t3 = time.perf_counter()
-        copy, add, read = min(copy, t1 - t0), min(add, t2 - t1), min(read, t3 - t2)
-    return 2 * a.nbytes / copy, 3 * a.nbytes / add, a.nbytes / read
+        row = []
+        for kernel in kernels:
+            if start is not None:
+                start.wait(timeout=60)
+            t0 = time.perf_counter()
+            kernel()
+            row.append(time.perf_counter() - t0)
+        times.append(row)
+    return times
+
+
+def _rates(nbytes: int, seconds: list) -> tuple[float, float, float]:
+    """Bytes read plus written per second of (copy, add, read) in ``seconds``."""
+    nbytes = nbytes // 8 * 8
+    return 2 * nbytes / seconds[0], 3 * nbytes / seconds[1], nbytes / seconds[2]
 
 
 # Memory traffic (bytes read plus written) each collective needs at least on
