@@ -159,12 +159,16 @@ def test_without_the_probe_the_table_decides():
         assert picked == {table.algorithm} and reason == table.reason
 
 
-def test_one_host_measures_nothing(capfd):
+def test_one_host_measures_no_link_and_every_rank_holds_rank_0s_single_copy_cost(capfd):
     res = run_ranks(_pick_body, 2, 1024, timeout=60, init=False, env={"COLLIE_TOKEN": "", "COLLIE_DEBUG": "INFO"})
+    cost = res[0][0]["single_copy"]
+    assert cost is None or cost > 0  # None where this machine's processes may not read each other
     for topo, _, _ in res:
         assert topo == {"hosts": [[0, 1]], "source": "hostnames", "link": None,
-                        "link_source": "one host: no link between hosts"}
-    assert "collie INFO topology: 1 host(s) [0-1] from hostnames" in capfd.readouterr().err
+                        "link_source": "one host: no link between hosts", "single_copy": cost}
+    err = capfd.readouterr().err
+    assert "collie INFO topology: 1 host(s) [0-1] from hostnames (one host: no link between hosts)" in err
+    assert cost is None or f"a single copy of 1 MiB takes {cost:.1f}x a copy's time on rank 0's host" in err
 
 
 def test_the_info_line_says_what_was_measured(capfd):

@@ -90,6 +90,27 @@ def test_two_rank_all_reduce_takes_dbtree_at_2_mib_then_rabenseifner_on_shm():
     assert pick(4 * MiB, "tcp").algorithm == "rabenseifner"
 
 
+def test_where_single_copy_is_slow_the_large_two_rank_reductions_go_through_the_rings():
+    """topology's single_copy (the kernel's read of 1 MiB, in copies' time):
+    from SLOW_SINGLE_COPY the 2-rank all_reduce from 4 MiB takes ring and
+    reduce from 2 MiB dbtree, both in pieces; below it, or unmeasured, or
+    on more ranks or over TCP, nothing changes."""
+    from collie.tuner import SLOW_SINGLE_COPY
+    pick = lambda op, nbytes, cost, n=2, transport="shm": default_choice(op, nbytes, n, transport,
+                                                                         single_copy=cost)
+    slow, fast = SLOW_SINGLE_COPY, SLOW_SINGLE_COPY - 0.1
+    sizes = (MiB, 2 * MiB, 4 * MiB, 64 * MiB)
+    assert [pick("all_reduce", n, slow).algorithm for n in sizes] == ["shm", "dbtree", "ring", "ring"]
+    assert [pick("reduce", n, slow).algorithm for n in sizes] == ["tree", "dbtree", "dbtree", "dbtree"]
+    assert pick("all_reduce", 64 * MiB, slow).segments == 32  # messages of 1 MiB: a half in 32 pieces
+    assert "single copy slow here (3.0x a copy)" in pick("reduce", 4 * MiB, slow).reason
+    for op in ("all_reduce", "reduce"):
+        for n in sizes:
+            assert pick(op, n, fast) == pick(op, n, None) == default_choice(op, n, 2, "shm")
+            assert pick(op, n, slow, 4) == default_choice(op, n, 4, "shm")
+            assert pick(op, n, slow, 2, "tcp") == default_choice(op, n, 2, "tcp")
+
+
 def test_two_rank_broadcast_and_reduce_take_dbtree_but_at_1_mib():
     """Over shm, dbtree's halves, one copied in while the other is copied
     out: broadcast at 256 KiB-4 MiB, reduce at 256 KiB-1 MiB; not at 1 MiB,

@@ -206,10 +206,12 @@ def excluded(g: ProcessGroup, name: str, block_sizes: Optional[dict] = None) -> 
 def choose(g: ProcessGroup, name: str, nbytes: int, algorithm: Optional[str] = None,
            exclude: Optional[dict] = None):
     """The tuner's choice for a call of ``name`` on ``g``: told the group's
-    transport, each rank's host and the link between hosts (when known)."""
+    transport, each rank's host, the link between hosts and the cost of a
+    single copy (when known)."""
     topology = g.network.topology
     return tuner().choose(name, nbytes, g.size, _transport(g), algorithm, g.rank, exclude, g.hosts,
-                          topology.link if topology is not None else None)
+                          topology.link if topology is not None else None,
+                          topology.single_copy if topology is not None else None)
 
 
 def _prepare(g: ProcessGroup, name: str, block_sizes: dict, dtype_name: str, op, root: int, count: int,

@@ -93,6 +93,10 @@ class Topology(NamedTuple):
     source: str             # where the hosts came from
     link: Optional[Link]    # between hosts (None: one host, or not measured)
     link_source: str        # where the link came from, or why there is none
+    # How many times a copy's time the kernel's single copy of 1 MiB takes on
+    # rank 0's host (cma.relative_cost), measured at setup where another rank
+    # shares that host; None: not measured.
+    single_copy: Optional[float] = None
 
     def as_dict(self) -> dict:
         """collie.get_topology()'s answer."""
@@ -102,7 +106,7 @@ class Topology(NamedTuple):
         link = None if self.link is None else {
             "rate_bytes_per_s": 1 / self.link.beta, "latency_s": self.link.alpha}
         return {"hosts": list(order.values()), "source": self.source, "link": link,
-                "link_source": self.link_source}
+                "link_source": self.link_source, "single_copy": self.single_copy}
 
     def describe(self) -> str:
         """One line for COLLIE_DEBUG=INFO."""
@@ -111,7 +115,9 @@ class Topology(NamedTuple):
         link = "" if self.link is None else (
             f"; between hosts {1 / self.link.beta / 1e6:.1f} MB/s each way, "
             f"{self.link.alpha * 1e6:.0f} us per message")
-        return f"{len(hosts)} host(s) [{where}] from {self.source}{link} ({self.link_source})"
+        copy = "" if self.single_copy is None else (
+            f"; a single copy of 1 MiB takes {self.single_copy:.1f}x a copy's time on rank 0's host")
+        return f"{len(hosts)} host(s) [{where}] from {self.source}{link} ({self.link_source}){copy}"
 
 
 def _ranges(ranks: list) -> str:
@@ -266,23 +272,38 @@ def probing(environ=os.environ) -> bool:
 def settle(network, spec: Optional[Spec], store, job_id: str, timeout: float,
            probe: bool = True) -> Topology:
     """The world's Topology, with its link stated, measured now (a
-    collective over the world: every rank calls it), or none."""
+    collective over the world: every rank calls it), or none, and the cost
+    of a single copy on rank 0's host (single_copy_cost)."""
     hosts = network.hosts
     source = network.hosts_source
+    single_copy = single_copy_cost(network, store, job_id, timeout)
     if len(set(hosts)) < 2:
-        return Topology(hosts, source, None, "one host: no link between hosts")
+        return Topology(hosts, source, None, "one host: no link between hosts", single_copy)
     if spec is not None and spec.rate is not None:
         latency = DEFAULT_LATENCY if spec.latency is None else spec.latency
-        return Topology(hosts, source, Link(latency, 1 / spec.rate), STATED)
+        return Topology(hosts, source, Link(latency, 1 / spec.rate), STATED, single_copy)
     if not probe:
-        return Topology(hosts, source, None, f"not measured ({PROBE_ENV}=0)")
+        return Topology(hosts, source, None, f"not measured ({PROBE_ENV}=0)", single_copy)
     key = f"collie/{job_id}/link"
     begin = time.perf_counter()
     alpha, beta, _ = measure(network, timeout)
     if network.rank == 0:
         store.set(key, json.dumps([alpha, beta, time.perf_counter() - begin]).encode())
     alpha, beta, took = json.loads(store.get(key, timeout=timeout).decode())
-    return Topology(hosts, source, Link(alpha, beta), f"measured at setup in {took * 1e3:.0f} ms")
+    return Topology(hosts, source, Link(alpha, beta), f"measured at setup in {took * 1e3:.0f} ms", single_copy)
+
+
+def single_copy_cost(network, store, job_id: str, timeout: float) -> Optional[float]:
+    """cma.relative_cost on rank 0's host where another rank shares it (else
+    None), measured there (about 2 ms) and shared through the store: every
+    rank holds rank 0's figure, so that the tuner picks alike everywhere."""
+    if list(network.hosts).count(network.hosts[0]) < 2:
+        return None
+    key = f"collie/{job_id}/single_copy"
+    if network.rank == 0:
+        from .transports import cma
+        store.set(key, json.dumps(cma.relative_cost()).encode())
+    return json.loads(store.get(key, timeout=timeout).decode())
 
 
 def measure(network, timeout: float, leaders: Optional[int] = MAX_PROBED, min_round: float = MIN_ROUND,

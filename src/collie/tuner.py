@@ -110,17 +110,18 @@ MODEL_FROM = {"all_reduce": 128 * KiB}
 
 
 def default_choice(collective: str, nbytes: int, nranks: int, transport: str, hosts=None,
-                   link=None, exclude=()) -> Choice:
+                   link=None, exclude=(), single_copy=None) -> Choice:
     """The tuned default for one call: the model's pick where a ``link``
     between hosts (topology.Link) is known and the group spans hosts, else
-    the table's. ``exclude``: algorithms that cannot run this call."""
+    the table's. ``exclude``: algorithms that cannot run this call.
+    ``single_copy``: topology.Topology.single_copy, when measured."""
     if (link is not None and collective in MODELLED and hosts is not None and len(set(hosts)) > 1
             and nranks <= MODEL_MAX_RANKS and 1 / link[1] <= MODEL_MAX_RATE
             and nbytes >= MODEL_FROM.get(collective, 0)):
         name, reason = modelled(collective, max(nbytes, 1).bit_length(), tuple(hosts), tuple(link),
                                 frozenset(exclude) - {"shm"})  # shm never runs across hosts
         return Choice(name, _segments_for(name, nbytes, nranks), reason)
-    return table_choice(collective, nbytes, nranks, transport, hosts)
+    return table_choice(collective, nbytes, nranks, transport, hosts, single_copy)
 
 
 def _segments_for(algorithm: str, nbytes: int, nranks: int) -> int:
@@ -151,7 +152,14 @@ def modelled(collective: str, band: int, hosts: tuple, link: tuple, exclude: fro
                   f"{link[0] * 1e6:.0f} us): {times[best] * 1e3:.3g} ms at {size} bytes{runner}")
 
 
-def table_choice(collective: str, nbytes: int, nranks: int, transport: str, hosts=None) -> Choice:
+# Where the kernel's single copy of 1 MiB takes this many times a copy's time
+# or more (topology.Topology.single_copy), the large 2-rank reductions go in
+# pieces through the rings instead (see table_choice).
+SLOW_SINGLE_COPY = 3.0
+
+
+def table_choice(collective: str, nbytes: int, nranks: int, transport: str, hosts=None,
+                 single_copy=None) -> Choice:
     """The measured table's choice for one call.
 
     Crossovers measured with `collie bench --algo all` on a 2-core machine
@@ -159,7 +167,9 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
     single copy (the reader copies straight out of the sender's memory), so
     the plain algorithms (direct, rabenseifner) win most large cases; the shm
     algorithm's windows still pay off where many ranks share few cores and
-    each rank would otherwise wait on several hand-offs.
+    each rank would otherwise wait on several hand-offs. Where single copy
+    is slow (``single_copy`` >= SLOW_SINGLE_COPY), the 2-rank reductions of
+    4 MiB and more take pipelined pieces through the rings instead.
     """
     if nranks == 1:
         return Choice("direct", 1, "one rank: local copies only")
@@ -179,6 +189,20 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
     # second run).
     many = shm and 4 < nranks <= 8
     segs = _segments(nbytes, nranks, 1 * MiB if shm else 4 * MiB)
+    # 2026-11-29, a 2-core AMD EPYC VM where single copy took 4.2-4.6x a
+    # copy's time (plain arrays, two `--algo all` runs, us): all_reduce at
+    # 4/16/64 MiB by ring in 1 MiB pieces 144-179/1016-1163/4617 against
+    # single-copy rabenseifner's 650-714/2292-2403/6585-8348; reduce at
+    # 2/4/16/64 MiB by dbtree 50-61/95-124/486-506/3473-3487 against single-copy
+    # direct's 144-158/223-236/890-999/3998-4046. Registered buffers go single
+    # copy either way (ring 4695-4944 us at 64 MiB against 5400-5800).
+    rings = few and shm and single_copy is not None and single_copy >= SLOW_SINGLE_COPY
+    if rings and collective == "all_reduce" and nbytes >= 4 * MiB:
+        return Choice("ring", segs, f"two ranks, large message, single copy slow here "
+                                    f"({single_copy:.1f}x a copy): pieces through the rings")
+    if rings and collective == "reduce" and nbytes >= 2 * MiB:
+        return Choice("dbtree", segs, f"two ranks, large message, single copy slow here "
+                                      f"({single_copy:.1f}x a copy): two halves in pieces through the rings")
     if collective == "barrier":
         if nranks <= 4:
             return Choice("direct", 1, "few ranks: one step of zero-byte messages")
@@ -391,18 +415,18 @@ class Tuner:
 
     def choose(self, collective: str, nbytes: int, nranks: int, transport: str,
                algorithm: Optional[str] = None, rank: int = 0, exclude: Optional[dict] = None,
-               hosts=None, link=None) -> Choice:
+               hosts=None, link=None, single_copy=None) -> Choice:
         """``exclude`` maps algorithms that cannot run this call to why (bruck
         on an all_to_all with uneven splits): forcing one per call is an
         error, forcing it with COLLIE_ALGO leaves the call to the tuner.
         ``hosts``: each rank's host; ``link``: the link between hosts, when
-        known (see default_choice)."""
+        known; ``single_copy``: its cost, when measured (see default_choice)."""
         exclude = exclude or {}
         have = {name: f for name, f in algorithms.ALGORITHMS[collective].items() if name not in exclude}
         if algorithm in exclude:
             raise ValueError(f"{collective} cannot use algorithm {algorithm!r} for this call "
                              f"({exclude[algorithm]}); choose one of {', '.join(sorted(have))}")
-        default = default_choice(collective, nbytes, nranks, transport, hosts, link, exclude)
+        default = default_choice(collective, nbytes, nranks, transport, hosts, link, exclude, single_copy)
         if default.algorithm not in have:  # excluded for this call (uneven blocks...)
             default = Choice("direct", 1, f"{default.algorithm} cannot run this call; direct can")
         if algorithm is not None:

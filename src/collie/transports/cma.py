@@ -170,3 +170,35 @@ def works_between_processes() -> bool:
         os._exit(0 if works_with(probe.info()) else 1)
     _, status = os.waitpid(pid, 0)
     return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+COST_BYTES = 1 << 20  # relative_cost's read: a mid-size message, in cache on both ends
+
+
+def relative_cost(nbytes: int = COST_BYTES, repeats: int = 20) -> Optional[float]:
+    """How many times longer the kernel takes to read ``nbytes`` out of a
+    process (this one) than a copy within the process takes, each the best
+    of ``repeats``; None where the read fails.
+
+    Single copy replaces two copies through a ring, which the writer and the
+    reader make at once, with one read by the kernel, which pins the pages
+    first: where that read costs several copies, pieces through the rings
+    beat it. Measured: 4.6x on a 2-core AMD EPYC VM (64 against 14 us),
+    about 1.7x on a 2-core Intel Xeon VM (docs/performance.md). The tuner
+    uses it for the 2-rank reductions (tuner.SLOW_SINGLE_COPY)."""
+    import time
+    src = np.ones(nbytes, np.uint8)
+    dst = np.zeros_like(src)
+    pid, at = os.getpid(), address(src)
+    best_read = best_copy = float("inf")
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            read(pid, dst, at)
+            t1 = time.perf_counter()
+            np.copyto(dst, src)
+            t2 = time.perf_counter()
+            best_read, best_copy = min(best_read, t1 - t0), min(best_copy, t2 - t1)
+    except OSError:
+        return None
+    return best_read / best_copy
