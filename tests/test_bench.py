@@ -379,6 +379,14 @@ def test_the_tables_script_of_docs_perf_takes_each_ratio_within_its_run(tmp_path
     files[0].write_text(files[0].read_text().replace('"busbw_GBps": 4.0', '"busbw_GBps": 1.0'))
     files[2].write_text(files[2].read_text().replace('"busbw_GBps": 8.0', '"busbw_GBps": 1.5'))
     assert tables.below([tables.load(str(f)) for f in files]) == [("all_gather", "1 MiB", 0.75)]
+    # the share of the bound each run printed above the op's table (its text output)
+    text = tmp_path / "run.txt"
+    text.write_text("# all_gather\n# (bound for 64 MiB buffers: moves >= 2nS, busbw <= 8.00 GB/s, see header)\n"
+                    "# all_gather through mpi4py\n")
+    assert tables.bounds(str(text)) == {"all_gather": 8.0}
+    run = {("collie", "all_gather", 64 << 20): dict(busbw_GBps=6.0)}
+    assert tables.bound_table([run, run], [{"all_gather": 8.0}, {"all_gather": 12.0}]).splitlines()[2] == \
+        "| all_gather | 10.00 (8.00-12.00) | 6.00 (6.00-6.00) | 0.62 (0.50-0.75) |"
 
 
 def _hog_pids() -> set:

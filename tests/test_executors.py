@@ -645,13 +645,18 @@ def _exchange_body(rank, size):
 
 @needs_core
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two ranks would share one core: no exchange goes single copy")
-@pytest.mark.parametrize("single_copy", [True, False])
-def test_a_plain_exchange_goes_single_copy(single_copy):
+@pytest.mark.parametrize("single_copy,env", [
+    (True, {"COLLIE_TOPOLOGY": "single_copy=1.5"}),
+    (False, {"COLLIE_SHM_CMA_BYTES": "0"}),                # single copy off
+    (False, {"COLLIE_TOPOLOGY": "single_copy=4"}),         # slow here (tuner.SLOW_SINGLE_COPY): the rings
+], ids=["fast", "off", "slow"])
+def test_a_plain_exchange_goes_single_copy(single_copy, env):
     """Two ranks, each with a core: the sends of a program's one step that
     exchanges plain messages with a peer go single copy from 64 KiB
-    (core._exchanges), where that peer can read this process; not a ring
-    all_reduce's (two steps), nor anything where single copy is off."""
-    env = {"COLLIE_EXECUTOR": "c"} if single_copy else {"COLLIE_EXECUTOR": "c", "COLLIE_SHM_CMA_BYTES": "0"}
+    (core._exchanges), where that peer can read this process and single
+    copy is not slow; not a ring all_reduce's (two steps), nor anything
+    where single copy is off."""
+    env = dict(env, COLLIE_EXECUTOR="c")
     for posted in run_ranks(_exchange_body, 2, backend="shm", env=env):
         assert all(ok for _, ok in posted.values()), posted
         assert {name: n for name, (n, _) in posted.items()} == \

@@ -393,15 +393,18 @@ def _core_batches_body(rank, size):
     return rounds
 
 
-@pytest.mark.parametrize("single_copy", [True, False])
-def test_batches_through_the_core(executor, single_copy):
+@pytest.mark.parametrize("single_copy,env", [
+    (True, {"COLLIE_TOPOLOGY": "single_copy=1.5"}),
+    (True, {"COLLIE_TOPOLOGY": "single_copy=4"}),  # slow: single copy from the transport's threshold only
+    (False, {"COLLIE_SHM_CMA_BYTES": "0"}),
+], ids=["fast", "slow", "off"])
+def test_batches_through_the_core(executor, single_copy, env):
     """batch_isend_irecv with a message of 64 KiB or more is one step of a
     core program (_core.c's batch()): its Works are the core's, whether
     the batch ended in the call, paused until a wait, or was handed over
     to Python; every message arrives as sent, whoever comes late. Without
     single copy its messages of several slots move whole (put_whole,
     take_whole), and one larger than the ring goes call by call."""
-    env = {} if single_copy else {"COLLIE_SHM_CMA_BYTES": "0"}
     for rank in run_ranks(_core_batches_body, 3, backend="shm", env=env):
         for ok, kinds, sources, nbytes in rank:
             assert ok and sources

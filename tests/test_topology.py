@@ -25,9 +25,11 @@ def test_the_forms_of_collie_topology(tmp_path):
     spec = topology.parse("hosts=0-1,4/2-3; rate=1gbit; latency=80us")
     assert spec.hosts == ((0, 1, 4), (2, 3)) and spec.per_host is None
     assert spec.rate == pytest.approx(125e6) and spec.latency == pytest.approx(80e-6)
-    assert topology.parse('{"per_host": 4, "rate": "1.2GB/s"}')[1:] == (None, 4, 1.2e9, None)
+    assert topology.parse('{"per_host": 4, "rate": "1.2GB/s"}')[1:] == (None, 4, 1.2e9, None, None)
     assert topology.parse('{"hosts": [[0, 2], [1, 3]], "rate": 5e8, "latency": 1e-5}')[1:] == (
-        ((0, 2), (1, 3)), None, 5e8, 1e-5)
+        ((0, 2), (1, 3)), None, 5e8, 1e-5, None)
+    assert topology.parse("single_copy=4.5").single_copy == 4.5
+    assert topology.parse('{"single_copy": 2}').single_copy == topology.parse("single_copy=2x").single_copy == 2
     path = tmp_path / "topo.json"
     path.write_text(json.dumps({"hosts": "0-3/4-7", "rate": "100mbit"}))
     assert topology.parse(str(path)).hosts == (tuple(range(4)), tuple(range(4, 8)))
@@ -45,6 +47,8 @@ def test_the_forms_of_collie_topology(tmp_path):
     ("rate=fast", "'fast' is not a number with a unit"),
     ("rate=10gbps", "'10gbps' has no known unit"),
     ("rate=0gbit", "rate must be above 0"),
+    ("single_copy=0", "single_copy must be above 0"),
+    ("single_copy=slow", "single_copy 'slow' is not a number"),
     ("latency=5us", "latency needs a rate"),
     ("hosts=0/1; per_host=1", "hosts or per_host, not both"),
     ("per_host=0", "per_host must be a whole number"),
@@ -169,6 +173,18 @@ def test_one_host_measures_no_link_and_every_rank_holds_rank_0s_single_copy_cost
     err = capfd.readouterr().err
     assert "collie INFO topology: 1 host(s) [0-1] from hostnames (one host: no link between hosts)" in err
     assert cost is None or f"a single copy of 1 MiB takes {cost:.1f}x a copy's time on rank 0's host" in err
+
+
+@pytest.mark.parametrize("cost,algorithm", [(4.0, "ring"), (1.5, "rabenseifner")])
+def test_a_stated_single_copy_cost_reaches_every_ranks_tuner(cost, algorithm):
+    """COLLIE_TOPOLOGY's single_copy replaces rank 0's timing: every rank
+    holds it, and the 2-rank all_reduce of 4 MiB goes through the rings
+    where single copy is slow (tuner.SLOW_SINGLE_COPY) and single copy
+    where it is not."""
+    res = run_ranks(_pick_body, 2, 4 * MiB, timeout=60, init=False,
+                    env={"COLLIE_TOPOLOGY": f"single_copy={cost}", "COLLIE_TOKEN": ""})
+    for topo, _, picked in res:
+        assert topo["single_copy"] == cost and picked == {algorithm}
 
 
 def test_the_info_line_says_what_was_measured(capfd):

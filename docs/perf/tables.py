@@ -5,6 +5,10 @@ own Python executor), as the median (range) of the runs given.
 
     python docs/perf/tables.py docs/perf/runs/vs-n2-{1,2,3}.json
 
+Where each run's printed output lies beside its JSON (vs-n2-1.txt), a
+second table gives collie's busbw at 64 MiB as a share of the memory bound
+that run printed.
+
 A ratio is taken within one run, whose peers took turns with collie op by
 op, never between rows of different runs: the machine is shared and its
 speed drifts.
@@ -12,6 +16,7 @@ speed drifts.
 
 import argparse
 import json
+import os
 import statistics
 from collections import defaultdict
 
@@ -74,6 +79,35 @@ def table(runs: list) -> str:
     return "\n".join(lines)
 
 
+def bounds(text_path: str) -> dict:
+    """op -> the busbw bound (GB/s, for 64 MiB) that a run's text output
+    printed above the op's table."""
+    found, op = {}, None
+    with open(text_path) as f:
+        for line in f:
+            if line.startswith("# ") and line[2:].strip() in OPS:
+                op = line[2:].strip()
+            elif op and "busbw <=" in line:
+                found[op] = float(line.split("busbw <=")[1].split()[0])
+    return found
+
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv")
+
+
+def bound_table(runs: list, limits: list, nbytes: int = 64 << 20) -> str:
+    """collie's busbw at ``nbytes`` as a share of the bound each run printed:
+    median (range)."""
+    lines = ["| op | bound (GB/s) | collie busbw (GB/s) | share of the bound |", "|---|---|---|---|"]
+    for op in OPS:
+        pairs = [(run[("collie", op, nbytes)]["busbw_GBps"], limit[op]) for run, limit in zip(runs, limits)
+                 if ("collie", op, nbytes) in run and op in limit]
+        if pairs:
+            lines.append(f"| {op} | {median_range([b for _, b in pairs])} | {median_range([c for c, _ in pairs])} | "
+                         f"{median_range([c / b for c, b in pairs])} |")
+    return "\n".join(lines)
+
+
 def below(runs: list, peer: str = "mpi4py", least: int = 64 << 10) -> list:
     """(op, size, median ratio) of the rows from ``least`` bytes whose median
     ratio to ``peer`` is under 1."""
@@ -91,6 +125,9 @@ def main() -> None:
     args = p.parse_args()
     runs = [load(path) for path in args.runs]
     print(table(runs))
+    texts = [path[:-len(".json")] + ".txt" for path in args.runs]  # the run's printed output, beside it
+    if all(os.path.exists(t) for t in texts):
+        print("\n" + bound_table(runs, [bounds(t) for t in texts]))
     slow = below(runs)
     if slow:
         print("\nbelow MPICH (median) from 64 KiB: " + ", ".join(f"{op} {size} {r:.2f}x" for op, size, r in slow))

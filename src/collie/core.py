@@ -214,7 +214,8 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
             messages.append(core_msgs)
         steps.append((int(python), tuple(core_local), tuple(messages[0]), tuple(messages[1]),
                       int(_sends_may_go_first(core_local, messages[0], names))))
-    if not network._crowded and sum(1 for step in steps if step[2] or step[3]) == 1:
+    if not network._crowded and not single_copy_is_slow(network) \
+            and sum(1 for step in steps if step[2] or step[3]) == 1:
         steps = [_exchanges(step) for step in steps]
     # Buffers in the order execute() hands them over: the call's arrays, then
     # the scratch, then the windows.
@@ -297,13 +298,27 @@ EXCHANGE_SINGLE_COPY_BYTES = 64 << 10  # a plain exchange's sends go single copy
 BATCH_SINGLE_COPY_BYTES = 64 << 10  # a batch's sends go single copy from here (see batch_program)
 
 
+def single_copy_is_slow(network) -> bool:
+    """Whether the kernel's single copy takes tuner.SLOW_SINGLE_COPY copies'
+    time or more on this world's machine (topology.Topology.single_copy,
+    the same on every rank): then a batch's sends and a plain exchange's go
+    single copy only from the transport's threshold, as other sends do.
+    (On a 2-core AMD EPYC VM where it took 4.2-4.6x, a 2-rank sendrecv of
+    256 KiB-1 MiB single copy took 1.3x the Python executor's time, whose
+    messages of that size go through the rings.)"""
+    from .tuner import SLOW_SINGLE_COPY
+    topology = network.topology
+    return topology is not None and topology.single_copy is not None and topology.single_copy >= SLOW_SINGLE_COPY
+
+
 def batch_program(network, messages: tuple):
     """A core program of one step that moves a batch_isend_irecv's
     ``messages``, ((receiving, global peer, bytes), ...), message i from or
     into buffer i, run with _core's batch() (None where the core cannot:
     a peer not on shared memory, a message that could never move whole).
     Its sends go single copy from BATCH_SINGLE_COPY_BYTES where the peer can
-    read this process (not from the transport's threshold, 2 MiB):
+    read this process and single copy is not slow here (else from the
+    transport's threshold, 2 MiB, as other sends; single_copy_is_slow):
     a batch waits in C for its acknowledgements along with its receives,
     where a lone isend would wait in Python. (An exchange of 1 MiB through
     the slots takes two copies on each rank, one after the other; single
@@ -311,6 +326,7 @@ def batch_program(network, messages: tuple):
     if _core is None or not 0 < len(messages) <= 62:  # (the done mask is one int64)
         return None
     peers, index, sends, recvs = [], {}, [], []
+    slow = single_copy_is_slow(network)
     for i, (receiving, peer, nbytes) in enumerate(messages):
         if peer not in index:
             entry = _peer(network, peer)
@@ -319,8 +335,9 @@ def batch_program(network, messages: tuple):
             index[peer] = len(peers)
             peers.append(entry)
         entry = peers[index[peer]]
-        readable = 0 < (network.shm.cma_bytes if receiving else entry[6]) < ring.NEVER  # this way, single copy
-        single_copy = readable and nbytes >= BATCH_SINGLE_COPY_BYTES
+        threshold = network.shm.cma_bytes if receiving else entry[6]  # the transport's, this way
+        readable = 0 < threshold < ring.NEVER
+        single_copy = readable and nbytes >= (threshold if slow else BATCH_SINGLE_COPY_BYTES)
         head, tail, headers, payload, slots, slot_bytes = _ring_of(entry, receiving)
         if not single_copy and nbytes > slots * slot_bytes:
             return None  # (several slots, more than the ring holds: never whole)

@@ -19,6 +19,9 @@ who knows better states it in COLLIE_TOPOLOGY, one of:
   tc writes them), 1.2GB/s, 117MB/s (bytes/s); a JSON number is bytes/s.
 - ``latency``: what one message between hosts costs beyond its bytes:
   50us, 0.2ms (a JSON number is seconds); 50us when only ``rate`` is given.
+- ``single_copy``: how many times a copy's time the kernel's single copy
+  of 1 MiB takes on these hosts (a number, e.g. 1.7), in place of rank 0
+  timing it at setup (single_copy_cost); the tuner reads it.
 
 A stated rate replaces the measurement. COLLIE_LINK_PROBE=0 turns the
 measurement off; the tuner then keeps its measured table of sizes.
@@ -53,7 +56,7 @@ import numpy as np
 
 ENV = "COLLIE_TOPOLOGY"
 PROBE_ENV = "COLLIE_LINK_PROBE"
-KEYS = ("hosts", "per_host", "rate", "latency")
+KEYS = ("hosts", "per_host", "rate", "latency", "single_copy")
 DEFAULT_LATENCY = 50e-6
 STATED = f"stated by {ENV}"  # Topology.link_source of a link the user gave
 MAX_PROBED = 1
@@ -78,6 +81,7 @@ class Spec(NamedTuple):
     per_host: Optional[int]
     rate: Optional[float]                       # bytes/s each way between hosts
     latency: Optional[float]                    # seconds per message between hosts
+    single_copy: Optional[float] = None         # Topology.single_copy
 
 
 class Link(NamedTuple):
@@ -183,7 +187,12 @@ def parse(text: str) -> Spec:
         raise ValueError(f"{ENV}: latency needs a rate too (the link is stated whole or measured)")
     if rate is not None and rate <= 0:
         raise ValueError(f"{ENV}: rate must be above 0, not {data['rate']!r}")
-    return Spec(text, hosts, per_host, rate, latency)
+    single_copy = None
+    if "single_copy" in data:
+        single_copy = _quantity(data["single_copy"], {"": 1.0, "x": 1.0}, "single_copy", "1.7")
+        if single_copy <= 0:
+            raise ValueError(f"{ENV}: single_copy must be above 0, not {data['single_copy']!r}")
+    return Spec(text, hosts, per_host, rate, latency, single_copy)
 
 
 def _quantity(value, units: dict, key: str, example: str) -> float:
@@ -276,7 +285,8 @@ def settle(network, spec: Optional[Spec], store, job_id: str, timeout: float,
     of a single copy on rank 0's host (single_copy_cost)."""
     hosts = network.hosts
     source = network.hosts_source
-    single_copy = single_copy_cost(network, store, job_id, timeout)
+    single_copy = spec.single_copy if spec is not None and spec.single_copy is not None else \
+        single_copy_cost(network, store, job_id, timeout)
     if len(set(hosts)) < 2:
         return Topology(hosts, source, None, "one host: no link between hosts", single_copy)
     if spec is not None and spec.rate is not None:
