@@ -620,13 +620,14 @@ def test_the_networks_lock_behaves_as_threading_rlock():
     assert lock.acquire(timeout=0) and not lock.release()
 
 
-def _exchange_body(rank, size):
+def _exchange_body(rank, size, nbytes):
     """How many single-copy sends (rendezvous ids) each call posted to the
-    peer, and whether its result is NumPy's: 2 ranks, messages of 256 KiB."""
+    peer, and whether its result is NumPy's: 2 ranks, inputs of ``nbytes``
+    (all_gather's message is the input, all_to_all's and ring's halves)."""
     import collie
     from collie.group import resolve
     out = resolve(None).network.shm._out[1 - rank]
-    count = (512 << 10) // 4
+    count = nbytes // 4
     xs = [np.arange(count, dtype=np.float32) * (r + 1) for r in range(size)]
     posted = {}
     for name, call, want in (
@@ -645,22 +646,25 @@ def _exchange_body(rank, size):
 
 @needs_core
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two ranks would share one core: no exchange goes single copy")
-@pytest.mark.parametrize("single_copy,env", [
-    (True, {"COLLIE_TOPOLOGY": "single_copy=1.5"}),
-    (False, {"COLLIE_SHM_CMA_BYTES": "0"}),                # single copy off
-    (False, {"COLLIE_TOPOLOGY": "single_copy=4"}),         # slow here (tuner.SLOW_SINGLE_COPY): the rings
-], ids=["fast", "off", "slow"])
-def test_a_plain_exchange_goes_single_copy(single_copy, env):
+@pytest.mark.parametrize("nbytes,env,single_copies", [
+    (512 << 10, {"COLLIE_TOPOLOGY": "single_copy=1.5"}, (1, 1)),
+    (512 << 10, {"COLLIE_SHM_CMA_BYTES": "0"}, (0, 0)),           # single copy off
+    (512 << 10, {"COLLIE_TOPOLOGY": "single_copy=4"}, (0, 0)),     # slow (tuner.SLOW_SINGLE_COPY): the rings
+    (4 << 20, {"COLLIE_TOPOLOGY": "single_copy=4"}, (1, 0)),       # slow: single copy from 4 MiB only
+    (4 << 20, {"COLLIE_TOPOLOGY": "single_copy=1.5"}, (1, 1)),
+], ids=["fast", "off", "slow", "slow-4MiB", "fast-4MiB"])
+def test_a_plain_exchange_goes_single_copy(nbytes, env, single_copies):
     """Two ranks, each with a core: the sends of a program's one step that
     exchanges plain messages with a peer go single copy from 64 KiB
     (core._exchanges), where that peer can read this process and single
-    copy is not slow; not a ring all_reduce's (two steps), nor anything
-    where single copy is off."""
+    copy is not slow, and through the rings below 4 MiB where it is (even
+    from the transport's 2 MiB); not a ring all_reduce's (two steps, its
+    messages under 2 MiB), nor anything where single copy is off."""
     env = dict(env, COLLIE_EXECUTOR="c")
-    for posted in run_ranks(_exchange_body, 2, backend="shm", env=env):
+    for posted in run_ranks(_exchange_body, 2, nbytes, backend="shm", env=env):
         assert all(ok for _, ok in posted.values()), posted
         assert {name: n for name, (n, _) in posted.items()} == \
-            {"all_gather": int(single_copy), "all_to_all": int(single_copy), "ring all_reduce": 0}, posted
+            {"all_gather": single_copies[0], "all_to_all": single_copies[1], "ring all_reduce": 0}, posted
 
 
 def _group_body(rank, size, count, registered, dtype):

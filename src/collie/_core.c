@@ -49,9 +49,10 @@ static const int itemsizes[NDTYPES] = {4, 8, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2};
 
 /* The combine loops are compiled twice where the compiler can pick at load
  * time (GCC's target_clones on x86-64): for AVX2, which most x86-64 CPUs
- * have, and for the baseline the rest of the file targets (SSE2). On 2
- * processes summing 16 MiB blocks at once (an AMD EPYC VM), the AVX2 loop
- * took 2.1-2.3 ms against 2.3-3.3. NumPy dispatches its loops the same way. */
+ * have, and for the baseline the rest of the file targets (SSE2). Summing
+ * 16 MiB blocks from three sources onto a fourth (SUM_MANY's seed), one
+ * process of an AMD EPYC VM: 1.70 ms with AVX2 against 1.89. NumPy
+ * dispatches its loops the same way. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 8
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
@@ -198,8 +199,9 @@ static const kernel_t kernels[NDTYPES] = {k_f32, k_f64, k_i8, k_i16, k_i32, k_i6
  * took 8.4-9.0 ms so, against 13-15 with one source a pass over the same
  * 64 KiB chunks. With a ``seed`` (a group's seed, find_seeds), the sum
  * starts from it in place of d: ((seed + a) + b) + c, which spares copying
- * it into d first (on 2 processes at once, 16 MiB blocks from three
- * sources: 2.1-2.3 ms against 2.2-3.1). */
+ * it into d first (16 MiB blocks from three sources, one process of an AMD
+ * EPYC VM: 1.89 ms against 2.33 copying each chunk first; two processes at
+ * once, with AVX2: 2.1-2.3 against 2.4-3.3 copying first without it). */
 #define SUM_MANY(T, U, NAME)                                                          \
     static VECTOR_CLONES void NAME(char *dst, const char *seed, const char *const *src, int k, Py_ssize_t n) { \
         T *d = (T *)dst;                                                             \
@@ -841,7 +843,9 @@ static int combine_for_reader(int pid, int64_t *w, int64_t rid, const char *ours
  * message: several pieces of the arrays travel as one). ``reduce``: a
  * receive combines. ``single_copy``: a send goes single copy at any size,
  * where the peer can read this process (core.compile's exchanges,
- * core.batch_program's sends of 64 KiB or more). */
+ * core.batch_program's sends of 64 KiB or more); -1: through the slots at
+ * any size, unless it lies in a registered buffer (core._exchanges where
+ * single copy is slow). */
 typedef struct { int buf; int64_t off, nbytes; } piece_t;
 typedef struct {
     int peer, buf, reduce, single_copy, npieces;
@@ -861,7 +865,8 @@ typedef struct {
  * core.p2p_program's (slots_only). */
 static int goes_single_copy(const peer_t *p, const msg_t *m, const char *data, int registered) {
     if (!p->shm || m->npieces) return 0;
-    if (m->nbytes >= p->cma_bytes || (m->single_copy && p->cma_bytes < INT64_MAX)) return 1;
+    if (m->single_copy >= 0 && (m->nbytes >= p->cma_bytes || (m->single_copy && p->cma_bytes < INT64_MAX)))
+        return 1;  /* (-1: through the slots at any size, unless registered: core._exchanges) */
     int64_t words[RDV_WORDS_REGISTERED - RDV_WORDS];
     return registered && p->cma_bytes < INT64_MAX && m->nbytes >= REGISTERED_SINGLE_COPY_BYTES
            && (!data || registered_body(data, m->nbytes, words));
@@ -1299,11 +1304,11 @@ static int msg_touches(const msg_t *m, int buf, int64_t off, int64_t n) {
 /* A step's local copy into exactly the bytes of a combining group, which
  * nothing else of the step reads or writes, is the group's seed: the sum
  * starts from it. A step's locals run before its receives, so running the
- * seed with the group (take_group: a chunk copied, then the messages'
- * chunks combined into it while it is in cache) gives the same bytes, and
- * spares a pass over the destination: in a 4-rank direct reduce_scatter
- * the rank's own block copied alone took a third of the combining's time.
- * Anything that combines into the group's bytes first runs the seed
+ * seed with the group (take_group: each chunk of the messages summed onto
+ * the seed's, combine_many) gives the same bytes and spares a pass over
+ * the destination: in a 4-rank direct reduce_scatter of 64 MiB the rank's
+ * own block copied alone took 25% of the samples, the combining 47%.
+ * Anything else that combines into the group's bytes first runs the seed
  * (seed_group). Not in a batch's program (whole), which may pause. */
 static void find_seeds(step_t *s, int whole) {
     for (int j = 0; j < s->nrecv; j++) s->recv[j].seed = -1;

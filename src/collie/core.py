@@ -214,9 +214,9 @@ def compile(program: engine.Program, network) -> Optional[tuple]:  # noqa: A001 
             messages.append(core_msgs)
         steps.append((int(python), tuple(core_local), tuple(messages[0]), tuple(messages[1]),
                       int(_sends_may_go_first(core_local, messages[0], names))))
-    if not network._crowded and not single_copy_is_slow(network) \
-            and sum(1 for step in steps if step[2] or step[3]) == 1:
-        steps = [_exchanges(step) for step in steps]
+    if not network._crowded and sum(1 for step in steps if step[2] or step[3]) == 1:
+        slow = single_copy_is_slow(network)
+        steps = [_exchanges(step, slow) for step in steps]
     # Buffers in the order execute() hands them over: the call's arrays, then
     # the scratch, then the windows.
     order = sorted(range(len(names)), key=lambda k: (
@@ -295,14 +295,16 @@ def p2p_program(network, peer: int, nbytes: int, receiving: bool, spin: float):
 
 
 EXCHANGE_SINGLE_COPY_BYTES = 64 << 10  # a plain exchange's sends go single copy from here (see _exchanges)
+SLOW_EXCHANGE_RING_BYTES = 4 << 20  # where single copy is slow, through the rings below this (see _exchanges)
 BATCH_SINGLE_COPY_BYTES = 64 << 10  # a batch's sends go single copy from here (see batch_program)
 
 
 def single_copy_is_slow(network) -> bool:
     """Whether the kernel's single copy takes tuner.SLOW_SINGLE_COPY copies'
     time or more on this world's machine (topology.Topology.single_copy,
-    the same on every rank): then a batch's sends and a plain exchange's go
-    single copy only from the transport's threshold, as other sends do.
+    the same on every rank): then a batch's sends go single copy only from
+    the transport's threshold, as other sends do, and a plain exchange's
+    through the rings below SLOW_EXCHANGE_RING_BYTES (_exchanges).
     (On a 2-core AMD EPYC VM where it took 4.2-4.6x, a 2-rank sendrecv of
     256 KiB-1 MiB single copy took 1.3x the Python executor's time, whose
     messages of that size go through the rings.)"""
@@ -356,7 +358,7 @@ def glance(network, peers: list):
     return _core.Program((), (), (), entries, _NO_KERNEL, -1, network.shm, 0.0, network._crowded)
 
 
-def _exchanges(step: tuple) -> tuple:
+def _exchanges(step: tuple, slow: bool = False) -> tuple:
     """``step`` (compile()'s) with the sends of EXCHANGE_SINGLE_COPY_BYTES or
     more that are half of a plain exchange marked so (a receive from the same
     peer that does not combine): they go single copy, where the peer can
@@ -367,11 +369,24 @@ def _exchanges(step: tuple) -> tuple:
     all_gather, all_to_all, reduce_scatter 1.3-1.9x faster at 128 KiB-2 MiB;
     ring all_reduce, whose plain exchange is its second step, 1.3x slower,
     and 3 ranks sharing 2 cores slower too: docs/performance.md, "Batches
-    in the core".)"""
+    in the core".)
+
+    Where single copy is ``slow`` (single_copy_is_slow) it is the other way
+    round: those under SLOW_EXCHANGE_RING_BYTES are marked to go through
+    the rings (-1), where the transport would send them single copy from
+    its 2 MiB (an AMD EPYC VM, 2 ranks, messages of 2 MiB: all_gather,
+    all_to_all and reduce_scatter of 4 MiB in 0.73, 0.69 and 0.81 of the
+    time; 4 MiB messages level)."""
     python, local, sends, recvs, sends_first = step
     partners = {m[0] for m in recvs if len(m) == 5 and not m[4]}
-    sends = tuple(m[:4] + (1,) if len(m) == 5 and m[0] in partners and m[3] >= EXCHANGE_SINGLE_COPY_BYTES else m
-                  for m in sends)
+
+    def mark(nbytes: int) -> int:
+        """The send's single-copy flag (0: the transport's own rule)."""
+        if slow:
+            return -1 if nbytes < SLOW_EXCHANGE_RING_BYTES else 0
+        return 1 if nbytes >= EXCHANGE_SINGLE_COPY_BYTES else 0
+
+    sends = tuple(m[:4] + (mark(m[3]),) if len(m) == 5 and m[0] in partners and mark(m[3]) else m for m in sends)
     return python, local, sends, recvs, sends_first
 
 

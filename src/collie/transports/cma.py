@@ -22,6 +22,7 @@ import ctypes
 import errno
 import os
 import threading
+import time
 from typing import Optional
 
 import numpy as np
@@ -186,7 +187,6 @@ def relative_cost(nbytes: int = COST_BYTES, repeats: int = 20) -> Optional[float
     beat it. Measured: 4.6x on a 2-core AMD EPYC VM (64 against 14 us),
     about 1.7x on a 2-core Intel Xeon VM (docs/performance.md). The tuner
     uses it for the 2-rank reductions (tuner.SLOW_SINGLE_COPY)."""
-    import time
     src = np.ones(nbytes, np.uint8)
     dst = np.zeros_like(src)
     pid, at = os.getpid(), address(src)
