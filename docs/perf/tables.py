@@ -20,6 +20,8 @@ import os
 import statistics
 from collections import defaultdict
 
+from collie.bench import OPS  # the bench's ops, in its order
+
 
 def load(path: str) -> dict:
     """(backend, op, bytes) -> the row (`collie bench --json` writes one per line)."""
@@ -90,9 +92,6 @@ def bounds(text_path: str) -> dict:
             elif op and "busbw <=" in line:
                 found[op] = float(line.split("busbw <=")[1].split()[0])
     return found
-
-
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv")
 
 
 def bound_table(runs: list, limits: list, nbytes: int = 64 << 20) -> str:

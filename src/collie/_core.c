@@ -1125,8 +1125,7 @@ static int take_group(CoreProgram *self, step_t *s, int j, Py_buffer *bufs, int6
         if (seed < dst + n && dst < seed + n) {  /* the same memory under two names: not here */
             seed_group(self, s, bufs, lead->seed);
             seed = NULL;
-        }
-        self->seeded |= 1ull << lead->seed;
+        } else self->seeded |= 1ull << lead->seed;
     }
     const char *src[MAX_GROUP];
     int64_t at = 0;

@@ -300,17 +300,17 @@ BATCH_SINGLE_COPY_BYTES = 64 << 10  # a batch's sends go single copy from here (
 
 
 def single_copy_is_slow(network) -> bool:
-    """Whether the kernel's single copy takes tuner.SLOW_SINGLE_COPY copies'
-    time or more on this world's machine (topology.Topology.single_copy,
-    the same on every rank): then a batch's sends go single copy only from
-    the transport's threshold, as other sends do, and a plain exchange's
-    through the rings below SLOW_EXCHANGE_RING_BYTES (_exchanges).
-    (On a 2-core AMD EPYC VM where it took 4.2-4.6x, a 2-rank sendrecv of
-    256 KiB-1 MiB single copy took 1.3x the Python executor's time, whose
-    messages of that size go through the rings.)"""
-    from .tuner import SLOW_SINGLE_COPY
+    """Whether the kernel's single copy is slow on this world's machine
+    (tuner.single_copy_is_slow of topology.Topology.single_copy, the same
+    on every rank): then a batch's sends go single copy only from the
+    transport's threshold, as other sends do, and a plain exchange's
+    through the rings below SLOW_EXCHANGE_RING_BYTES (_exchanges). (On a
+    2-core AMD EPYC VM where it took 4.2-4.6x a copy's time, a 2-rank
+    sendrecv of 256 KiB-1 MiB single copy took 1.3x the Python executor's
+    time, whose messages of that size go through the rings.)"""
+    from . import tuner
     topology = network.topology
-    return topology is not None and topology.single_copy is not None and topology.single_copy >= SLOW_SINGLE_COPY
+    return topology is not None and tuner.single_copy_is_slow(topology.single_copy)
 
 
 def batch_program(network, messages: tuple):

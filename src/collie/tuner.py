@@ -154,8 +154,15 @@ def modelled(collective: str, band: int, hosts: tuple, link: tuple, exclude: fro
 
 # Where the kernel's single copy of 1 MiB takes this many times a copy's time
 # or more (topology.Topology.single_copy), the large 2-rank reductions go in
-# pieces through the rings instead (see table_choice).
+# pieces through the rings instead (see table_choice), and so do the core's
+# batches and plain exchanges below the transport's threshold (core.py).
 SLOW_SINGLE_COPY = 3.0
+
+
+def single_copy_is_slow(cost: Optional[float]) -> bool:
+    """Whether a measured single-copy ``cost`` (topology.Topology.single_copy,
+    None: not measured) is SLOW_SINGLE_COPY or more."""
+    return cost is not None and cost >= SLOW_SINGLE_COPY
 
 
 def table_choice(collective: str, nbytes: int, nranks: int, transport: str, hosts=None,
@@ -168,8 +175,9 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
     the plain algorithms (direct, rabenseifner) win most large cases; the shm
     algorithm's windows still pay off where many ranks share few cores and
     each rank would otherwise wait on several hand-offs. Where single copy
-    is slow (``single_copy`` >= SLOW_SINGLE_COPY), the 2-rank reductions of
-    4 MiB and more take pipelined pieces through the rings instead.
+    is slow (``single_copy`` >= SLOW_SINGLE_COPY), the 2-rank all_reduce
+    from 4 MiB and reduce from 2 MiB take pipelined pieces through the rings
+    instead.
     """
     if nranks == 1:
         return Choice("direct", 1, "one rank: local copies only")
@@ -196,7 +204,7 @@ def table_choice(collective: str, nbytes: int, nranks: int, transport: str, host
     # 2/4/16/64 MiB by dbtree 50-61/95-124/486-506/3473-3487 against single-copy
     # direct's 144-158/223-236/890-999/3998-4046. Registered buffers go single
     # copy either way (ring 4695-4944 us at 64 MiB against 5400-5800).
-    rings = few and shm and single_copy is not None and single_copy >= SLOW_SINGLE_COPY
+    rings = few and shm and single_copy_is_slow(single_copy)
     if rings and collective == "all_reduce" and nbytes >= 4 * MiB:
         return Choice("ring", segs, f"two ranks, large message, single copy slow here "
                                     f"({single_copy:.1f}x a copy): pieces through the rings")
