@@ -141,6 +141,46 @@ def test_destroy_is_idempotent_and_init_works_again():
     assert res == [(False, 3.0)] * 3
 
 
+def _runtime_body(rank, size):
+    """One world, then another after destroy_process_group with COLLIE_ALGO
+    set in between: what the runtime held of the first is gone, and the
+    second world's tuner reads the environment anew."""
+    import os
+
+    import collie
+    from collie import MPI
+    from collie.runtime import RUNTIME
+    g = collie.group.world().group
+    x = np.ones(1 << 18, np.float32)  # 1 MiB
+    collie.all_reduce(x)
+    first = {p.choice.algorithm for p in g.prepared.values()}
+    comm = MPI.COMM_WORLD
+    comm.send(rank, dest=(rank + 1) % size)          # MPI point-to-point: the world's matcher
+    got = comm.recv(source=(rank - 1) % size)
+    held = (RUNTIME.tuner is not None, len(RUNTIME.plans) > 0, len(RUNTIME.matchers), sorted(RUNTIME.mpi_comms))
+    collie.destroy_process_group()
+    emptied = (RUNTIME.tuner, len(RUNTIME.plans), len(RUNTIME.matchers), len(RUNTIME.matchers_by_etag),
+               len(RUNTIME.mpi_comms))
+    os.environ["COLLIE_ALGO"] = "all_reduce:ring" if "ring" not in first else "all_reduce:direct"
+    collie.init_process_group()
+    g = collie.group.world().group
+    y = np.ones(1 << 18, np.float32)
+    collie.all_reduce(y)
+    second = {p.choice.algorithm for p in g.prepared.values()}
+    again = MPI.COMM_WORLD.allreduce(rank)            # a communicator of the new world
+    return first, got, held, emptied, second, os.environ["COLLIE_ALGO"], float(x[0]), float(y[0]), again
+
+
+def test_destroy_resets_the_runtime_and_the_next_world_tunes_anew():
+    res = run_ranks(_runtime_body, 3)
+    for rank, (first, got, held, emptied, second, forced, x, y, again) in enumerate(res):
+        assert got == (rank - 1) % 3
+        assert held == (True, True, 1, ["world"])
+        assert emptied == (None, 0, 0, 0, 0)
+        assert second == {forced.partition(":")[2]} and second != first
+        assert x == y == 3.0 and again == 3
+
+
 def _two_hosts_body(rank, size, backend):
     import os
 

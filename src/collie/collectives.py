@@ -42,6 +42,7 @@ from .errors import CollieError, CollieTimeout, MismatchError, PeerError
 from .group import ProcessGroup, resolve, world
 from .ops import ReduceOp, as_op, average, check_op, kernel, scale
 from .rendezvous import timeout_seconds
+from .runtime import RUNTIME
 from .schedule import COLLECTIVES
 from .tuner import Tuner
 from .wire import COLLECTIVE_BIT, CONTEXT_SHIFT, LEAVE_CONTEXT, MAX_TAG, pack_meta
@@ -51,14 +52,12 @@ __all__ = ["ReduceOp", "broadcast", "all_reduce", "reduce", "all_gather", "all_g
            "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
            "all_to_all_single", "barrier"]
 
-_tuner: Optional[Tuner] = None
-
-
 def tuner() -> Tuner:
-    global _tuner
-    if _tuner is None:
-        _tuner = Tuner()
-    return _tuner
+    """The runtime's tuner, made on first use after each init (runtime.py)."""
+    made = RUNTIME.tuner
+    if made is None:
+        made = RUNTIME.tuner = Tuner()
+    return made
 
 
 # ---- running calls in order, synchronously or on the background thread ----

@@ -37,6 +37,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from .arrays import byte_view
+from .runtime import RUNTIME
 from .schedule import Copy, Read, Recv, Reduce, Schedule, Send, block_offsets, part_bounds
 
 Piece = tuple  # (buf, lo, hi): elements [lo, hi) of buffer buf
@@ -157,7 +158,7 @@ def _slices_needed(sizes, window: int, algorithm: str) -> int:
     return lo
 
 
-_PLANS: "OrderedDict[tuple, Plan]" = OrderedDict()
+_PLANS: "OrderedDict[tuple, Plan]" = RUNTIME.plans  # (emptied by destroy_process_group)
 _PLAN_CACHE_SIZE = 256
 
 

@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 from . import binding, topology
 from .errors import CollieError
 from .rendezvous import timeout_seconds
+from .runtime import RUNTIME
 
 from .wire import COLLECTIVE_BIT, CONTEXT_SHIFT, LEAVE_CONTEXT, MAX_TAG, SELF_CONTEXT, SETUP_CONTEXT
 
@@ -577,8 +578,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         _world.background.stop()
     _leave_together(_world)
     w, _world = _world, None
-    from .core import forget_world
-    forget_world()  # what the C entries kept of this world (core.entry)
+    RUNTIME.reset()  # the tuner, plans, MPI matchers, and what the C entries kept of this world
     try:
         w.network.close()
     finally:

@@ -16,11 +16,12 @@ __all__ = ["get_vendor", "Get_abi_version", "Get_abi_info", "Get_abi_fortran_inf
 from ... import group as _group
 from .exceptions import ERR_OTHER, _error
 from ...group import ProcessGroup
+from ...runtime import RUNTIME
 
 
 # ---- the environment ----
 
-_cache: dict = {}          # "world"/"self" -> communicator of the current world
+_cache: dict = RUNTIME.mpi_comms  # "world"/"self" -> communicator of the current world (the runtime's)
 _finalized = False
 _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 

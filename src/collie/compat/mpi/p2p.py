@@ -12,6 +12,7 @@ from ...arrays import byte_view
 from ...p2p import core_program
 from ...errors import CollieError
 from ...group import ProcessGroup
+from ...runtime import RUNTIME
 from .constants import ANY_SOURCE, ANY_TAG, _ACK_TAG, _ENVELOPE_TAG, _PAYLOAD_TAG
 from .exceptions import _as_mpi_error
 
@@ -313,7 +314,8 @@ class _Matcher:
 # core delivers an MPI envelope it meets at a ring's head while it runs
 # another call (a collective between an Irecv and its Wait), so that the
 # call goes on in C (_core.c's envelope_aside).
-_by_etag: "dict[int, weakref.ref[_Matcher]]" = {}
+# (The runtime's: destroy_process_group empties it.)
+_by_etag: "dict[int, weakref.ref[_Matcher]]" = RUNTIME.matchers_by_etag
 
 if core._core is not None:
     core._core.set_matcher(_Matcher, _by_etag)
@@ -351,7 +353,7 @@ else:  # no compiled core: every call takes the full path
 # Weak references to every communicator's _Matcher: a plain list, since
 # _progress goes over it on every pass of every wait (a WeakSet's iteration
 # costs more than the rest of the pass); _progress drops the dead ones.
-_matchers: "list[weakref.ref[_Matcher]]" = []
+_matchers: "list[weakref.ref[_Matcher]]" = RUNTIME.matchers  # (the runtime's, as _by_etag)
 
 
 def _register(m: _Matcher) -> None:
