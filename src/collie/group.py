@@ -578,7 +578,9 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         _world.background.stop()
     _leave_together(_world)
     w, _world = _world, None
-    RUNTIME.reset()  # the tuner, plans, MPI matchers, and what the C entries kept of this world
+    RUNTIME.reset()  # the tuner, the plans, the MPI matchers and communicators
+    from .core import forget_world
+    forget_world()  # what the C entries kept of this world (core.entry)
     try:
         w.network.close()
     finally:

@@ -33,15 +33,14 @@ class Runtime:
         self.mpi_comms: dict = {}         # "world"/"self" -> that MPI communicator of the current world
 
     def reset(self) -> None:
-        """Forget everything of the world that is ending (and what the
-        compiled core's entries kept of it, core.forget_world)."""
-        from .core import forget_world
+        """Forget everything of the world that is ending (what the compiled
+        core's entries kept of it, destroy_process_group forgets too:
+        core.forget_world)."""
         self.tuner = None
         self.plans.clear()
         self.matchers.clear()
         self.matchers_by_etag.clear()
         self.mpi_comms.clear()
-        forget_world()
 
 
 RUNTIME = Runtime()

@@ -60,10 +60,10 @@ def Is_thread_main() -> bool:
 
 
 def Finalize() -> None:
-    """Leave the world (collie.destroy_process_group)."""
+    """Leave the world (collie.destroy_process_group, which also forgets
+    COMM_WORLD and COMM_SELF: runtime.py)."""
     global _finalized
     _group.destroy_process_group()
-    _cache.clear()
     _finalized = True
 
 
