@@ -29,7 +29,7 @@ import time
 from operator import itemgetter
 from typing import Callable, Optional
 
-from . import engine
+from . import engine, tuner
 from . import network as network_module  # the parameter named network is a Network
 from .transports import ring
 from .transports.ring import LINE
@@ -308,7 +308,6 @@ def single_copy_is_slow(network) -> bool:
     2-core AMD EPYC VM where it took 4.2-4.6x a copy's time, a 2-rank
     sendrecv of 256 KiB-1 MiB single copy took 1.3x the Python executor's
     time, whose messages of that size go through the rings.)"""
-    from . import tuner
     topology = network.topology
     return topology is not None and tuner.single_copy_is_slow(topology.single_copy)
 
@@ -386,8 +385,11 @@ def _exchanges(step: tuple, slow: bool = False) -> tuple:
             return -1 if nbytes < SLOW_EXCHANGE_RING_BYTES else 0
         return 1 if nbytes >= EXCHANGE_SINGLE_COPY_BYTES else 0
 
-    sends = tuple(m[:4] + (mark(m[3]),) if len(m) == 5 and m[0] in partners and mark(m[3]) else m for m in sends)
-    return python, local, sends, recvs, sends_first
+    marked = []
+    for m in sends:
+        flag = mark(m[3]) if len(m) == 5 and m[0] in partners else 0
+        marked.append(m[:4] + (flag,) if flag else m)
+    return python, local, tuple(marked), recvs, sends_first
 
 
 def _sends_may_go_first(local: list, sends: list, names: list) -> bool:
